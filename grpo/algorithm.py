@@ -1,0 +1,190 @@
+"""The GRPO math as pure functions of tensors.
+
+Shape legend used on tensor lines: B prompts, G samples per prompt,
+N = B*G sequences, T completion tokens, V vocabulary.
+
+Sources:
+- GRPO: Shao et al. 2024, "DeepSeekMath" (group-standardised advantages,
+  1/|o_i| per-sequence averaging, k3 KL estimator towards a reference).
+- DAPO: Yu et al. 2025 (clip-higher, token-level aggregation).
+- Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training" (no std
+  scaling, a fixed normaliser instead of per-sequence lengths).
+- GSPO: Zheng et al. 2025 (one importance ratio per sequence, the geometric
+  mean of the token ratios).
+- k3: Schulman 2020, http://joschu.net/blog/kl-approx.html
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+AdvantageScale = Literal["group", "batch", "none"]
+RatioLevel = Literal["token", "sequence"]
+Aggregate = Literal["token", "sequence", "fixed"]
+
+
+def group_advantages(
+    rewards: Tensor, group_size: int, *, scale: AdvantageScale = "group", eps: float = 1e-6
+) -> Tensor:
+    """A_i = (r_i - mean(r_group)) / (std(r_group) + eps), groups of G consecutive rewards.
+
+    ``scale="group"`` is DeepSeekMath's GRPO; ``"batch"`` divides by the std of
+    the whole batch instead (more robust when a group's std is tiny);
+    ``"none"`` keeps only the centring, as Dr. GRPO recommends. The std is the
+    unbiased one (as ``torch.std``). A group whose rewards are all equal gets
+    A_i = 0 under every scale: it carries no learning signal.
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2, got {group_size}")
+    grouped = rewards.float().view(-1, group_size)  # (B, G)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # (B, G)
+    if scale == "group":
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        centred = centred / (rewards.float().std() + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    return centred.reshape(-1)  # (N,)
+
+
+def importance_ratio(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, *, level: RatioLevel = "token"
+) -> Tensor:
+    """rho_t = pi_theta(o_t) / pi_old(o_t) per token, or GSPO's per-sequence ratio.
+
+    GSPO's s_i = exp(mean_t (log pi_theta - log pi_old)) over the valid tokens
+    of completion i is broadcast over its tokens, so the clipping below acts
+    on whole sequences. Returns (N, T).
+    """
+    log_ratio = (logp - old_logp) * mask  # (N, T)
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level == "sequence":
+        lengths = mask.sum(dim=1).clamp(min=1)  # (N,)
+        seq_log_ratio = log_ratio.sum(dim=1) / lengths  # (N,)
+        return torch.exp(seq_log_ratio).unsqueeze(1).expand_as(logp)
+    raise ValueError(f"ratio_level must be 'token' or 'sequence', got {level!r}")
+
+
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float
+) -> Tensor:
+    """PPO's per-token loss -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A), (N, T).
+
+    ``clip_high > clip_low`` is DAPO's clip-higher: it leaves more room to
+    raise the probability of unlikely tokens that earned a positive advantage.
+    """
+    adv = advantages.unsqueeze(1)  # (N, 1)
+    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return -torch.minimum(ratio * adv, clipped_ratio * adv)
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 estimate of KL(pi_theta || pi_ref) per token: exp(ref - logp) - (ref - logp) - 1.
+
+    Unbiased, always non-negative, and low-variance (Schulman 2020); the
+    estimator DeepSeekMath uses. (N, T).
+    """
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1.0
+
+
+def aggregate_loss(
+    per_token: Tensor,
+    mask: Tensor,
+    *,
+    mode: Aggregate = "token",
+    max_tokens: int | None = None,
+    total_tokens: float | None = None,
+    total_sequences: float | None = None,
+) -> Tensor:
+    """Reduce an (N, T) per-token loss to a scalar.
+
+    - ``"token"`` (DAPO): sum over valid tokens / number of valid tokens.
+    - ``"sequence"`` (DeepSeekMath): mean over completions of each one's token mean (1/|o_i|).
+    - ``"fixed"`` (Dr. GRPO): sum over valid tokens / (N * max_tokens).
+
+    ``total_tokens`` and ``total_sequences`` replace this batch's own counts
+    by those of the whole batch it is part of: a micro-batch, or one rank's
+    share, then contributes exactly its part of the full-batch loss, so
+    accumulating micro-batches (or all-reducing ranks) gives the full-batch
+    gradient.
+    """
+    masked = per_token * mask
+    n_seq = float(per_token.shape[0]) if total_sequences is None else float(total_sequences)
+    if mode == "token":
+        n_tok = mask.sum() if total_tokens is None else total_tokens
+        return masked.sum() / max(float(n_tok), 1.0)
+    if mode == "sequence":
+        lengths = mask.sum(dim=1).clamp(min=1)  # (N,)
+        return (masked.sum(dim=1) / lengths).sum() / max(n_seq, 1.0)
+    if mode == "fixed":
+        if max_tokens is None or max_tokens <= 0:
+            raise ValueError("aggregate='fixed' needs max_tokens > 0")
+        return masked.sum() / (max(n_seq, 1.0) * max_tokens)
+    raise ValueError(f"aggregate must be 'token', 'sequence' or 'fixed', got {mode!r}")
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ratio_level: RatioLevel = "token",
+    aggregate: Aggregate = "token",
+    max_tokens: int | None = None,
+    total_tokens: float | None = None,
+    total_sequences: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The GRPO objective, to minimise: clipped surrogate plus beta * KL(pi_theta || pi_ref).
+
+    logp, old_logp, ref_logp, mask: (N, T) log-probs of the sampled tokens under
+    the current, sampling-time and reference policies, and the completion mask.
+    advantages: (N,). Returns the scalar loss and detached metrics:
+    ``ratio_mean``, ``clip_frac_low`` (rho < 1-eps_low with A < 0: the clip
+    stops a decrease), ``clip_frac_high`` (rho > 1+eps_high with A > 0), and
+    ``kl`` when beta > 0. See :func:`aggregate_loss` for the totals.
+    """
+    mask = mask.to(logp.dtype)
+    ratio = importance_ratio(logp, old_logp, mask, level=ratio_level)  # (N, T)
+    per_token = clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high)
+    kl = None
+    if beta > 0.0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp")
+        kl = k3_kl(logp, ref_logp)  # (N, T)
+        per_token = per_token + beta * kl
+    loss = aggregate_loss(
+        per_token,
+        mask,
+        mode=aggregate,
+        max_tokens=max_tokens,
+        total_tokens=total_tokens,
+        total_sequences=total_sequences,
+    )
+    with torch.no_grad():
+        n_valid = mask.sum().clamp(min=1)
+        adv = advantages.unsqueeze(1)
+        low = (ratio < 1.0 - clip_low) & (adv < 0)
+        high = (ratio > 1.0 + clip_high) & (adv > 0)
+        metrics = {
+            "ratio_mean": (ratio * mask).sum() / n_valid,
+            "clip_frac_low": (low.to(mask.dtype) * mask).sum() / n_valid,
+            "clip_frac_high": (high.to(mask.dtype) * mask).sum() / n_valid,
+        }
+        if kl is not None:
+            metrics["kl"] = (kl * mask).sum() / n_valid
+    return loss, metrics

@@ -1,0 +1,136 @@
+"""The run's configuration: one frozen dataclass, each field documented once.
+
+The field docs are also the CLI's help text (``grpo train --help``).
+Validation happens on construction and names the field at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field."""
+
+
+def _doc(text: str, **kw: object) -> dict:
+    return {"metadata": {"help": text}, **kw}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a GRPO run needs; defaults are the README's default run."""
+
+    model: str = field(**_doc("model: 'smollm2' (embedded), a Hugging Face folder, a .gguf file or a hub id", default="smollm2"))
+    task: str = field(**_doc("built-in task name (see `grpo tasks`)", default="add"))
+    rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
+    reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
+    steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=40))
+    seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
+    output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
+    prompts_per_step: int = field(**_doc("B: distinct prompts per step", default=8))
+    group_size: int = field(**_doc("G: completions sampled per prompt", default=8))
+    max_new_tokens: int = field(**_doc("most tokens sampled per completion", default=8))
+    temperature: float = field(**_doc("sampling temperature (the policy trained is softmax(logits / temperature))", default=1.0))
+    top_p: float = field(**_doc("nucleus sampling mass (1.0: off)", default=1.0))
+    top_k: int = field(**_doc("sample among the k likeliest tokens only (0: off)", default=0))
+    lr: float = field(**_doc("AdamW learning rate", default=3e-5))
+    warmup_steps: int = field(**_doc("linear learning-rate warm-up, in steps", default=2))
+    weight_decay: float = field(**_doc("AdamW weight decay", default=0.0))
+    max_grad_norm: float = field(**_doc("clip the gradient's global norm to this (0: off)", default=1.0))
+    beta: float = field(**_doc("KL penalty weight towards the frozen reference (0: no reference model is loaded)", default=0.0))
+    clip_low: float = field(**_doc("epsilon_low: the ratio is clipped below at 1 - clip_low", default=0.2))
+    clip_high: float = field(**_doc("epsilon_high: clipped above at 1 + clip_high (> clip_low is DAPO's clip-higher)", default=0.28))
+    scale: str = field(**_doc("advantage scaling: group (GRPO), batch, none (Dr. GRPO)", default="group"))
+    ratio_level: str = field(**_doc("importance ratio per token, or per sequence (GSPO)", default="token"))
+    aggregate: str = field(**_doc("loss aggregation: token (DAPO), sequence (GRPO), fixed (Dr. GRPO)", default="token"))
+    epochs: int = field(**_doc("mu: optimisation passes over each batch", default=1))
+    minibatches: int = field(**_doc("optimiser steps per pass (the batch split by groups)", default=1))
+    micro_batch_tokens: int = field(**_doc("token budget of one forward/backward; micro-batches accumulate", default=4096))
+    skip_zero_advantage: bool = field(**_doc("skip forward/backward of groups whose advantages are all zero (exact when beta = 0)", default=True))
+    lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
+    lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
+    eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
+    eval_every: int = field(**_doc("also evaluate every K steps (0: only at start and end)", default=0))
+    eval_batch_size: int = field(**_doc("prompts per batch in evaluation", default=128))
+    sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
+    device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
+    threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
+    save_model: bool = field(**_doc("write the final model as a Hugging Face folder into the run directory", default=True))
+
+    def __post_init__(self) -> None:
+        positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
+                    "micro_batch_tokens", "eval_batch_size")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
+                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "eval_every",
+                        "sample_every", "threads", "temperature")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature == 0:
+            raise ConfigError("temperature must be > 0 for training (greedy samples give every group equal rewards)")
+        if self.clip_low >= 1.0:
+            raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
+        choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
+                   "aggregate": ("token", "sequence", "fixed")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.minibatches > self.prompts_per_step:
+            raise ConfigError(f"minibatches ({self.minibatches}) cannot exceed prompts_per_step ({self.prompts_per_step}): a minibatch holds whole groups")
+        if self.reward_weights and len(self.reward_weights) != len(self.rewards):
+            raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries but rewards has {len(self.rewards)}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+
+    @property
+    def batch_size(self) -> int:
+        """N = B * G completions per step."""
+        return self.prompts_per_step * self.group_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            import difflib
+
+            hint = difflib.get_close_matches(unknown[0], known, n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"unknown config key {unknown[0]!r}{extra}")
+        hints = typing.get_type_hints(cls)
+        clean = {}
+        for key, value in values.items():
+            clean[key] = _coerce(key, value, hints[key])
+        return cls(**clean)
+
+
+def _coerce(name: str, value: object, kind: object) -> object:
+    """Check a config file value against the field's type (ints widen to floats)."""
+    origin = typing.get_origin(kind)
+    if origin is tuple:
+        (inner, _) = typing.get_args(kind)
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(_coerce(name, v, inner) for v in value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if kind in (int, float, str) and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise ConfigError(f"{name} must be of type {kind.__name__}, got {value!r}")
+    return value

