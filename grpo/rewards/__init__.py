@@ -5,7 +5,7 @@ other fields). Users bring their own as ``module:function`` or
 ``path/to/file.py:function``; see :func:`resolve_reward`.
 """
 
-from grpo.rewards.basic import answer_only, exact_match
+from grpo.rewards.basic import answer_only, exact_match, final_number
 from grpo.rewards.resolve import RewardError, resolve_reward
 
-__all__ = ["RewardError", "answer_only", "exact_match", "resolve_reward"]
+__all__ = ["RewardError", "answer_only", "exact_match", "final_number", "resolve_reward"]

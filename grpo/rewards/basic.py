@@ -27,3 +27,22 @@ def answer_only(completion: str, example: Mapping) -> float:
     if not _INT.fullmatch(text):
         return 0.0
     return float(int(text) == int(example["answer"]))
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(completion: str, example: Mapping) -> float:
+    """1.0 when the last number in the completion equals the numeric answer.
+
+    Thousands separators are ignored ("1,234" is 1234). A completion with no
+    number scores 0. Only the final number counts, so "23 + 45 = 68" is right
+    and "68, or maybe 69" is wrong.
+    """
+    found = _NUMBER.findall(completion)
+    if not found:
+        return 0.0
+    try:
+        return float(float(found[-1].replace(",", "")) == float(str(example["answer"]).replace(",", "")))
+    except ValueError:
+        return 0.0

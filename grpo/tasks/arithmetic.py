@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from grpo.rewards.basic import answer_only
+from grpo.rewards.basic import final_number
 from grpo.tasks.base import Task, register
 
 _SPLIT_SEED = 1234
@@ -37,4 +37,4 @@ def _rows(pairs: list[tuple[int, int]], op: str) -> list[dict]:
 def two_digit_addition(heldout_size: int = 256) -> Task:
     """a + b with a, b in 10..99 (8,100 pairs)."""
     train, heldout = _split([(a, b) for a in range(10, 100) for b in range(10, 100)], heldout_size)
-    return Task("add", _rows(train, "+"), _rows(heldout, "+"), answer_only)
+    return Task("add", _rows(train, "+"), _rows(heldout, "+"), final_number)
