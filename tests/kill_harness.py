@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import tiny_run  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402, F401  (imported before forking, not once per child)
 from transformers import LlamaForCausalLM  # noqa: E402, F401
 
-import tiny_run  # noqa: E402
 from grpo import checkpoint  # noqa: E402
 
 STEPS = 8
@@ -48,7 +48,7 @@ def _child(run_dir: Path, resume: bool, log: Path) -> None:
             real_fsync(fd)
 
         checkpoint._fsync = slow_fsync
-        trainer = tiny_run.tiny_trainer(steps=STEPS, save_every=1, keep_checkpoints=2)
+        trainer = tiny_run.tiny_trainer(steps=STEPS, save_every=1, keep_checkpoints=2, threads=1)
         if resume:
             with log.open("a") as f:
                 f.write(f"{checkpoint.read_meta(checkpoint.latest(run_dir))['step']}\n")

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
+from tiny_run import metrics_lines, params, tiny_trainer
 
 from grpo import checkpoint
 from grpo.interrupt import RunStopped
-from tiny_run import metrics_lines, params, tiny_trainer
 
 
 def _same_params(a, b):

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import make_model, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

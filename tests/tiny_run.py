@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import torch
-
 from conftest import make_model, make_tokenizer
+
 from grpo.config import TrainConfig
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
@@ -27,7 +27,7 @@ def tiny_task(reward=count_a) -> Task:
 
 def tiny_config(**kw) -> TrainConfig:
     base = dict(steps=4, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=1,
-                eval_size=8, sample_every=2, device="cpu", save_model=False, threads=1, save_every=1)
+                eval_size=8, sample_every=2, device="cpu", save_model=False, save_every=1)
     return TrainConfig(**{**base, **kw})
 
 
