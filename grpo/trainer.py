@@ -13,7 +13,11 @@ Deviations from DeepSeekMath's GRPO, all configurable:
   contributes exactly nothing to the gradient, so its forward and backward
   passes are skipped (the loss normaliser still counts its tokens, so the
   update is unchanged); a step where every group is like that makes no
-  optimiser update at all.
+  optimiser update at all;
+- an optimiser step whose loss or gradient is NaN/inf is skipped (and counted as
+  nonfinite_skipped); max_bad_steps such steps in a row stop the run.
+
+Checkpoints (grpo/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
 """
 
 from __future__ import annotations
