@@ -13,14 +13,33 @@ import sys
 import typing
 from pathlib import Path
 
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import ConfigError, TrainConfig, load_config_file
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error on one line, without the usage block."""
 
     def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += _suggest_option(self, message.split(":", 1)[1].split())
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _suggest_option(parser: argparse.ArgumentParser, given: list[str]) -> str:
+    """' (did you mean --x?)' for the first misspelt option, looking through the subcommands too."""
+    import difflib
+
+    known = list(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                known += list(sub._option_string_actions)
+    for word in given:
+        if word.startswith("--"):
+            hint = difflib.get_close_matches(word.split("=")[0], known, n=1)
+            if hint:
+                return f" (did you mean {hint[0]}?)"
+    return ""
 
 
 def _flag(name: str) -> str:
@@ -45,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="grpo", description="Group Relative Policy Optimization on verifiable rewards.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train a model with GRPO", description="Train a model with GRPO.")
+    train.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     _add_config_options(train)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev = sub.add_parser("eval", help="held-out greedy accuracy of a model on a task")
@@ -58,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+# What --resume may change: how the run is kept and shown, or how long it goes on, not its maths.
+RESUMABLE = ("steps", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every",
+             "eval_batch_size", "save_model", "device", "threads")
+
+
+def _given_options(args: argparse.Namespace) -> dict:
     values = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(TrainConfig)
@@ -67,27 +93,62 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
     for key in ("rewards", "reward_weights"):
         if key in values:
             values[key] = tuple(values[key])
-    return TrainConfig(**values)
+    return values
+
+
+def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config file's values, overridden by the options given on the command line."""
+    given = _given_options(args)
+    values = load_config_file(args.config) if args.config else {}
+    if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
+        values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
+    return TrainConfig.from_dict({**values, **given})
+
+
+def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    """The config of the run being resumed, with the few options that may change."""
+    from grpo.checkpoint import latest, read_meta
+
+    run_dir = Path(args.resume)
+    if args.config:
+        raise ConfigError("--resume continues a run with its own config; drop --config")
+    if not run_dir.is_dir():
+        raise ConfigError(f"cannot resume {run_dir}: no such directory")
+    path = latest(run_dir)
+    if path is None:
+        raise ConfigError(f"cannot resume {run_dir}: not a run directory (no complete checkpoint in {run_dir / 'checkpoints'})")
+    given = _given_options(args)
+    fixed = [k for k in given if k not in RESUMABLE]
+    if fixed:
+        allowed = ", ".join(_flag(k) for k in RESUMABLE)
+        raise ConfigError(f"{_flag(fixed[0])} cannot change when resuming (only {allowed} can)")
+    saved = read_meta(path)
+    config = TrainConfig.from_dict({**saved["config"], **given})
+    if config.steps < saved["step"]:
+        raise ConfigError(f"--steps {config.steps} is below the step of the latest checkpoint ({saved['step']})")
+    return config, run_dir
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    # Everything that can be checked cheaply is checked before a run directory exists.
+    config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     from grpo.models import check_model
     from grpo.rewards import resolve_reward
     from grpo.tasks import get_task
-    from grpo.trainer import GRPOTrainer, default_run_dir
 
-    config = _config_from_args(args)
-    # Everything that can be checked cheaply is checked before a run directory exists.
     check_model(config.model)
-    get_task(config.task, heldout_size=config.eval_size)
+    get_task(config.task, heldout_size=config.eval_size, data=config.data)
     for spec in config.rewards:
         resolve_reward(spec)
-    run_dir = default_run_dir(config)
-    if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"output {run_dir} already holds a run; choose another --output")
+    from grpo.trainer import GRPOTrainer, default_run_dir  # transformers: slow to import, so after the checks
+
+    if run_dir is None:
+        run_dir = default_run_dir(config)
+        if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
+            raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
     trainer = GRPOTrainer(config, progress=not args.no_progress)
-    print(f"run directory: {run_dir}")
-    summary = trainer.train(run_dir)
+    print(f"{'resuming' if args.resume else 'run directory:'} {run_dir}", flush=True)
+    summary = trainer.train(run_dir, resume=bool(args.resume))
     print(
         f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
         f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
@@ -115,7 +176,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo.models import ModelError
     from grpo.rewards import RewardError
     from grpo.tasks import TaskError, list_tasks
 
@@ -128,12 +188,30 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args)
         print("\n".join(list_tasks()))
         return 0
-    except (ConfigError, ModelError, RewardError, TaskError) as err:
+    except (ConfigError, RewardError, TaskError) as err:
         print(f"grpo {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        return _report_stop(args.command, err)
     except KeyboardInterrupt:
-        print(f"grpo {args.command}: interrupted", file=sys.stderr)
+        print(f"grpo {args.command}: stopped at once; the latest checkpoint (if any) is kept", file=sys.stderr)
         return 130
+
+
+def _report_stop(command: str, err: Exception) -> int:
+    """One line for the errors a run can end with (bad model, full disk, NaNs, a signal); others propagate."""
+    from grpo.models import ModelError
+
+    if isinstance(err, ModelError):
+        print(f"grpo {command}: error: {err}", file=sys.stderr)
+        return 2
+    from grpo.checkpoint import CheckpointError  # torch: only once a run has started
+    from grpo.interrupt import RunStopped
+
+    if isinstance(err, (RunStopped, CheckpointError)):
+        print(f"grpo {command}: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+    raise err
 
 
 if __name__ == "__main__":

@@ -7,8 +7,12 @@ Validation happens on construction and names the field at fault.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 
 class ConfigError(ValueError):
@@ -25,6 +29,7 @@ class TrainConfig:
 
     model: str = field(**_doc("model: 'smollm2' (embedded), a Hugging Face folder, a .gguf file or a hub id", default="smollm2"))
     task: str = field(**_doc("built-in task name (see `grpo tasks`)", default="add"))
+    data: str = field(**_doc("JSONL file of {prompt, answer} rows to train on instead of the task's own (the task's reward and held-out set stay)", default=""))
     rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
     steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=40))
@@ -32,6 +37,7 @@ class TrainConfig:
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
     prompts_per_step: int = field(**_doc("B: distinct prompts per step", default=8))
     group_size: int = field(**_doc("G: completions sampled per prompt", default=8))
+    batch_size: int = field(**_doc("N = B * G: completions per step, a multiple of group_size; sets prompts_per_step (0: from prompts_per_step)", default=0))
     max_new_tokens: int = field(**_doc("most tokens sampled per completion", default=8))
     temperature: float = field(**_doc("sampling temperature (the policy trained is softmax(logits / temperature))", default=1.0))
     top_p: float = field(**_doc("nucleus sampling mass (1.0: off)", default=1.0))
@@ -58,22 +64,26 @@ class TrainConfig:
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
+    save_every: int = field(**_doc("write a checkpoint every K steps (and always at the end)", default=25))
+    keep_checkpoints: int = field(**_doc("how many of the latest checkpoints to keep", default=2))
+    max_bad_steps: int = field(**_doc("stop after this many consecutive steps with a NaN/inf loss or gradient (their updates are skipped)", default=5))
     save_model: bool = field(**_doc("write the final model as a Hugging Face folder into the run directory", default=True))
 
     def __post_init__(self) -> None:
         positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
-                    "micro_batch_tokens", "eval_batch_size")
+                    "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "eval_every",
-                        "sample_every", "threads", "temperature")
+                        "sample_every", "threads", "temperature", "batch_size")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
+        self._apply_batch_size()
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if not 0.0 < self.top_p <= 1.0:
@@ -94,9 +104,20 @@ class TrainConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 
+    def _apply_batch_size(self) -> None:
+        """batch_size is the other way to give prompts_per_step: derive B = N / G from it."""
+        if not self.batch_size:
+            return
+        if self.batch_size % self.group_size:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size}): "
+                "each prompt gets a whole group"
+            )
+        object.__setattr__(self, "prompts_per_step", self.batch_size // self.group_size)
+
     @property
-    def batch_size(self) -> int:
-        """N = B * G completions per step."""
+    def completions_per_step(self) -> int:
+        """N = B * G."""
         return self.prompts_per_step * self.group_size
 
     def to_dict(self) -> dict:
@@ -113,10 +134,45 @@ class TrainConfig:
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""
             raise ConfigError(f"unknown config key {unknown[0]!r}{extra}")
         hints = typing.get_type_hints(cls)
-        clean = {}
-        for key, value in values.items():
-            clean[key] = _coerce(key, value, hints[key])
+        clean = {key: _coerce(key, value, hints[key]) for key, value in values.items()}
+        given_b, given_n = clean.get("prompts_per_step"), clean.get("batch_size")
+        if given_b and given_n and given_b * clean.get("group_size", cls.group_size) != given_n:
+            raise ConfigError(
+                f"batch_size ({given_n}) contradicts prompts_per_step ({given_b}) x group_size: give only one of them"
+            )
         return cls(**clean)
+
+
+def load_config_file(path: str | Path) -> dict:
+    """The values of a YAML (.yaml, .yml) or TOML (.toml) config file, as a flat mapping."""
+    path = Path(path)
+    if path.suffix not in (".yaml", ".yml", ".toml", ".json"):
+        raise ConfigError(f"config file {path} must end in .yaml, .yml, .toml or .json")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from err
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:
+        tomllib = None
+    if path.suffix == ".toml" and tomllib is None:
+        raise ConfigError("TOML config files need Python 3.11 or later; use YAML")
+    try:
+        if path.suffix == ".toml":
+            values = tomllib.loads(text)
+        elif path.suffix == ".json":
+            values = json.loads(text)
+        else:
+            values = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError) as err:  # TOMLDecodeError is a ValueError
+        first = " ".join(str(err).split())
+        raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {first}") from err
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of option: value, got {type(values).__name__}")
+    return values
 
 
 def _coerce(name: str, value: object, kind: object) -> object:

@@ -10,14 +10,17 @@ loads take a second.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where used, so that checking a model path stays instant
+    import torch
+    from torch import nn
 
 EMBEDDED = "smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,6 +66,7 @@ def embedded_gguf() -> Path:
 
 def _convert_gguf(gguf: Path, dest: Path) -> None:
     """Dequantise a GGUF into a Hugging Face folder at dest, atomically."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -119,14 +123,23 @@ def check_model(name: str) -> None:
         if not path.is_file():
             raise ModelError(f"model file not found: {name}")
     elif path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelError(f"model folder {name} has no config.json")
+        _check_folder(path, name)
     elif name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelError(f"model path not found: {name}")
 
 
+def _check_folder(path: Path, name: str) -> None:
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model folder {name} has no config.json")
+    try:
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelError(f"model folder {name} is unreadable: config.json: {getattr(err, 'strerror', None) or err}") from err
+
+
 def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
     """Load a causal LM and its tokenizer for training (fp32 weights)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -135,7 +148,7 @@ def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # missing files, or files transformers cannot parse
         raise ModelError(f"cannot load model {name}: {str(err).splitlines()[0]}") from err
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -13,13 +13,18 @@ Deviations from DeepSeekMath's GRPO, all configurable:
   contributes exactly nothing to the gradient, so its forward and backward
   passes are skipped (the loss normaliser still counts its tokens, so the
   update is unchanged); a step where every group is like that makes no
-  optimiser update at all.
+  optimiser update at all;
+- an optimiser step whose loss or gradient is NaN/inf is skipped (and counted as
+  nonfinite_skipped); max_bad_steps such steps in a row stop the run.
+
+Checkpoints (grpo/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from grpo import checkpoint
 from grpo.algorithm import group_advantages, policy_loss
 from grpo.config import TrainConfig
 from grpo.evaluate import encode_prompts, greedy_accuracy
+from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
 from grpo.models import add_lora, load_policy, save_model
 from grpo.rewards import resolve_reward
@@ -56,6 +63,7 @@ class StepStats:
     entropy: float = float("nan")
     grad_norm: float = 0.0
     optimizer_steps: int = 0
+    nonfinite_skipped: int = 0
     trained_sequences: int = 0
 
 
@@ -102,7 +110,7 @@ class GRPOTrainer:
     ) -> None:
         self.config = config
         self.progress = progress
-        self.task = task if task is not None else get_task(config.task, heldout_size=config.eval_size)
+        self.task = task if task is not None else get_task(config.task, heldout_size=config.eval_size, data=config.data)
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
@@ -238,6 +246,7 @@ class GRPOTrainer:
                 if len(todo) == 0:
                     continue  # nothing to learn from: no update, rather than a momentum-only one
                 self.optimizer.zero_grad(set_to_none=True)
+                minibatch_loss = 0.0
                 for micro in self._micro_batches(rollout, todo):
                     sub = rollout.select_groups(micro)
                     sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
@@ -257,6 +266,7 @@ class GRPOTrainer:
                     loss.backward()
                     w = float(sub.mask.sum())
                     weight += w
+                    minibatch_loss += loss.item()
                     sums["loss"] = sums.get("loss", 0.0) + loss.item()
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v.item() * w
@@ -268,6 +278,11 @@ class GRPOTrainer:
                 else:
                     norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
                 stats.grad_norm = float(norm)
+                if not (math.isfinite(minibatch_loss) and math.isfinite(stats.grad_norm)):
+                    # a NaN/inf would poison the weights and Adam's moments for good: skip, count
+                    self.optimizer.zero_grad(set_to_none=True)
+                    stats.nonfinite_skipped += 1
+                    continue
                 self.optimizer.step()
                 stats.optimizer_steps += 1
         if weight > 0:
@@ -320,32 +335,43 @@ class GRPOTrainer:
 
     run_dir: Path | None = None
 
-    def train(self, run_dir: Path | None = None) -> dict:
-        """Run config.steps GRPO steps with held-out accuracy before and after; return the summary."""
+    def train(self, run_dir: Path | None = None, *, resume: bool = False) -> dict:
+        """Run config.steps GRPO steps with held-out accuracy before and after; return the summary.
+
+        With a run_dir, checkpoints are written every save_every steps and at the end, and
+        SIGINT/SIGTERM stop the run after the current step with a checkpoint (RunStopped).
+        ``resume`` continues run_dir from its latest checkpoint, exactly as if never stopped.
+        """
         cfg = self.config
         self.run_dir = run_dir
         start = time.perf_counter()
+        saved = self._resume(run_dir) if resume else {"step": 0, "history": [], "bad_in_a_row": 0}
         logger = None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
             logger = MetricsLogger(run_dir)
-        acc_start = self.evaluate()
-        history = [(0, acc_start)]
+        history = saved["history"] or [(0, self.evaluate())]
+        acc_start = history[0][1]
+        bad_in_a_row = saved["bad_in_a_row"]
         from grpo.progress import StepProgress
 
-        bar = StepProgress(cfg.steps, enabled=self.progress, heldout=acc_start)
+        bar = StepProgress(cfg.steps, enabled=self.progress, heldout=history[-1][1])
+        stop = StopRequests() if run_dir is not None else None
         train_start = time.perf_counter()
         metrics: dict[str, float] = {}
-        with bar:
-            for step in range(1, cfg.steps + 1):
+        with bar, stop or nullcontext():
+            for step in range(saved["step"] + 1, cfg.steps + 1):
                 metrics = self.step(step)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                     metrics["heldout_accuracy"] = self.evaluate()
                     history.append((step, metrics["heldout_accuracy"]))
+                bad_in_a_row = bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
+                metrics["bad_steps_in_a_row"] = bad_in_a_row
                 if logger is not None:
                     logger.log(step, metrics)
                 bar.update(step, metrics)
+                self._checkpoint_or_stop(step, history, bad_in_a_row, stop)
         train_seconds = time.perf_counter() - train_start
         acc_end = self.evaluate()
         if logger is not None:
@@ -365,6 +391,47 @@ class GRPOTrainer:
                 save_model(self.model, self.tokenizer, run_dir / "model")
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    # ---- checkpoints and stopping ----
+
+    def _checkpoint_or_stop(self, step: int, history: list, bad_in_a_row: int, stop: StopRequests | None) -> None:
+        """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
+
+        No checkpoint is written after a bad step, so the latest one is the last good state.
+        """
+        cfg = self.config
+        if bad_in_a_row >= cfg.max_bad_steps:
+            raise RunStopped(
+                f"loss or gradient was NaN/inf in {bad_in_a_row} consecutive steps (the last at step {step}); "
+                f"stopped (max_bad_steps={cfg.max_bad_steps}); {self._where()}"
+            )
+        requested = stop is not None and stop.received is not None
+        due = step % cfg.save_every == 0 or step == cfg.steps or requested
+        if self.run_dir is not None and due and bad_in_a_row == 0:
+            try:
+                checkpoint.save(
+                    self.run_dir, step, model=self.model, owner=self, config=cfg.to_dict(),
+                    extra={"history": history, "bad_in_a_row": bad_in_a_row}, keep=cfg.keep_checkpoints,
+                )
+            except checkpoint.CheckpointError as err:
+                raise RunStopped(f"{err}; the run stopped at step {step}") from err
+        if requested:
+            raise RunStopped(f"stopped by {stop.received.name} after step {step}; {self._where()}",
+                             exit_code=128 + int(stop.received))
+
+    def _where(self) -> str:
+        path = checkpoint.latest(self.run_dir) if self.run_dir is not None else None
+        if path is None:
+            return "no checkpoint was written"
+        return f"latest checkpoint: {path} (continue with: grpo train --resume {self.run_dir})"
+
+    def _resume(self, run_dir: Path | None) -> dict:
+        """Restore the latest complete checkpoint of run_dir; return its step, history and bad-step count."""
+        path = checkpoint.latest(run_dir) if run_dir is not None else None
+        if path is None:
+            raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
+        checkpoint.remove_partial(run_dir)
+        return checkpoint.restore(path, model=self.model, owner=self)
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -44,11 +44,17 @@ def list_tasks() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def get_task(name: str, *, heldout_size: int = 256) -> Task:
+def get_task(name: str, *, heldout_size: int = 256, data: str = "") -> Task:
+    """A built-in task; with ``data``, trained on that JSONL file's rows instead of its own."""
     _load_builtins()
     if name not in _BUILDERS:
         raise TaskError(f"unknown task {name!r}; built-in tasks: {', '.join(sorted(_BUILDERS))}")
-    return _BUILDERS[name](heldout_size=heldout_size)
+    task = _BUILDERS[name](heldout_size=heldout_size)
+    if data:
+        from grpo.tasks.jsonl import load_jsonl
+
+        task = replace(task, train=load_jsonl(data))
+    return task
 
 
 def _load_builtins() -> None:

@@ -1,0 +1,269 @@
+"""Checkpoints: atomic save, exact resume.
+
+A checkpoint is a folder ``RUN_DIR/checkpoints/step-00000010/`` holding
+
+- ``weights.pt``: the trainable parameters (all of them, or only the LoRA adapter);
+- ``state.pt``: every other piece of state a step consumes: the optimiser, the
+  global RNGs (Python, NumPy, torch and CUDA), the trainer's own RNGs, any
+  prompt sampler, and how long the run's log files were;
+- ``meta.json``: the step and the config, written last.
+
+It is built in a hidden temporary folder; every file and the folder are fsynced
+and the folder is then renamed into place, so a folder named ``step-N`` is
+always complete, whenever the process dies. The last ``keep`` are kept.
+
+What the trainer holds is saved generically: any attribute that is a
+``random.Random``, a ``torch.Generator`` or a :class:`Stateful` (an object with
+``state_dict``/``load_state_dict``, such as the optimiser or a prompt sampler)
+is captured under its attribute name. A new stateful part needs no change here.
+
+Not restored: TensorBoard event files (a resumed run appends after the killed
+one's tail, which TensorBoard shows as a second line over the same steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+CHECKPOINTS = "checkpoints"
+WEIGHTS, STATE, META = "weights.pt", "state.pt", "meta.json"
+LOG_FILES = ("metrics.jsonl", "completions.jsonl")
+_NAME = re.compile(r"^step-(\d+)$")
+_TMP = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names it."""
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything whose state a checkpoint captures: the optimiser, a prompt sampler, ..."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. A folder counts only once renamed and holding meta.json."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / META).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def read_meta(path: Path) -> dict:
+    try:
+        return json.loads((path / META).read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
+
+
+# ---- capturing and restoring state ----
+
+
+def trainable_state(model: nn.Module) -> dict[str, Tensor]:
+    """The parameters an optimiser updates: every one in full fine-tuning, the adapter with LoRA."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    params = dict(model.named_parameters())
+    wanted = {n for n, p in params.items() if p.requires_grad}
+    if wanted != set(weights):
+        odd = sorted(wanted ^ set(weights))
+        raise CheckpointError(
+            f"checkpoint weights do not fit the model ({len(odd)} names differ, e.g. {odd[0]!r}); "
+            "was it written with another model or lora_rank?"
+        )
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+
+
+def global_rng_state() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_global_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _is_part(value: object) -> bool:
+    if isinstance(value, nn.Module):
+        return False  # weights are saved separately, and a frozen reference never changes
+    return isinstance(value, (random.Random, torch.Generator, Stateful))
+
+
+def capture_parts(owner: object) -> dict[str, object]:
+    """The state of each stateful attribute of owner, by attribute name."""
+    out = {}
+    for name, value in vars(owner).items():
+        if isinstance(value, random.Random):
+            out[name] = value.getstate()
+        elif isinstance(value, torch.Generator):
+            out[name] = value.get_state()
+        elif _is_part(value):
+            out[name] = value.state_dict()
+    return out
+
+
+def restore_parts(owner: object, saved: dict[str, object]) -> None:
+    parts = {name: v for name, v in vars(owner).items() if _is_part(v)}
+    if set(parts) != set(saved):
+        raise CheckpointError(
+            f"checkpoint holds state for {sorted(saved)} but the trainer has {sorted(parts)}"
+        )
+    for name, value in parts.items():
+        if isinstance(value, random.Random):
+            value.setstate(saved[name])
+        elif isinstance(value, torch.Generator):
+            value.set_state(saved[name])
+        else:
+            value.load_state_dict(saved[name])
+
+
+# ---- writing ----
+
+
+def _fsync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _write_file(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write one file and force it to disk. Every byte of a checkpoint goes through here."""
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        _fsync(f.fileno())
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_partial(run_dir: Path) -> None:
+    """Delete temporary folders left by a run that died while writing or pruning."""
+    root = checkpoint_dir(run_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(_TMP):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def save(
+    run_dir: Path, step: int, *, model: nn.Module, owner: object, config: dict, extra: dict, keep: int
+) -> Path:
+    """Write checkpoint ``step`` atomically and keep only the last ``keep``; return its folder.
+
+    On any OSError (disk full, ...) the partial folder is removed, earlier checkpoints are
+    untouched, and CheckpointError says which one is the latest complete.
+    """
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    remove_partial(run_dir)
+    final = root / f"step-{step:08d}"
+    logs = {name: _synced_size(Path(run_dir) / name) for name in LOG_FILES}
+    state = {"rng": global_rng_state(), "parts": capture_parts(owner), "logs": logs, "extra": extra}
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=root))
+    try:
+        _write_file(tmp / WEIGHTS, lambda f: torch.save(trainable_state(model), f))
+        _write_file(tmp / STATE, lambda f: torch.save(state, f))
+        meta = json.dumps({"step": step, "config": config}, indent=2).encode()
+        _write_file(tmp / META, lambda f: f.write(meta))
+        _sync_dir(tmp)
+        if final.exists():
+            _discard(final)
+        os.replace(tmp, final)
+        _sync_dir(root)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest(run_dir)
+        where = f"the latest complete checkpoint is still {previous}" if previous else "no complete checkpoint exists"
+        reason = err.strerror or str(err)
+        raise CheckpointError(f"cannot write checkpoint {final}: {reason}; {where}") from err
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        _discard(old)
+    return final
+
+
+def _discard(path: Path) -> None:
+    """Remove a checkpoint: rename it out of sight first, so a kill mid-delete leaves no half folder named step-N."""
+    doomed = path.with_name(f"{_TMP}del-{path.name}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _synced_size(path: Path) -> int:
+    """The log's length, after forcing it to disk so a resumed run finds at least that much."""
+    if not path.is_file():
+        return 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _fsync(fd)
+    finally:
+        os.close(fd)
+    return path.stat().st_size
+
+
+# ---- resuming ----
+
+
+def restore(path: Path, *, model: nn.Module, owner: object) -> dict:
+    """Load checkpoint ``path`` into model and owner, cut the run's logs back to it; return its extra."""
+    try:
+        weights = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+        # the run's own file: it holds RNG tuples and arbitrary sampler states, so a full unpickle
+        state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError) as err:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
+    load_trainable_state(model, weights)
+    restore_parts(owner, state["parts"])
+    set_global_rng_state(state["rng"])
+    run_dir = path.parent.parent
+    for name, size in state["logs"].items():
+        _truncate(run_dir / name, size)
+    return {"step": read_meta(path)["step"], **state["extra"]}
+
+
+def _truncate(path: Path, size: int) -> None:
+    """Drop what a killed run logged after its checkpoint (never lengthen the file)."""
+    if path.is_file() and path.stat().st_size > size:
+        with open(path, "r+b") as f:
+            f.truncate(size)

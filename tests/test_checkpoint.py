@@ -1,0 +1,155 @@
+"""Checkpoints: exact resume (full and LoRA), atomic writes, disk full, NaN/inf guards, state hooks."""
+
+from __future__ import annotations
+
+import errno
+import math
+
+import pytest
+import torch
+from tiny_run import metrics_lines, params, tiny_trainer
+
+from grpo import checkpoint
+from grpo.interrupt import RunStopped
+
+
+def _same_params(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name  # bitwise, not close
+
+
+@pytest.mark.parametrize("lora", [0, 4], ids=["full", "lora"])
+def test_k_steps_then_resume_equals_n_steps_straight(tmp_path, lora):
+    straight = tiny_trainer(steps=5, lora_rank=lora)
+    summary_straight = straight.train(tmp_path / "straight")
+
+    tiny_trainer(steps=2, lora_rank=lora).train(tmp_path / "split")  # a first run of 2 steps ...
+    resumed = tiny_trainer(steps=5, lora_rank=lora)  # ... continued to 5 by a fresh process' worth of objects
+    summary_resumed = resumed.train(tmp_path / "split", resume=True)
+
+    _same_params(params(straight), params(resumed))
+    assert metrics_lines(tmp_path / "straight") == metrics_lines(tmp_path / "split")
+    assert (tmp_path / "straight" / "completions.jsonl").read_text() == (tmp_path / "split" / "completions.jsonl").read_text()
+    for key in ("heldout_accuracy_start", "heldout_accuracy_end", "reward_mean_last"):
+        assert summary_straight[key] == summary_resumed[key]
+
+
+def test_resume_after_an_interrupted_step_drops_its_log_lines(tmp_path):
+    straight = tiny_trainer(steps=4)
+    straight.train(tmp_path / "straight")
+    run = tmp_path / "run"
+    tiny_trainer(steps=4, save_every=2).train(run)
+    # pretend it died after logging step 4 but before its checkpoint: only step-2 remains
+    for path in checkpoint.complete_checkpoints(run)[1:]:
+        checkpoint._discard(path)
+    (checkpoint.checkpoint_dir(run) / ".tmp-step-00000004-x").mkdir()  # a half-written one
+    resumed = tiny_trainer(steps=4)
+    resumed.train(run, resume=True)
+    _same_params(params(straight), params(resumed))
+    assert metrics_lines(tmp_path / "straight") == metrics_lines(run)
+    assert not any(p.name.startswith(".tmp") for p in checkpoint.checkpoint_dir(run).iterdir())
+
+
+def test_only_the_last_k_checkpoints_are_kept(tmp_path):
+    tiny_trainer(steps=5, save_every=1, keep_checkpoints=2).train(tmp_path / "run")
+    names = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
+    assert sorted(names) == ["step-00000004", "step-00000005"]
+
+
+def test_checkpoint_holds_every_stateful_attribute(tmp_path):
+    class Sampler:
+        """Stands in for a prompt sampler with per-prompt statistics."""
+
+        def __init__(self):
+            self.seen = {}
+
+        def state_dict(self):
+            return {"seen": dict(self.seen)}
+
+        def load_state_dict(self, state):
+            self.seen = dict(state["seen"])
+
+    trainer = tiny_trainer(steps=1)
+    trainer.sampler = Sampler()
+    trainer.sampler.seen = {3: 2, 7: 1}
+    trainer.train(tmp_path / "run")
+    again = tiny_trainer(steps=1)
+    again.sampler = Sampler()
+    again.train(tmp_path / "run", resume=True)
+    assert again.sampler.seen == {3: 2, 7: 1}
+    assert again.prompt_rng.getstate() == trainer.prompt_rng.getstate()
+    assert torch.equal(again.generator.get_state(), trainer.generator.get_state())
+
+    without = tiny_trainer(steps=1)  # a trainer lacking the sampler cannot silently resume
+    with pytest.raises(checkpoint.CheckpointError, match="sampler"):
+        without.train(tmp_path / "run", resume=True)
+
+
+def test_disk_full_keeps_the_previous_checkpoint_and_stops_clearly(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real_write = checkpoint._write_file
+    calls = {"n": 0}
+
+    def fill_up(path, write):
+        calls["n"] += 1
+        if calls["n"] > 3:  # the first checkpoint (3 files) fits; the second runs out half-way
+            with open(path, "wb") as f:
+                f.write(b"\0" * 10)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, write)
+
+    monkeypatch.setattr(checkpoint, "_write_file", fill_up)
+    with pytest.raises(RunStopped) as stopped:
+        tiny_trainer(steps=3).train(run)
+    message = str(stopped.value)
+    assert "No space left on device" in message and "step-00000001" in message, message
+    assert "\n" not in message
+    assert [p.name for p in checkpoint.checkpoint_dir(run).iterdir()] == ["step-00000001"]
+    monkeypatch.setattr(checkpoint, "_write_file", real_write)
+    resumed = tiny_trainer(steps=3)
+    resumed.train(run, resume=True)  # the surviving checkpoint is whole
+    assert checkpoint.read_meta(checkpoint.latest(run))["step"] == 3
+
+
+def _nan_on_steps(bad_steps, **kw):
+    """A tiny trainer whose reward is NaN for every completion of the given steps."""
+    now = {"step": 0}
+
+    def reward(completion, example):
+        return math.nan if now["step"] in bad_steps else completion.count("a") / max(len(completion), 1)
+
+    trainer = tiny_trainer(reward, **kw)
+    step = trainer.step
+
+    def step_and_note(n):
+        now["step"] = n
+        return step(n)
+
+    trainer.step = step_and_note
+    return trainer
+
+
+def test_a_nan_step_skips_the_update_and_is_counted(tmp_path):
+    trainer = _nan_on_steps({2}, steps=5)
+    trainer.step(1)
+    before = params(trainer)
+    m = trainer.step(2)
+    assert m["nonfinite_skipped"] == 1 and m["optimizer_steps"] == 0
+    _same_params(before, params(trainer))
+    later = [trainer.step(s) for s in (3, 4, 5)]
+    assert all(m["nonfinite_skipped"] == 0 for m in later)
+    assert sum(m["optimizer_steps"] for m in later) > 0  # training goes on
+
+
+def test_too_many_bad_steps_stop_the_run_with_the_last_good_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    trainer = _nan_on_steps({3, 4, 5, 6}, steps=8, max_bad_steps=3)
+    with pytest.raises(RunStopped) as stopped:
+        trainer.train(run)
+    message = str(stopped.value)
+    assert "NaN/inf in 3 consecutive steps (the last at step 5)" in message
+    assert "step-00000002" in message
+    assert checkpoint.read_meta(checkpoint.latest(run))["step"] == 2
+    logged = metrics_lines(run)
+    assert [row["bad_steps_in_a_row"] for row in logged] == [0, 0, 1, 2, 3]

@@ -1,0 +1,47 @@
+"""A tiny-model GRPO run, shared by the checkpoint tests and the kill harness (tests/kill_harness.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from conftest import make_model, make_tokenizer
+
+from grpo.config import TrainConfig
+from grpo.tasks import Task
+from grpo.trainer import GRPOTrainer
+
+TIMING = ("time_generate", "time_reward", "time_update", "time_step", "tokens_per_second")
+
+
+def count_a(completion, example):
+    """The share of characters that are 'a': a tiny model learns it in a few steps."""
+    return completion.count("a") / max(len(completion), 1)
+
+
+def tiny_task(reward=count_a) -> Task:
+    rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
+    return Task("tiny", rows[:32], rows[32:], reward)
+
+
+def tiny_config(**kw) -> TrainConfig:
+    base = dict(steps=4, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=1,
+                eval_size=8, sample_every=2, device="cpu", save_model=False, save_every=1)
+    return TrainConfig(**{**base, **kw})
+
+
+def tiny_trainer(reward=count_a, **kw) -> GRPOTrainer:
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    return GRPOTrainer(tiny_config(**kw), model=model, tokenizer=tokenizer, task=tiny_task(reward), progress=False)
+
+
+def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def metrics_lines(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without its timing fields, which differ between any two runs."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
