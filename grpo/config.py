@@ -25,8 +25,16 @@ class TrainConfig:
 
     model: str = field(**_doc("model: 'smollm2' (embedded), a Hugging Face folder, a .gguf file or a hub id", default="smollm2"))
     task: str = field(**_doc("built-in task name (see `grpo tasks`)", default="add"))
+    data: str = field(**_doc("your dataset instead of the task: .jsonl/.csv/.parquet file, saved Hugging Face dataset folder or hub name (default reward: math_answer)", default=""))
+    prompt_field: str = field(**_doc("the data's prompt column (empty: prompt, question, problem or input)", default=""))
+    answer_field: str = field(**_doc("the data's answer column (empty: answer, solution, output or target; GSM8K's '#### x' is recognised)", default=""))
+    system_prompt: str = field(**_doc("system message before every prompt (empty: none, or the task's own)", default=""))
+    prompt_template: str = field(**_doc("format string over the row's fields making the user message, e.g. '{question} Answer in \\boxed{{}}.' (empty: the prompt as is)", default=""))
     rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
+    reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
+    reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
+    on_error: str = field(**_doc("a reward call that raises or times out: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
     steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=40))
     seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
@@ -68,12 +76,14 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "eval_every",
-                        "sample_every", "threads", "temperature")
+                        "sample_every", "threads", "temperature", "reward_workers")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
+        if self.reward_timeout <= 0:
+            raise ConfigError(f"reward_timeout must be positive, got {self.reward_timeout}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if not 0.0 < self.top_p <= 1.0:
@@ -83,7 +93,7 @@ class TrainConfig:
         if self.clip_low >= 1.0:
             raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
-                   "aggregate": ("token", "sequence", "fixed")}
+                   "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

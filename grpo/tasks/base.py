@@ -52,4 +52,6 @@ def get_task(name: str, *, heldout_size: int = 256) -> Task:
 
 
 def _load_builtins() -> None:
-    import grpo.tasks.arithmetic  # noqa: F401  (registers its tasks)
+    import grpo.tasks.arithmetic  # noqa: F401  (each module registers its tasks)
+    import grpo.tasks.coding  # noqa: F401
+    import grpo.tasks.countdown  # noqa: F401
