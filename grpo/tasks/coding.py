@@ -39,18 +39,18 @@ def _over(k: int) -> tuple[str, str]:
 
 
 def _rows() -> list[dict]:
-    rows = []
+    rows: dict[str, dict] = {}  # by prompt: count_letter repeats every 26
     for family in (_add, _times, _count, _over):
         for k in range(2, 60):
             text, tests = family(k)
             prompt = f"{text} Reply with the code in a ```python block."
-            rows.append({"prompt": prompt, "answer": "", "tests": tests})
-    return rows
+            rows.setdefault(prompt, {"prompt": prompt, "answer": "", "tests": tests})
+    return list(rows.values())
 
 
 @register("code")
 def coding(heldout_size: int = 64) -> Task:
-    """232 one-function problems, scored by the fraction of asserts passed in the sandbox."""
+    """200 one-function problems, scored by the fraction of asserts passed in the sandbox."""
     rows = _rows()
     random.Random(_SPLIT_SEED).shuffle(rows)
     n = min(heldout_size, len(rows) // 2)
