@@ -70,7 +70,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
-                    "micro_batch_tokens", "eval_batch_size")
+                    "micro_batch_tokens", "eval_batch_size", "reward_timeout")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -82,8 +82,6 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
-        if self.reward_timeout <= 0:
-            raise ConfigError(f"reward_timeout must be positive, got {self.reward_timeout}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if not 0.0 < self.top_p <= 1.0:

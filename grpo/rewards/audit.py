@@ -152,7 +152,7 @@ def audit_reward(
         others = [_different_row(rows, i) for i in range(len(rows))]
         texts, owners = [], []
         for k, (_, _, probe, wrap) in enumerate(probes):
-            for row, other in zip(rows, others):
+            for row, other in zip(rows, others, strict=True):
                 text = probe(row, other)
                 if text is not None:
                     texts.append(layout(text) if wrap else text)
@@ -162,7 +162,7 @@ def audit_reward(
         scorer.close()
     results = []
     for k, (name, kind, _, _) in enumerate(probes):
-        mine = [s for (j, _), s in zip(owners, scores) if j == k]
+        mine = [s for (j, _), s in zip(owners, scores, strict=True) if j == k]
         passed = sum(s >= best for s in mine) if kind == "gold" else sum(s > worst for s in mine)
         results.append(ProbeResult(name, kind, len(mine), passed))
     name = getattr(reward, "__name__", type(reward).__name__)

@@ -174,8 +174,8 @@ class RewardScorer:
             except Exception:
                 return [CallResult(0.0, traceback.format_exc())] * len(texts)
         if self.pool is not None:
-            return self.pool.map([(k, t, r) for t, r in zip(texts, rows)])
-        return [call_reward(fn, t, r) for t, r in zip(texts, rows)]
+            return self.pool.map([(k, t, r) for t, r in zip(texts, rows, strict=True)])
+        return [call_reward(fn, t, r) for t, r in zip(texts, rows, strict=True)]
 
     def _report(self, name: str, results: Sequence[CallResult]) -> None:
         failed = [r for r in results if r.error is not None]
@@ -201,10 +201,10 @@ class RewardScorer:
     ) -> tuple[Tensor, dict[str, float]]:
         if lengths is not None:
             limit = self.max_completion_tokens or max(lengths, default=0)
-            rows = [{**r, "completion_tokens": int(n), "max_completion_tokens": limit} for r, n in zip(rows, lengths)]
+            rows = [{**r, "completion_tokens": int(n), "max_completion_tokens": limit} for r, n in zip(rows, lengths, strict=True)]
         total = torch.zeros(len(texts))  # (N,)
         metrics: dict[str, float] = {}
-        for k, (name, weight) in enumerate(zip(self.names, self.weights)):
+        for k, (name, weight) in enumerate(zip(self.names, self.weights, strict=True)):
             results = self._raw(k, texts, rows)
             self._report(name, results)
             raw = torch.tensor([r.value for r in results], dtype=torch.float32)  # (N,)

@@ -40,7 +40,7 @@ class RewardModel:
     @torch.no_grad()
     def score_batch(self, completions: Sequence[str], rows: Sequence[Mapping]) -> list[float]:
         scores: list[float] = []
-        texts = [self._text(c, r) for c, r in zip(completions, rows)]
+        texts = [self._text(c, r) for c, r in zip(completions, rows, strict=True)]
         for i in range(0, len(texts), self.batch_size):
             enc = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True,
                                  truncation=True, max_length=self.max_length).to(self.device)
