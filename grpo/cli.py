@@ -76,7 +76,43 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     sub.add_parser("tasks", help="list the built-in tasks")
+    _add_check_reward(sub)
     return parser
+
+
+def _add_check_reward(sub: argparse._SubParsersAction) -> None:
+    check = sub.add_parser(
+        "check-reward", help="audit a reward: gold answers must score the max, exploit probes the min",
+        description="Audit a reward on a dataset: every gold answer in several surface forms must score "
+        "the maximum, and a bank of exploit probes must score the minimum. Exits 1 on failure.",
+    )
+    check.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    check.add_argument("--data", default="", help="dataset file or folder (default: the task's held-out rows)")
+    check.add_argument("--task", default="add", help="built-in task when no --data (default: add)")
+    check.add_argument("--prompt-field", default="", help="the data's prompt column")
+    check.add_argument("--answer-field", default="", help="the data's answer column")
+    check.add_argument("--limit", type=int, default=0, help="audit only the first N rows (0: all)")
+    check.add_argument("--max-gold-failure", type=float, default=0.005,
+                       help="largest allowed share of rows where a gold form misses the maximum (default: 0.005)")
+    check.add_argument("--workers", type=int, default=2, help="reward worker processes (default: 2)")
+
+
+def cmd_check_reward(args: argparse.Namespace) -> int:
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.audit import audit_reward
+    from grpo.tasks import get_task, load_rows
+
+    if args.limit < 0 or args.workers < 0 or not 0 <= args.max_gold_failure <= 1:
+        raise ConfigError("--limit and --workers must be >= 0 and --max-gold-failure in [0, 1]")
+    reward = resolve_reward(args.reward)
+    if args.data:
+        rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field)
+    else:
+        rows = list(get_task(args.task).heldout)
+    rows = rows[: args.limit] if args.limit else rows
+    report = audit_reward(reward, rows, max_gold_failure=args.max_gold_failure, workers=args.workers)
+    print(report.table())
+    return 1 if report.failures() else 0
 
 
 # What --resume may change: how the run is kept and shown, or how long it goes on, not its maths.
@@ -134,10 +170,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     from grpo.models import check_model
     from grpo.rewards import resolve_reward
-    from grpo.tasks import get_task
+    from grpo.tasks import load_task
 
     check_model(config.model)
-    get_task(config.task, heldout_size=config.eval_size, data=config.data)
+    load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
+              answer_field=config.answer_field, prompt_template=config.prompt_template)
     for spec in config.rewards:
         resolve_reward(spec)
     from grpo.trainer import GRPOTrainer, default_run_dir  # transformers: slow to import, so after the checks
@@ -186,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "eval":
             return cmd_eval(args)
+        if args.command == "check-reward":
+            return cmd_check_reward(args)
         print("\n".join(list_tasks()))
         return 0
     except (ConfigError, RewardError, TaskError) as err:

@@ -29,9 +29,16 @@ class TrainConfig:
 
     model: str = field(**_doc("model: 'smollm2' (embedded), a Hugging Face folder, a .gguf file or a hub id", default="smollm2"))
     task: str = field(**_doc("built-in task name (see `grpo tasks`)", default="add"))
-    data: str = field(**_doc("JSONL file of {prompt, answer} rows to train on instead of the task's own (the task's reward and held-out set stay)", default=""))
+    data: str = field(**_doc("your dataset instead of the task: .jsonl/.csv/.parquet file, saved Hugging Face dataset folder or hub name (default reward: math_answer)", default=""))
+    prompt_field: str = field(**_doc("the data's prompt column (empty: prompt, question, problem or input)", default=""))
+    answer_field: str = field(**_doc("the data's answer column (empty: answer, solution, output or target; GSM8K's '#### x' is recognised)", default=""))
+    system_prompt: str = field(**_doc("system message before every prompt (empty: none, or the task's own)", default=""))
+    prompt_template: str = field(**_doc("format string over the row's fields making the user message, e.g. '{question} Answer in \\boxed{{}}.' (empty: the prompt as is)", default=""))
     rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
+    reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
+    reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
+    on_error: str = field(**_doc("a reward call that raises or times out: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
     steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=40))
     seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
@@ -93,7 +100,7 @@ class TrainConfig:
         if self.clip_low >= 1.0:
             raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
-                   "aggregate": ("token", "sequence", "fixed")}
+                   "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -44,9 +44,9 @@ from grpo.evaluate import encode_prompts, greedy_accuracy
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
 from grpo.models import add_lora, load_policy, save_model
-from grpo.rewards import resolve_reward
+from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rollout import Rollout, generate, rollout_logprobs
-from grpo.tasks import Task, get_task
+from grpo.tasks import Task, load_task
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -79,21 +79,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def combine_rewards(fns: Sequence[RewardFn], weights: Sequence[float]) -> Callable:
-    """Score completions with several rewards; return the weighted total and each raw mean."""
-
-    def score(texts: Sequence[str], rows: Sequence[Mapping]) -> tuple[Tensor, dict[str, float]]:
-        total = torch.zeros(len(texts))
-        means = {}
-        for fn, w in zip(fns, weights):
-            raw = torch.tensor([float(fn(t, r)) for t, r in zip(texts, rows)])
-            total += w * raw
-            means[f"reward/{getattr(fn, '__name__', 'reward')}"] = raw.mean().item()
-        return total, means
-
-    return score
-
-
 class GRPOTrainer:
     """Trains a causal LM with GRPO. ``model``/``tokenizer``, ``task`` and ``rewards`` may be given
     as objects (the Python API); otherwise they come from the config's names."""
@@ -110,11 +95,18 @@ class GRPOTrainer:
     ) -> None:
         self.config = config
         self.progress = progress
-        self.task = task if task is not None else get_task(config.task, heldout_size=config.eval_size, data=config.data)
+        self.task = task if task is not None else load_task(
+            config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
+            answer_field=config.answer_field, system_prompt=config.system_prompt,
+            prompt_template=config.prompt_template,
+        )
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
-        self.score = combine_rewards(self.reward_fns, weights)
+        self.score = combine_rewards(
+            self.reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,
+            on_error=config.on_error, max_completion_tokens=config.max_new_tokens,
+        )
 
         seed_everything(config.seed)
         if config.threads:
@@ -167,7 +159,7 @@ class GRPOTrainer:
         t_gen = time.perf_counter()
 
         group_rows = [r for r in rows for _ in range(cfg.group_size)]
-        rewards, reward_means = self.score(rollout.texts, group_rows)  # (N,)
+        rewards, reward_means = self.score(rollout.texts, group_rows, rollout.lengths.tolist())  # (N,)
         rewards = rewards.to(self.device)
         t_reward = time.perf_counter()
 

@@ -31,7 +31,7 @@ def place(tmp_path):
     (tmp_path / "broken-model" / "config.json").write_text("{not json")
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "bad-json.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", answer: 4}\n')
-    (tmp_path / "no-prompt.jsonl").write_text('{"question": "1+1", "answer": "2"}\n')
+    (tmp_path / "no-prompt.jsonl").write_text('{"query": "1+1", "answer": "2"}\n{"query": "2+2", "answer": "4"}\n')
     (tmp_path / "no-answer.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "3+3"}\n')
     (tmp_path / "typo.yaml").write_text("steps: 3\ngrop_size: 4\n")
     (tmp_path / "wrong-type.yaml").write_text("steps: ten\n")
@@ -54,10 +54,10 @@ CASES = {
     "unreadable model": (["--model", "broken-model"], "model folder broken-model is unreadable: config.json"),
     "model folder without config": (["--model", "not-a-run"], "model folder not-a-run has no config.json"),
     "data file missing": (["--data", "nope.jsonl"], "data file not found: nope.jsonl"),
-    "data file empty": (["--data", "empty.jsonl"], "data file empty.jsonl is empty"),
-    "data invalid json": (["--data", "bad-json.jsonl"], "bad-json.jsonl:2: invalid JSON: Expecting property name"),
-    "data without prompt": (["--data", "no-prompt.jsonl"], "no-prompt.jsonl:1: missing field 'prompt'"),
-    "data without answer": (["--data", "no-answer.jsonl"], "no-answer.jsonl:2: missing field 'answer'"),
+    "data file empty": (["--data", "empty.jsonl"], "empty.jsonl: no rows"),
+    "data invalid json": (["--data", "bad-json.jsonl"], "bad-json.jsonl:2: invalid JSON (Expecting property name"),
+    "data without prompt": (["--data", "no-prompt.jsonl"], "no-prompt.jsonl:1: no prompt field"),
+    "data without answer": (["--data", "no-answer.jsonl"], "no-answer.jsonl:2: no answer field"),
     "group size below 2": (["--group-size", "1"], "group_size must be at least 2"),
     "batch size not a multiple": (["--batch-size", "30", "--group-size", "8"], "batch_size (30) must be a multiple of group_size (8)"),
     "zero max_new_tokens": (["--max-new-tokens", "0"], "max_new_tokens must be positive, got 0"),

@@ -46,3 +46,69 @@ def final_number(completion: str, example: Mapping) -> float:
         return float(float(found[-1].replace(",", "")) == float(str(example["answer"]).replace(",", "")))
     except ValueError:
         return 0.0
+def regex_match(completion: str, example: Mapping) -> float:
+    """1.0 when the whole stripped completion matches the regular expression ``example['pattern']``."""
+    return float(re.fullmatch(str(example["pattern"]), completion.strip(), flags=re.DOTALL) is not None)
+
+
+_CHOICE_PATTERNS = (
+    re.compile(r"\\boxed\{\s*\(?([A-J])\)?\s*\}"),
+    re.compile(r"<answer>\s*\(?([A-J])\)?\s*</answer>"),
+    re.compile(r"answer\s*(?:is|:)\s*:?\s*\(?([A-J])\b\)?", re.IGNORECASE),
+    re.compile(r"^\s*\(?([A-J])[).:]?\s*$", re.MULTILINE),
+)
+
+
+def multiple_choice(completion: str, example: Mapping) -> float:
+    """1.0 when the one letter (A-J) the completion picks is ``example['answer']``.
+
+    The letter is taken from ``\\boxed{B}``, ``<answer>B</answer>``, "the answer is (B)"
+    or a line holding only the letter, in that order. Naming two different letters scores 0.
+    """
+    for pattern in _CHOICE_PATTERNS:
+        letters = set(pattern.findall(completion))
+        if letters:
+            return float(letters == {str(example["answer"]).strip().strip("()").upper()})
+    return 0.0
+
+
+_THINK_ANSWER = re.compile(r"\s*<think>(.+?)</think>\s*<answer>(.+?)</answer>\s*", re.DOTALL)
+
+
+def think_format(completion: str, example: Mapping) -> float:
+    """1.0 for DeepSeek-R1's layout: ``<think>...</think>`` then ``<answer>...</answer>``, nothing else.
+
+    Each tag appears exactly once and both parts are non-empty, so a reply
+    that hides a second answer inside the reasoning or after the tag fails.
+    """
+    m = _THINK_ANSWER.fullmatch(completion)
+    if m is None or not m.group(1).strip() or not m.group(2).strip():
+        return 0.0
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    return float(all(completion.count(tag) == 1 for tag in tags))
+
+
+def soft_overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), in [-1, 0].
+
+    0 while |y| <= L_max - L_cache; then falls linearly,
+    ((L_max - L_cache) - |y|) / L_cache, to -1 at L_max; -1 beyond.
+    """
+    free = max_length - cache_length
+    if length <= free:
+        return 0.0
+    if length <= max_length:
+        return (free - length) / cache_length
+    return -1.0
+
+
+def overlong_penalty(completion: str, example: Mapping) -> float:
+    """DAPO's soft overlong punishment of a completion, in tokens.
+
+    The trainer's scorer adds ``completion_tokens`` and ``max_completion_tokens``
+    (max_new_tokens) to each row; the penalty zone is the last 20% of the
+    budget, as DAPO's 4k of 20k. Outside the trainer, pass those two keys.
+    """
+    max_length = int(example["max_completion_tokens"])
+    cache = max(1, max_length // 5)
+    return soft_overlong_penalty(int(example["completion_tokens"]), max_length, cache)

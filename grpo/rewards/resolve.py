@@ -17,14 +17,20 @@ class RewardError(ValueError):
 def _builtin(name: str) -> RewardFn | None:
     import grpo.rewards as builtins
 
-    fn = getattr(builtins, name, None)
-    return fn if callable(fn) and not isinstance(fn, type) else None
+    return getattr(builtins, name) if name in builtins.BUILTIN_REWARDS else None
 
 
 def resolve_reward(spec: str | RewardFn) -> RewardFn:
-    """A callable from a built-in name, ``package.module:function`` or ``path/file.py:function``."""
+    """A callable from a built-in name, ``package.module:function``, ``path/file.py:function``,
+    or a reward-model folder (``AutoModelForSequenceClassification``)."""
     if callable(spec):
         return spec
+    if Path(spec).is_dir():
+        if not (Path(spec) / "config.json").is_file():
+            raise RewardError(f"reward model folder {spec} has no config.json")
+        from grpo.rewards.model import RewardModel
+
+        return RewardModel(spec)
     if ":" not in spec:
         fn = _builtin(spec)
         if fn is None:

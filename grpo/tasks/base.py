@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -44,18 +44,15 @@ def list_tasks() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def get_task(name: str, *, heldout_size: int = 256, data: str = "") -> Task:
-    """A built-in task; with ``data``, trained on that JSONL file's rows instead of its own."""
+def get_task(name: str, *, heldout_size: int = 256) -> Task:
+    """A built-in task by name."""
     _load_builtins()
     if name not in _BUILDERS:
         raise TaskError(f"unknown task {name!r}; built-in tasks: {', '.join(sorted(_BUILDERS))}")
-    task = _BUILDERS[name](heldout_size=heldout_size)
-    if data:
-        from grpo.tasks.jsonl import load_jsonl
-
-        task = replace(task, train=load_jsonl(data))
-    return task
+    return _BUILDERS[name](heldout_size=heldout_size)
 
 
 def _load_builtins() -> None:
-    import grpo.tasks.arithmetic  # noqa: F401  (registers its tasks)
+    import grpo.tasks.arithmetic  # noqa: F401  (each module registers its tasks)
+    import grpo.tasks.coding  # noqa: F401
+    import grpo.tasks.countdown  # noqa: F401

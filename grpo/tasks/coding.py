@@ -1,0 +1,57 @@
+"""A small built-in coding task: write one short Python function, checked by ``code_tests``.
+
+Families of one-line functions with a parameter (add k, repeat a string,
+count a letter, ...) give a few hundred distinct problems; train and
+held-out are split once with a fixed seed, so they share no problem.
+"""
+
+from __future__ import annotations
+
+import random
+
+from grpo.rewards.code import code_tests
+from grpo.tasks.base import Task, register
+
+_SPLIT_SEED = 1234
+
+
+def _add(k: int) -> tuple[str, str]:
+    return (f"Write a Python function `add_k(x)` that returns x + {k}.",
+            "\n".join(f"assert add_k({x}) == {x + k}" for x in (0, 3, -7, 100)))
+
+
+def _times(k: int) -> tuple[str, str]:
+    return (f"Write a Python function `scale(xs)` that returns a new list with every element of xs multiplied by {k}.",
+            "\n".join(f"assert scale({xs}) == {[x * k for x in xs]}" for xs in ([], [1], [2, -3, 5])))
+
+
+def _count(k: int) -> tuple[str, str]:
+    letter = "abcdefghijklmnopqrstuvwxyz"[k % 26]
+    words = ("banana", "", f"{letter}x{letter}", "mississippi")
+    return (f"Write a Python function `count_letter(s)` that returns how many times '{letter}' occurs in s.",
+            "\n".join(f"assert count_letter({w!r}) == {w.count(letter)}" for w in words))
+
+
+def _over(k: int) -> tuple[str, str]:
+    lists = ([], [k, k + 1], [1, 2, k + 5, -k])
+    return (f"Write a Python function `above(xs)` that returns the elements of xs greater than {k}, in order.",
+            "\n".join(f"assert above({xs}) == {[x for x in xs if x > k]}" for xs in lists))
+
+
+def _rows() -> list[dict]:
+    rows: dict[str, dict] = {}  # by prompt: count_letter repeats every 26
+    for family in (_add, _times, _count, _over):
+        for k in range(2, 60):
+            text, tests = family(k)
+            prompt = f"{text} Reply with the code in a ```python block."
+            rows.setdefault(prompt, {"prompt": prompt, "answer": "", "tests": tests})
+    return list(rows.values())
+
+
+@register("code")
+def coding(heldout_size: int = 64) -> Task:
+    """200 one-function problems, scored by the fraction of asserts passed in the sandbox."""
+    rows = _rows()
+    random.Random(_SPLIT_SEED).shuffle(rows)
+    n = min(heldout_size, len(rows) // 2)
+    return Task("code", rows[n:], rows[:n], code_tests)

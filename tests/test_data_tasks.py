@@ -1,0 +1,92 @@
+"""Dataset loading, the Countdown and code tasks, and `grpo check-reward`."""
+
+from pathlib import Path
+
+import pytest
+
+from grpo.cli import main
+from grpo.tasks import DataError, get_task, load_rows, load_task
+from grpo.tasks.countdown import countdown_reward, evaluate
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GSM8K = str(FIXTURES / "gsm8k_small.jsonl")
+
+
+def test_gsm8k_format_is_recognised():
+    rows = load_rows(GSM8K)
+    assert rows[0]["prompt"].startswith("Janet") and rows[0]["answer"] == "18"
+    assert rows[2]["answer"] == "70000"  # thousands separator removed
+    assert rows[0]["solution"].endswith("#### 18")
+
+
+def test_csv_parquet_and_hf_folder_with_field_mapping(tmp_path):
+    rows = load_rows(str(FIXTURES / "small.csv"), prompt_field="q", answer_field="a",
+                     prompt_template="Solve: {prompt}")
+    assert rows[1] == {"q": "What is 2+3?", "a": "5", "prompt": "Solve: What is 2+3?", "answer": "5"}
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"problem": "p1", "target": "1"}]), tmp_path / "d.parquet")
+    assert load_rows(str(tmp_path / "d.parquet"))[0]["answer"] == "1"
+    datasets.Dataset.from_list([{"question": "q", "answer": "x\n#### 4"}]).save_to_disk(str(tmp_path / "hf"))
+    assert load_rows(str(tmp_path / "hf"))[0]["answer"] == "4"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("bad_json.jsonl", r"bad_json.jsonl:2: invalid JSON"),
+    ("missing_field.jsonl", r"missing_field.jsonl:2: no answer field"),
+    ("empty_prompt.jsonl", r"empty_prompt.jsonl:2: field 'prompt' is empty"),
+])
+def test_malformed_rows_name_file_line_and_field(name, message):
+    with pytest.raises(DataError, match=message):
+        load_rows(str(FIXTURES / name))
+
+
+def test_bad_data_on_the_cli_is_one_line_and_exit_2(capsys):
+    assert main(["train", "--data", str(FIXTURES / "bad_json.jsonl"), "--output", "/nonexistent/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad_json.jsonl:2: invalid JSON" in err
+    assert main(["train", "--data", GSM8K, "--answer-field", "nope"]) == 2
+    assert "missing field 'nope'" in capsys.readouterr().err
+
+
+def test_dataset_task_split_is_disjoint_and_seeded():
+    a = load_task("", data=GSM8K, heldout_size=2, system_prompt="Be brief.")
+    b = load_task("", data=GSM8K, heldout_size=2)
+    assert len(a.heldout) == 2 and len(a.train) == 4
+    assert [r["prompt"] for r in a.heldout] == [r["prompt"] for r in b.heldout]
+    assert not {r["prompt"] for r in a.train} & {r["prompt"] for r in a.heldout}
+    assert a.messages(a.train[0])[0] == {"role": "system", "content": "Be brief."}
+
+
+def test_countdown_checks_the_expression_safely():
+    row = {"numbers": [3, 7, 25], "target": 46}
+    assert countdown_reward("<think>..</think><answer>(25 - 7) * 3 - 8 + 0</answer>", row) == 0.0  # extra numbers
+    assert countdown_reward("<answer>25 + 7 * 3</answer>", row) == 1.0
+    assert countdown_reward("<answer>25 + 7 * 3 = 46</answer>", row) == 1.0
+    assert countdown_reward("<answer>25 + 21</answer>", row) == 0.0  # not the given numbers
+    assert countdown_reward("<answer>__import__('os').system('x')</answer>", row) == 0.0
+    assert countdown_reward("<answer>3 / (7 - 7) + 25</answer>", row) == 0.0
+    assert evaluate("7 / 2")[0] == pytest.approx(3.5)
+    assert evaluate("2 ** 3") is None  # only + - * /
+
+
+def test_countdown_and_code_tasks_have_disjoint_seeded_splits():
+    for name in ("countdown", "code"):
+        a, b = get_task(name, heldout_size=32), get_task(name, heldout_size=32)
+        assert [r["prompt"] for r in a.heldout] == [r["prompt"] for r in b.heldout]
+        assert not {r["prompt"] for r in a.train} & {r["prompt"] for r in a.heldout}
+    row = get_task("countdown").heldout[0]
+    assert countdown_reward(f"<answer>{'+'.join(map(str, row['numbers']))}</answer>", row) in (0.0, 1.0)
+
+
+def test_check_reward_passes_math_answer_and_fails_a_naive_reward(tmp_path, capsys):
+    assert main(["check-reward", "--reward", "math_answer", "--data", GSM8K, "--workers", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "exploit probes passing: 0" in out and "100.00%" in out
+    naive = tmp_path / "naive.py"
+    naive.write_text("def contains(completion, example):\n    return float(example['answer'] in completion)\n")
+    assert main(["check-reward", "--reward", f"{naive}:contains", "--data", GSM8K, "--workers", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "every integer 0..1000" in out and "FAIL" in out

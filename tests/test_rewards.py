@@ -1,0 +1,165 @@
+"""Built-in rewards on hand-written completions, and the weighted, worker-pool scorer."""
+
+import pytest
+
+from grpo.rewards import (
+    RewardCallError,
+    RewardError,
+    combine_rewards,
+    exact_match,
+    math_answer,
+    multiple_choice,
+    overlong_penalty,
+    regex_match,
+    resolve_reward,
+    soft_overlong_penalty,
+    think_format,
+)
+
+ROW = {"prompt": "How many eggs?", "answer": "18"}
+
+
+@pytest.mark.parametrize("completion", [
+    "9 * 2 = 18",
+    "She makes \\boxed{18} dollars.",
+    "#### 18",
+    "The answer is 18.",
+    "The answer is $18.00. She earned 2 per egg.",
+    "<answer>18</answer>",
+    "\\boxed{\\frac{36}{2}}",
+    "Final answer: 18 dollars",
+    "\\boxed{18} ... so again \\boxed{18}",
+])
+def test_math_answer_accepts_the_gold_answer_in_many_forms(completion):
+    assert math_answer(completion, ROW) == 1.0
+
+
+@pytest.mark.parametrize("completion", [
+    "",
+    "The answer is 17.",
+    "\\boxed{18} or \\boxed{19}",
+    "The answer is 18 or 19.",
+    "5 or 6",
+    "0, 1, 2, 3, 18, 19",
+    "x " * 20_000 + "The answer is 18.",
+    "How many eggs?",
+])
+def test_math_answer_rejects_wrong_and_hedged_answers(completion):
+    assert math_answer(completion, ROW) == 0.0
+
+
+def test_math_answer_handles_thousands_fractions_and_percent():
+    assert math_answer("The answer is 70,000.", {"answer": "70000"}) == 1.0
+    assert math_answer("\\boxed{\\frac{1}{2}}", {"answer": "0.5"}) == 1.0
+    assert math_answer("\\boxed{-7}", {"answer": "-7"}) == 1.0
+
+
+def test_format_and_choice_rewards():
+    assert think_format("<think>a</think>\n<answer>1</answer>", ROW) == 1.0
+    assert think_format("<think>a</think><answer>1</answer><answer>2</answer>", ROW) == 0.0
+    assert think_format("<answer>1</answer>", ROW) == 0.0
+    assert think_format("<think> </think><answer>1</answer>", ROW) == 0.0
+    assert multiple_choice("The answer is (B).", {"answer": "B"}) == 1.0
+    assert multiple_choice("\\boxed{C}", {"answer": "B"}) == 0.0
+    assert multiple_choice("The answer is A. No, the answer is B", {"answer": "B"}) == 0.0
+    assert regex_match(" 2024-01-05 ", {"pattern": r"\d{4}-\d\d-\d\d"}) == 1.0
+    assert regex_match("on 2024-01-05", {"pattern": r"\d{4}-\d\d-\d\d"}) == 0.0
+    assert exact_match(" 18\n", ROW) == 1.0
+
+
+def test_soft_overlong_penalty_by_hand():
+    # L_max = 100, L_cache = 20: free up to 80, then (80 - |y|) / 20, -1 past 100
+    assert soft_overlong_penalty(80, 100, 20) == 0.0
+    assert soft_overlong_penalty(90, 100, 20) == -0.5
+    assert soft_overlong_penalty(100, 100, 20) == -1.0
+    assert soft_overlong_penalty(101, 100, 20) == -1.0
+    assert overlong_penalty("x", {"completion_tokens": 90, "max_completion_tokens": 100}) == -0.5
+
+
+def boom(completion, example):
+    raise ZeroDivisionError("boom")
+
+
+def slow(completion, example):
+    import time
+
+    time.sleep(30)
+    return 1.0
+
+
+def nan_reward(completion, example):
+    return float("nan")
+
+
+def test_weighted_combination_logs_each_raw_mean():
+    score = combine_rewards([math_answer, think_format], [1.0, 0.5])
+    texts = ["<think>x</think><answer>18</answer>", "The answer is 18", "no"]
+    total, metrics = score(texts, [ROW] * 3)
+    assert total.tolist() == [1.5, 1.0, 0.0]
+    assert metrics["reward/math_answer"] == pytest.approx(2 / 3)
+    assert metrics["reward/think_format"] == pytest.approx(1 / 3)
+
+
+def test_worker_pool_matches_in_process_and_passes_lengths():
+    texts = ["The answer is 18", "17", "\\boxed{18}", "x"] * 3
+    rows = [ROW] * len(texts)
+    lengths = [10, 90, 100, 50] * 3
+    inline = combine_rewards([math_answer, overlong_penalty], max_completion_tokens=100)
+    pooled = combine_rewards([math_answer, overlong_penalty], workers=2, max_completion_tokens=100)
+    try:
+        a, b = inline(texts, rows, lengths), pooled(texts, rows, lengths)
+    finally:
+        pooled.close()
+    assert a[0].tolist() == b[0].tolist()
+    assert a[0].tolist()[:4] == [1.0, -0.5, 0.0, 0.0]
+
+
+def test_errors_and_timeouts_score_zero_are_counted_and_warned():
+    score = combine_rewards([boom, slow, nan_reward, exact_match], workers=2, timeout=0.5)
+    try:
+        with pytest.warns(RuntimeWarning, match="ZeroDivisionError: boom"):
+            total, metrics = score(["18", "18"], [ROW, ROW])
+    finally:
+        score.close()
+    assert total.tolist() == [1.0, 1.0]  # only exact_match counts
+    assert metrics["reward_errors/boom"] == 2 and metrics["reward_timeouts/boom"] == 0
+    assert metrics["reward_errors/slow"] == 2 and metrics["reward_timeouts/slow"] == 2
+    assert metrics["reward_errors/nan_reward"] == 2
+    assert metrics["reward_errors/exact_match"] == 0
+
+
+def test_on_error_raise_stops_with_one_line():
+    score = combine_rewards([boom], on_error="raise")
+    with pytest.raises(RewardCallError, match="reward boom failed on 1 of 1 .*ZeroDivisionError: boom"):
+        score(["x"], [ROW])
+
+
+def test_resolve_reward_from_a_file_and_errors(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("def shout(completion, example):\n    return float(completion.isupper())\n")
+    assert resolve_reward(f"{path}:shout")("HI", {}) == 1.0
+    assert resolve_reward("think_format") is think_format
+    with pytest.raises(RewardError, match="unknown reward 'combine_rewards'"):
+        resolve_reward("combine_rewards")
+    with pytest.raises(RewardError, match="has no config.json"):
+        resolve_reward(str(tmp_path))
+
+
+def test_learned_reward_model_folder_scores_prompt_and_completion(tmp_path):
+    from conftest import make_tokenizer
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tok = make_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    rm = resolve_reward(str(tmp_path / "rm"))
+    score = combine_rewards([rm, exact_match], workers=2)  # the model runs batched in this process
+    try:
+        total, metrics = score(["18", "abc"], [ROW, ROW])
+    finally:
+        score.close()
+    single = rm("abc", ROW)
+    assert "reward/rm_rm" in metrics
+    assert total[1].item() == pytest.approx(single, abs=1e-4)
