@@ -113,20 +113,24 @@ def test_disk_full_keeps_the_previous_checkpoint_and_stops_clearly(tmp_path, mon
 
 
 def _nan_on_steps(bad_steps, **kw):
-    """A tiny trainer whose reward is NaN for every completion of the given steps."""
+    """A tiny trainer whose rewards come out NaN on the given steps, as from a broken scorer.
+
+    (Reward functions themselves cannot do it: the scorer turns a non-finite
+    reward into a counted error that scores 0.)
+    """
     now = {"step": 0}
+    trainer = tiny_trainer(**kw)
+    score, step = trainer.score, trainer.step
 
-    def reward(completion, example):
-        return math.nan if now["step"] in bad_steps else completion.count("a") / max(len(completion), 1)
-
-    trainer = tiny_trainer(reward, **kw)
-    step = trainer.step
+    def score_nan(texts, rows, *args):
+        rewards, means = score(texts, rows, *args)
+        return (torch.full_like(rewards, math.nan) if now["step"] in bad_steps else rewards), means
 
     def step_and_note(n):
         now["step"] = n
         return step(n)
 
-    trainer.step = step_and_note
+    trainer.score, trainer.step = score_nan, step_and_note
     return trainer
 
 
