@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model with GRPO", description="Train a model with GRPO.")
     _add_config_options(train)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--nproc", type=int, default=1, metavar="INT",
+                       help="data-parallel processes on this machine: re-runs the command under torchrun (default: 1)")
     ev = sub.add_parser("eval", help="held-out greedy accuracy of a model on a task")
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default="add", help="built-in task (default: add)")
@@ -70,7 +73,20 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from grpo.distributed import init_world, launch
     from grpo.models import check_model
     from grpo.rewards import resolve_reward
     from grpo.tasks import get_task
@@ -82,16 +98,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     get_task(config.task, heldout_size=config.eval_size)
     for spec in config.rewards:
         resolve_reward(spec)
-    run_dir = default_run_dir(config)
-    if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"output {run_dir} already holds a run; choose another --output")
-    trainer = GRPOTrainer(config, progress=not args.no_progress)
-    print(f"run directory: {run_dir}")
-    summary = trainer.train(run_dir)
-    print(
-        f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
-        f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
-    )
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be positive, got {args.nproc}")
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return launch(args.nproc, _without_nproc(argv))
+    world = init_world(config.device, fsdp=config.fsdp)
+    try:
+        run_dir = Path(str(world.broadcast_object(str(default_run_dir(config)))))  # rank 0's clock
+        if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
+            raise ConfigError(f"output {run_dir} already holds a run; choose another --output")
+        trainer = GRPOTrainer(config, progress=not args.no_progress, world=world)
+        if world.is_main:
+            print(f"run directory: {run_dir}" + (f" ({world.size} processes)" if world.size > 1 else ""))
+        summary = trainer.train(run_dir)
+    finally:
+        world.close()
+    if world.is_main:
+        print(
+            f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
+            f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
+        )
     return 0
 
 
@@ -120,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.tasks import TaskError, list_tasks
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
-            return cmd_train(args)
+            return cmd_train(args, argv)
         if args.command == "eval":
             return cmd_eval(args)
         print("\n".join(list_tasks()))

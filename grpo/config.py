@@ -58,6 +58,7 @@ class TrainConfig:
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
+    fsdp: bool = field(**_doc("under torchrun, shard parameters, gradients and optimiser state with FSDP2 instead of keeping a whole copy per process", default=False))
     save_model: bool = field(**_doc("write the final model as a Hugging Face folder into the run directory", default=True))
 
     def __post_init__(self) -> None:
