@@ -204,7 +204,9 @@ def shard_policy(model: nn.Module, world: World) -> Policy:
     mesh = init_device_mesh(world.device.type, (world.size,))
     fully_shard(policy, mesh=mesh, reshard_after_forward=False)
     # Each rank's loss carries the global normaliser: sum the shards' gradients, don't average.
+    # (a plain SUM: gloo has no PREMUL_SUM, the op FSDP uses for a divide factor otherwise)
     policy.set_gradient_divide_factor(1.0)
+    policy.set_force_sum_reduction_for_comms(True)
     return policy
 
 
