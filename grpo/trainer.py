@@ -179,7 +179,7 @@ class GRPOTrainer:
         own_rewards, reward_means = self.score(rollout.texts, group_rows)  # (N/W,)
         rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole batch's
         means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
-        reward_means = dict(zip(reward_means, means.tolist()))  # the whole batch's (equal shares)
+        reward_means = dict(zip(reward_means, means.tolist(), strict=True))  # the whole batch's (equal shares)
         t_reward = time.perf_counter()
 
         advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale)  # (N,)
@@ -306,7 +306,7 @@ class GRPOTrainer:
         totals = self.world.sum(torch.tensor(
             [weight, stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
         weight, stats.trained_sequences = float(totals[0]), int(totals[1])
-        sums = dict(zip(keys, totals[2:].tolist()))  # whole-batch sums over processes
+        sums = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
         if weight > 0:
             stats.loss = sums["loss"] / max(stats.optimizer_steps, 1)
             for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy"):

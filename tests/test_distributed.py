@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_model, make_tokenizer
 from distributed_worker import run_case
 
@@ -119,7 +118,7 @@ def test_two_torchrun_nodes_on_one_machine_take_a_step(tmp_path):
         for rank in (0, 1)
     ]
     outputs = [node.communicate(timeout=240) for node in nodes]
-    for node, (_, err) in zip(nodes, outputs):
+    for node, (_, err) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, err[-4000:]
     assert "(2 processes)" in outputs[0][0] and "run directory" not in outputs[1][0]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
