@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     _add_config_options(train)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--nproc", type=int, default=1, metavar="INT",
+                       help="data-parallel processes on this machine: re-runs the command under torchrun (default: 1)")
     ev = sub.add_parser("eval", help="held-out greedy accuracy of a model on a task")
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default="add", help="built-in task (default: add)")
@@ -165,7 +168,19 @@ def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     return config, run_dir
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     from grpo.models import check_model
@@ -177,19 +192,32 @@ def cmd_train(args: argparse.Namespace) -> int:
               answer_field=config.answer_field, prompt_template=config.prompt_template)
     for spec in config.rewards:
         resolve_reward(spec)
-    from grpo.trainer import GRPOTrainer, default_run_dir  # transformers: slow to import, so after the checks
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be positive, got {args.nproc}")
+    from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
 
-    if run_dir is None:
-        run_dir = default_run_dir(config)
-        if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
-            raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
-    trainer = GRPOTrainer(config, progress=not args.no_progress)
-    print(f"{'resuming' if args.resume else 'run directory:'} {run_dir}", flush=True)
-    summary = trainer.train(run_dir, resume=bool(args.resume))
-    print(
-        f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
-        f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
-    )
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return launch(args.nproc, _without_nproc(argv))
+    from grpo.trainer import GRPOTrainer, default_run_dir
+
+    world = init_world(config.device, fsdp=config.fsdp)
+    try:
+        if run_dir is None:
+            run_dir = Path(str(world.broadcast_object(str(default_run_dir(config)))))  # rank 0's clock
+            if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
+                raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
+        trainer = GRPOTrainer(config, progress=not args.no_progress, world=world)
+        if world.is_main:
+            where = f"{'resuming' if args.resume else 'run directory:'} {run_dir}"
+            print(where + (f" ({world.size} processes)" if world.size > 1 else ""), flush=True)
+        summary = trainer.train(run_dir, resume=bool(args.resume))
+    finally:
+        world.close()
+    if world.is_main:
+        print(
+            f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
+            f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
+        )
     return 0
 
 
@@ -217,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.tasks import TaskError, list_tasks
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
-            return cmd_train(args)
+            return cmd_train(args, argv)
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "check-reward":

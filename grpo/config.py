@@ -74,6 +74,7 @@ class TrainConfig:
     save_every: int = field(**_doc("write a checkpoint every K steps (and always at the end)", default=25))
     keep_checkpoints: int = field(**_doc("how many of the latest checkpoints to keep", default=2))
     max_bad_steps: int = field(**_doc("stop after this many consecutive steps with a NaN/inf loss or gradient (their updates are skipped)", default=5))
+    fsdp: bool = field(**_doc("under torchrun, shard parameters, gradients and optimiser state with FSDP2 instead of keeping a whole copy per process", default=False))
     save_model: bool = field(**_doc("write the final model as a Hugging Face folder into the run directory", default=True))
 
     def __post_init__(self) -> None:

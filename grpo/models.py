@@ -170,10 +170,11 @@ def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Modu
     return get_peft_model(model, config)
 
 
-def save_model(model: nn.Module, tokenizer: object, dest: Path) -> None:
+def save_model(model: nn.Module, tokenizer: object, dest: Path, *, state_dict: dict | None = None) -> None:
     """Write a folder that AutoModelForCausalLM.from_pretrained loads (LoRA merged), atomically.
 
     For a LoRA policy the adapter alone is also written under ``adapter/``.
+    ``state_dict`` replaces the model's own (the gathered weights of a sharded model).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp", dir=dest.parent))
@@ -185,7 +186,7 @@ def save_model(model: nn.Module, tokenizer: object, dest: Path) -> None:
             merged = copy.deepcopy(model).merge_and_unload()
             merged.save_pretrained(tmp)
         else:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         if dest.exists():
             shutil.rmtree(dest)

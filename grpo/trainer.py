@@ -18,6 +18,10 @@ Deviations from DeepSeekMath's GRPO, all configurable:
   nonfinite_skipped); max_bad_steps such steps in a row stop the run.
 
 Checkpoints (grpo/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
+
+Under torchrun each process samples and trains on B/W whole groups of the
+same global batch, with the whole batch's advantages and loss normaliser
+(grpo/distributed.py), so the update does not depend on the world size W.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from torch import Tensor, nn
 
 from grpo import checkpoint
 from grpo.algorithm import group_advantages, policy_loss
-from grpo.config import TrainConfig
+from grpo.config import ConfigError, TrainConfig
+from grpo.distributed import World, full_state_dict, init_world, pad_micro_batches, shard_policy, to_float
 from grpo.evaluate import encode_prompts, greedy_accuracy
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
@@ -92,6 +97,7 @@ class GRPOTrainer:
         task: Task | None = None,
         rewards: Sequence[RewardFn | str] | None = None,
         progress: bool = True,
+        world: World | None = None,
     ) -> None:
         self.config = config
         self.progress = progress
@@ -111,7 +117,15 @@ class GRPOTrainer:
         seed_everything(config.seed)
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device = pick_device(config.device)
+        self.world = world if world is not None else init_world(config.device, fsdp=config.fsdp)
+        if config.prompts_per_step % self.world.size:
+            raise ConfigError(
+                f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
+                f"processes ({self.world.size}): each process samples whole groups"
+            )
+        if config.fsdp and config.lora_rank > 0:
+            raise ConfigError("fsdp with lora_rank > 0 is not supported yet")
+        self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
         if model is None:
             policy = load_policy(config.model, device=self.device)
             model, tokenizer = policy.model, policy.tokenizer
@@ -122,6 +136,8 @@ class GRPOTrainer:
             model = add_lora(model, config.lora_rank, config.lora_alpha or None)
         self.model, self.tokenizer = model, tokenizer
         self.reference = self._reference_model()
+        self.world.broadcast_parameters(model)
+        self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -145,13 +161,14 @@ class GRPOTrainer:
     def step(self, step: int) -> dict[str, float]:
         cfg = self.config
         t0 = time.perf_counter()
-        rows_idx = [self.prompt_rng.randrange(len(self.task.train)) for _ in range(cfg.prompts_per_step)]
+        drawn = [self.prompt_rng.randrange(len(self.task.train)) for _ in range(cfg.prompts_per_step)]
+        rows_idx = [drawn[i] for i in self.world.shard(cfg.prompts_per_step)]  # this process's groups
         rows = [self.task.train[i] for i in rows_idx]
 
         self.model.eval()
         with self.autocast:
-            rollout = generate(
-                self.model, self.tokenizer, [self.train_prompts[i] for i in rows_idx],
+            rollout = self.policy.without_grad(
+                generate, self.tokenizer, [self.train_prompts[i] for i in rows_idx],
                 group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 generator=self.generator,
@@ -159,8 +176,10 @@ class GRPOTrainer:
         t_gen = time.perf_counter()
 
         group_rows = [r for r in rows for _ in range(cfg.group_size)]
-        rewards, reward_means = self.score(rollout.texts, group_rows, rollout.lengths.tolist())  # (N,)
-        rewards = rewards.to(self.device)
+        own_rewards, reward_means = self.score(rollout.texts, group_rows, rollout.lengths.tolist())  # (N/W,)
+        rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole batch's
+        means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
+        reward_means = dict(zip(reward_means, means.tolist(), strict=True))  # the whole batch's (equal shares)
         t_reward = time.perf_counter()
 
         advantages = group_advantages(rewards, cfg.group_size, scale=cfg.scale)  # (N,)
@@ -173,9 +192,12 @@ class GRPOTrainer:
 
         grouped = rewards.view(-1, cfg.group_size)  # (B, G)
         zero_var = (grouped.max(dim=1).values == grouped.min(dim=1).values)
-        n_tokens = float(rollout.mask.sum())
+        lengths = self.world.gather(rollout.lengths)  # (N,)
+        truncated = self.world.gather(rollout.truncated)  # (N,)
+        n_tokens = float(lengths.sum())
         if cfg.sample_every and step % cfg.sample_every == 0:
-            self._write_samples(step, rows, rollout, rewards, advantages)
+            own = slice(rewards.numel() // self.world.size * self.world.rank, None)
+            self._write_samples(step, rows, rollout, rewards[own], advantages[own])
         return {
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std().item(),
@@ -185,9 +207,9 @@ class GRPOTrainer:
             "all_wrong_frac": (zero_var & (grouped[:, 0] <= 0.0)).float().mean().item(),
             "adv_nonzero_frac": (advantages != 0).float().mean().item(),
             "adv_std": advantages.std().item(),
-            "completion_len": rollout.lengths.float().mean().item(),
-            "completion_len_max": rollout.lengths.max().item(),
-            "truncated_frac": rollout.truncated.float().mean().item(),
+            "completion_len": lengths.float().mean().item(),
+            "completion_len_max": lengths.max().item(),
+            "truncated_frac": truncated.float().mean().item(),
             **{k: v for k, v in vars(stats).items()},
             "lr": self.learning_rate(step),
             "time_generate": t_gen - t0,
@@ -219,10 +241,15 @@ class GRPOTrainer:
 
         The old policy is the sampling-time one (rollout.logprobs): with mu = 1
         and one minibatch the update is on-policy and the ratio is 1.
+        Under torchrun ``rollout`` and ``ref_logp`` hold this process's groups
+        and ``advantages`` the whole batch's; minibatches and normalisers are
+        the whole batch's, and the gradients are summed over processes.
         """
         cfg = self.config
         g = cfg.group_size
         n_groups = advantages.numel() // g
+        first = self.world.shard(n_groups).start  # global index of this process's first group
+        lengths = self.world.gather(rollout.lengths)  # (N,) for the global normaliser
         informative = (advantages.view(n_groups, g) != 0).any(dim=1)  # (B,)
         skip = cfg.skip_zero_advantage and cfg.beta == 0.0
         stats = StepStats()
@@ -232,29 +259,33 @@ class GRPOTrainer:
             order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(self.prompt_rng.randrange(2**31)))
             for minibatch in order.chunk(cfg.minibatches):
                 rows = (minibatch.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
-                total_tokens = float(rollout.mask[rows].sum())
+                total_tokens = float(lengths[rows].sum())
                 total_sequences = float(len(rows))
                 todo = minibatch[informative[minibatch]] if skip else minibatch
                 if len(todo) == 0:
                     continue  # nothing to learn from: no update, rather than a momentum-only one
+                own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = 0.0
-                for micro in self._micro_batches(rollout, todo):
+                for micro, micro_weight in pad_micro_batches(self._micro_batches(rollout, own), self.world):
                     sub = rollout.select_groups(micro)
                     sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
                     with self.autocast:
-                        logp, entropy = rollout_logprobs(
-                            self.model, sub, self.tokenizer.pad_token_id,
+                        logp, entropy = self.policy(
+                            rollout_logprobs, sub, self.tokenizer.pad_token_id,
                             temperature=cfg.temperature, with_entropy=True,
                         )
                     loss, m = policy_loss(
-                        logp.float(), sub.logprobs, advantages[sub_rows], sub.mask,
+                        logp.float(), sub.logprobs, advantages[sub_rows + first * g], sub.mask,
                         ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
                         beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                         ratio_level=cfg.ratio_level, aggregate=cfg.aggregate,
                         max_tokens=cfg.max_new_tokens, total_tokens=total_tokens,
                         total_sequences=total_sequences,
                     )
+                    if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
+                        (loss * 0.0).backward()
+                        continue
                     loss.backward()
                     w = float(sub.mask.sum())
                     weight += w
@@ -265,18 +296,25 @@ class GRPOTrainer:
                     sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * sub.mask).sum())
                     stats.trained_sequences += len(sub_rows)
                 params = [p for p in self.model.parameters() if p.requires_grad]
+                self.world.sync_gradients(params)
                 if cfg.max_grad_norm > 0:
                     norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 else:
                     norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-                stats.grad_norm = float(norm)
-                if not (math.isfinite(minibatch_loss) and math.isfinite(stats.grad_norm)):
+                stats.grad_norm = to_float(norm)
+                finite = math.isfinite(minibatch_loss) and math.isfinite(stats.grad_norm)
+                if not bool(self.world.sum(torch.tensor([0.0 if finite else 1.0])) == 0):  # all ranks agree
                     # a NaN/inf would poison the weights and Adam's moments for good: skip, count
                     self.optimizer.zero_grad(set_to_none=True)
                     stats.nonfinite_skipped += 1
                     continue
                 self.optimizer.step()
                 stats.optimizer_steps += 1
+        keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy")
+        totals = self.world.sum(torch.tensor(
+            [weight, stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
+        weight, stats.trained_sequences = float(totals[0]), int(totals[1])
+        sums = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
         if weight > 0:
             stats.loss = sums["loss"] / max(stats.optimizer_steps, 1)
             for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy"):
@@ -307,12 +345,16 @@ class GRPOTrainer:
     # ---- evaluation, logging, the run ----
 
     def evaluate(self) -> float:
+        """Greedy held-out accuracy; under torchrun each process scores every W-th prompt."""
+        rank, size = self.world.rank, self.world.size
+        prompts, rows = self.heldout_prompts[rank::size], self.task.heldout[rank::size]
         with self.autocast:
-            acc, _ = greedy_accuracy(
-                self.model, self.tokenizer, self.heldout_prompts, self.task.heldout, self.task.reward,
+            acc, _ = self.policy.without_grad(
+                greedy_accuracy, self.tokenizer, prompts, rows, self.task.reward,
                 max_new_tokens=self.config.max_new_tokens, batch_size=self.config.eval_batch_size,
             )
-        return acc
+        correct, total = self.world.sum(torch.tensor([acc * len(prompts), len(prompts)], dtype=torch.float64))
+        return round(float(correct)) / max(float(total), 1.0)
 
     def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
         if self.run_dir is None:
@@ -335,11 +377,12 @@ class GRPOTrainer:
         ``resume`` continues run_dir from its latest checkpoint, exactly as if never stopped.
         """
         cfg = self.config
-        self.run_dir = run_dir
+        main = self.world.is_main  # only rank 0 writes
+        self.run_dir = run_dir if main else None
         start = time.perf_counter()
         saved = self._resume(run_dir) if resume else {"step": 0, "history": [], "bad_in_a_row": 0}
         logger = None
-        if run_dir is not None:
+        if self.run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
             logger = MetricsLogger(run_dir)
@@ -348,7 +391,7 @@ class GRPOTrainer:
         bad_in_a_row = saved["bad_in_a_row"]
         from grpo.progress import StepProgress
 
-        bar = StepProgress(cfg.steps, enabled=self.progress, heldout=history[-1][1])
+        bar = StepProgress(cfg.steps, enabled=self.progress and main, heldout=history[-1][1])
         stop = StopRequests() if run_dir is not None else None
         train_start = time.perf_counter()
         metrics: dict[str, float] = {}
@@ -378,9 +421,11 @@ class GRPOTrainer:
             "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"),
         }
-        if run_dir is not None:
-            if cfg.save_model:
-                save_model(self.model, self.tokenizer, run_dir / "model")
+        if run_dir is not None and cfg.save_model:
+            state = full_state_dict(self.model, self.world)  # collective under FSDP
+            if main:
+                save_model(self.model, self.tokenizer, run_dir / "model", state_dict=state)
+        if self.run_dir is not None:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
@@ -399,7 +444,8 @@ class GRPOTrainer:
             )
         requested = stop is not None and stop.received is not None
         due = step % cfg.save_every == 0 or step == cfg.steps or requested
-        if self.run_dir is not None and due and bad_in_a_row == 0:
+        # Under FSDP each rank holds a shard of the weights and optimiser: not checkpointed yet.
+        if self.run_dir is not None and due and bad_in_a_row == 0 and not self.world.fsdp:
             try:
                 checkpoint.save(
                     self.run_dir, step, model=self.model, owner=self, config=cfg.to_dict(),

@@ -1,0 +1,246 @@
+"""Data-parallel GRPO on torch.distributed: process groups, sharding, reductions.
+
+Launch with ``torchrun --nproc-per-node N -m grpo train ...`` (or the
+shortcut ``grpo train --nproc N``); a plain ``grpo train`` is a world of one
+and every helper here is then a no-op.
+
+How a step is split so that the update does not depend on the world size W:
+
+- Every rank draws the same B prompts (same seed, same ``prompt_rng``) and
+  takes B/W of them as whole groups, so each group's G completions live on
+  one rank and the global batch is the one a single process would draw.
+- Rewards are all-gathered: advantages (``scale="batch"`` included), the
+  choice of groups to skip and the reward metrics are the whole batch's.
+- The loss normaliser (valid tokens, or sequences) is the whole batch's, so
+  each rank's loss is its exact share of the full-batch loss and the
+  full-batch gradient is the SUM of the ranks' gradients.
+
+Gradients are summed by hand (one flat all-reduce before the optimiser step)
+rather than by wrapping the model in DistributedDataParallel: DDP averages
+(it would need a factor W), its hooks fire only through ``module.forward``,
+which the shared-prefix pass bypasses (it calls the decoder and the output
+layer directly), and it expects every rank to run the same backward passes,
+whereas a rank may have no informative group to train on in a minibatch.
+
+With ``fsdp`` the parameters, gradients and optimiser state are sharded with
+FSDP2 (``fully_shard``) as one unit over the whole model, with gradients
+summed (divide factor 1). The policy is then called through :class:`Policy`,
+whose ``forward`` runs any function of the model: one all-gather of the
+parameters per call and one reduce-scatter per backward, whatever the
+function does inside (the shared-prefix pass calls each layer a
+data-dependent number of times, which per-layer units would turn into
+mismatched collectives). So FSDP here saves the optimiser state and the
+gradients, not the peak parameter memory of a forward; and every rank must
+make the same calls, which the trainer ensures by padding its micro-batches.
+
+Backend: NCCL when the device is CUDA, gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks; ``World()`` is a single process."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    fsdp: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes logs, samples and checkpoints."""
+        return self.rank == 0
+
+    def shard(self, n: int) -> range:
+        """This rank's contiguous share of n items; n must be divisible by the world size."""
+        if n % self.size:
+            raise ValueError(f"{n} items cannot be split evenly over {self.size} processes")
+        per = n // self.size
+        return range(self.rank * per, (self.rank + 1) * per)
+
+    def gather(self, local: Tensor) -> Tensor:
+        """Concatenate every rank's equal-sized ``local`` along dim 0, in rank order."""
+        if self.size == 1:
+            return local
+        parts = [torch.empty_like(local, device=self.device) for _ in range(self.size)]
+        dist.all_gather(parts, local.to(self.device).contiguous())
+        return torch.cat(parts).to(local.device)
+
+    def sum(self, values: Tensor) -> Tensor:
+        """Element-wise sum over ranks (a copy; ``values`` is left alone)."""
+        if self.size == 1:
+            return values
+        total = values.to(self.device, copy=True)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total.to(values.device)
+
+    def max(self, value: int) -> int:
+        """The largest ``value`` over ranks."""
+        if self.size == 1:
+            return value
+        top = torch.tensor([value], device=self.device)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return int(top.item())
+
+    def broadcast_object(self, value: object) -> object:
+        """Rank 0's ``value`` on every rank (e.g. a run directory named by the clock)."""
+        if self.size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        """Start every rank from rank 0's weights, as DDP does on construction."""
+        if self.size == 1:
+            return
+        with torch.no_grad():
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor.data, src=0)
+
+    def sync_gradients(self, params: Iterable[nn.Parameter]) -> None:
+        """Sum the gradients over ranks in one flat all-reduce; a missing gradient counts as zero.
+
+        Each rank's loss already carries the global normaliser, so the sum is
+        the full-batch gradient (no division by the world size). Under FSDP
+        the reduce-scatter in backward has already summed them.
+        """
+        if self.size == 1 or self.fsdp:
+            return
+        params = list(params)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+
+    def close(self) -> None:
+        if self.size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """``grpo train --nproc N``: the same command under torchrun, N processes on this machine."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "grpo", *argv]
+    return subprocess.call(cmd)
+
+
+def backend_for(device: torch.device) -> str:
+    """NCCL between GPUs, gloo between CPU processes."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), or a world of one.
+
+    ``device`` is the config's: under ``auto`` or ``cuda`` each process takes
+    the GPU of its local rank.
+    """
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend_for(dev), device_id=dev if dev.type == "cuda" else None)
+    return World(rank=rank, size=size, local_rank=local_rank, device=dev, fsdp=fsdp and size > 1)
+
+
+class Policy(nn.Module):
+    """Calls of the policy that FSDP can see: ``policy(fn, *args)`` runs ``fn(model, *args)``.
+
+    The trainer's passes (sampling, shared-prefix log-probs, evaluation) use
+    the model's parts directly, not ``model.forward``; routing them through
+    this module's ``forward`` gives FSDP one place to gather the parameters
+    and to hook the backward. Without FSDP it is a plain call.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable, *args: object, **kwargs: object) -> object:
+        return fn(self.model, *args, **kwargs)
+
+    def without_grad(self, fn: Callable, *args: object, **kwargs: object) -> object:
+        """A no-grad call (sampling, evaluation); under FSDP the gathered parameters are freed after."""
+        with torch.no_grad():
+            out = self(fn, *args, **kwargs)
+        if hasattr(self, "reshard"):
+            self.reshard()
+        return out
+
+
+def shard_policy(model: nn.Module, world: World) -> Policy:
+    """Wrap the model for calls; under FSDP shard it over the ranks as one unit."""
+    policy = Policy(model)
+    if not world.fsdp:
+        return policy
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    fully_shard(policy, mesh=mesh, reshard_after_forward=False)
+    # Each rank's loss carries the global normaliser: sum the shards' gradients, don't average.
+    # (a plain SUM: gloo has no PREMUL_SUM, the op FSDP uses for a divide factor otherwise)
+    policy.set_gradient_divide_factor(1.0)
+    policy.set_force_sum_reduction_for_comms(True)
+    return policy
+
+
+def pad_micro_batches(batches: list[Tensor], world: World) -> list[tuple[Tensor, float]]:
+    """(groups, weight) pairs; under FSDP padded so that every rank runs as many as the busiest.
+
+    FSDP's collectives pair up across ranks, one per forward/backward, so a
+    rank with fewer micro-batches (or none: no informative group of its own)
+    repeats one of its groups with weight 0, which adds exactly nothing.
+    """
+    plan = [(groups, 1.0) for groups in batches]
+    if not world.fsdp:
+        return plan
+    filler = batches[0] if batches else torch.tensor([0])
+    return plan + [(filler, 0.0)] * (world.max(len(batches)) - len(batches))
+
+
+def full_state_dict(model: nn.Module, world: World) -> dict[str, Tensor] | None:
+    """The whole, unsharded state dict (on the CPU), whatever the world; collective under FSDP.
+
+    What is saved is always this full state, so a checkpoint loads at any world size.
+    """
+    if not world.fsdp:
+        return None
+    from torch.distributed.tensor import DTensor
+
+    state = {}
+    for key, value in model.state_dict().items():
+        state[key] = (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
+    return state
+
+
+def to_float(value: Tensor) -> float:
+    """A scalar that may be a DTensor (FSDP's gradient norm) as a float."""
+    from torch.distributed.tensor import DTensor
+
+    return float(value.full_tensor() if isinstance(value, DTensor) else value)

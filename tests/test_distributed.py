@@ -1,0 +1,124 @@
+"""Data parallel across processes (gloo on the CPU): the same update as one process.
+
+The torchrun launches are the slow part (about 10 s each on two cores), so
+one launch runs every equivalence case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+from distributed_worker import run_case
+
+from grpo.cli import main as cli_main
+from grpo.distributed import World
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+CASES = [
+    {"aggregate": "token", "minibatches": 2, "micro_batch_tokens": 1},  # a rank may own no group of a minibatch
+    {"aggregate": "sequence", "scale": "batch", "beta": 0.1, "epochs": 2},  # batch std: needs gathered rewards
+    {"aggregate": "fixed", "reward": "rare_first_char", "prompts_per_step": 8, "max_new_tokens": 3},  # skipping
+    {"fsdp": True, "aggregate": "token", "minibatches": 2, "micro_batch_tokens": 1},  # padded micro-batches
+    {"fsdp": True, "reward": "rare_first_char", "prompts_per_step": 8, "max_new_tokens": 3, "beta": 0.1, "epochs": 2},
+]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def two_process_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "results.pt"
+    proc = _torchrun("--standalone", "--nproc-per-node=2", str(TESTS / "distributed_worker.py"), str(out), json.dumps(CASES))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[json.dumps(c) for c in CASES])
+def test_two_processes_make_the_update_of_one(two_process_results, index):
+    one, two = run_case(CASES[index]), two_process_results[index]
+    assert two["world_size"] == 2 and two["metrics"]["optimizer_steps"] >= 1
+    start = make_model(len(make_tokenizer()), seed=3).state_dict()
+    moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
+    assert moved > 1e-3  # the step did something worth comparing
+    for key, value in one["params"].items():
+        torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
+    for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps",
+                "completion_len", "grad_norm", "entropy", "kl"):
+        assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
+
+
+def test_world_of_one_is_a_no_op():
+    world = World()
+    x = torch.arange(4.0)
+    assert world.shard(8) == range(8) and world.gather(x) is x and world.sum(x) is x and world.is_main
+    with pytest.raises(ValueError, match="cannot be split evenly over 3"):
+        World(rank=0, size=3).shard(8)
+
+
+def _tiny_model_dir(path: Path) -> Path:
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+TRAIN_ARGS = ["--task", "add", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+              "--max-new-tokens", "3", "--eval-size", "4", "--sample-every", "1", "--device", "cpu", "--no-progress"]
+
+
+def test_nproc_run_writes_once_and_its_model_trains_in_one_process(tmp_path):
+    model = _tiny_model_dir(tmp_path / "tiny")
+    run = tmp_path / "run2"
+    cmd = [sys.executable, "-m", "grpo", "train", "--nproc", "2", "--model", str(model), "--output", str(run), *TRAIN_ARGS]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("run directory:") == 1 and "(2 processes)" in proc.stdout
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2  # one step and the final evaluation
+    samples = (run / "completions.jsonl").read_text().splitlines()
+    assert len(samples) == 2  # rank 0's group only: 1 prompt x G = 2
+    assert cli_main(["train", "--model", str(run / "model"), "--output", str(tmp_path / "run1"), *TRAIN_ARGS]) == 0
+    assert (tmp_path / "run1" / "model" / "config.json").is_file()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_nodes_on_one_machine_take_a_step(tmp_path):
+    model = _tiny_model_dir(tmp_path / "tiny")
+    port = str(_free_port())
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
+             "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+             "-m", "grpo", "train", "--model", str(model), "--output", str(tmp_path / "run"), *TRAIN_ARGS],
+            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, err[-4000:]
+    assert "(2 processes)" in outputs[0][0] and "run directory" not in outputs[1][0]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
