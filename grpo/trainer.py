@@ -24,7 +24,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -32,11 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages, policy_loss
 from grpo.config import TrainConfig
-from grpo.evaluate import encode_prompts, greedy_accuracy
-from grpo.metrics import MetricsLogger
+from grpo.evaluate import EvalResult, encode_prompts, evaluate
+from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.models import add_lora, load_policy, save_model
+from grpo.progress import StepProgress, summary_line
 from grpo.rewards import resolve_reward
 from grpo.rollout import Rollout, generate, rollout_logprobs
 from grpo.tasks import Task, get_task
@@ -59,6 +61,27 @@ class StepStats:
     trained_sequences: int = 0
 
 
+@dataclass
+class RunLog:
+    """Where each step's metrics go: through the alarms (which add their flags), to the sinks."""
+
+    monitor: AlarmMonitor
+    logger: MetricsLogger | None
+    bar: StepProgress
+    raised: dict[str, int] = field(default_factory=dict)  # alarm -> first step it was on
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        flags, warnings = self.monitor.observe(step, metrics)
+        metrics.update(flags)
+        for name, on in flags.items():
+            if on:
+                self.raised.setdefault(name.removeprefix("alarm/"), step)
+        for text in warnings:
+            self.bar.warn(step, text)
+        if self.logger is not None:
+            self.logger.log(step, metrics)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -72,7 +95,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def combine_rewards(fns: Sequence[RewardFn], weights: Sequence[float]) -> Callable:
-    """Score completions with several rewards; return the weighted total and each raw mean."""
+    """Score completions with several rewards; return the weighted total and each raw mean and std."""
 
     def score(texts: Sequence[str], rows: Sequence[Mapping]) -> tuple[Tensor, dict[str, float]]:
         total = torch.zeros(len(texts))
@@ -80,7 +103,9 @@ def combine_rewards(fns: Sequence[RewardFn], weights: Sequence[float]) -> Callab
         for fn, w in zip(fns, weights):
             raw = torch.tensor([float(fn(t, r)) for t, r in zip(texts, rows)])
             total += w * raw
-            means[f"reward/{getattr(fn, '__name__', 'reward')}"] = raw.mean().item()
+            name = f"reward/{getattr(fn, '__name__', 'reward')}"
+            means[name] = raw.mean().item()
+            means[f"{name}_std"] = raw.std().item() if len(raw) > 1 else 0.0
         return total, means
 
     return score
@@ -183,11 +208,14 @@ class GRPOTrainer:
             "zero_var_frac": zero_var.float().mean().item(),
             "all_correct_frac": (zero_var & (grouped[:, 0] >= 1.0)).float().mean().item(),
             "all_wrong_frac": (zero_var & (grouped[:, 0] <= 0.0)).float().mean().item(),
-            "adv_nonzero_frac": (advantages != 0).float().mean().item(),
+            "accuracy": self._accuracy(rollout.texts, group_rows, rewards),
+            "adv_mean": advantages.mean().item(),
             "adv_std": advantages.std().item(),
+            "adv_nonzero_frac": (advantages != 0).float().mean().item(),
             "completion_len": rollout.lengths.float().mean().item(),
             "completion_len_max": rollout.lengths.max().item(),
             "truncated_frac": rollout.truncated.float().mean().item(),
+            "repeat_ngram_frac": repeated_ngram_frac(rollout.completion_ids, rollout.mask),
             **{k: v for k, v in vars(stats).items()},
             "lr": self.learning_rate(step),
             "time_generate": t_gen - t0,
@@ -196,6 +224,12 @@ class GRPOTrainer:
             "time_step": t_end - t0,
             "tokens_per_second": n_tokens / (t_end - t0),
         }
+
+    def _accuracy(self, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
+        """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
+        if self.reward_fns == [self.task.reward] and not self.config.reward_weights:
+            return (rewards >= 1.0).float().mean().item()
+        return sum(self.task.reward(t, r) >= 1.0 for t, r in zip(texts, rows, strict=True)) / max(len(texts), 1)
 
     def learning_rate(self, step: int) -> float:
         """Linear warm-up over warmup_steps (step counts from 1), then constant."""
@@ -299,13 +333,20 @@ class GRPOTrainer:
 
     # ---- evaluation, logging, the run ----
 
-    def evaluate(self) -> float:
+    def evaluate(self, on_batch: Callable[[int], None] | None = None) -> EvalResult:
+        """Greedy pass@1, and pass@k / maj@k from eval_samples samples, on the held-out prompts.
+
+        The sampling generator is reseeded each time, so successive evaluations
+        draw with the same random numbers and differ only by the model.
+        """
+        cfg = self.config
         with self.autocast:
-            acc, _ = greedy_accuracy(
+            return evaluate(
                 self.model, self.tokenizer, self.heldout_prompts, self.task.heldout, self.task.reward,
-                max_new_tokens=self.config.max_new_tokens, batch_size=self.config.eval_batch_size,
+                max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                samples=cfg.eval_samples, ks=cfg.eval_k, temperature=cfg.temperature,
+                generator=torch.Generator(device=self.device).manual_seed(cfg.seed + 1), on_batch=on_batch,
             )
-        return acc
 
     def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
         if self.run_dir is None:
@@ -321,7 +362,8 @@ class GRPOTrainer:
     run_dir: Path | None = None
 
     def train(self, run_dir: Path | None = None) -> dict:
-        """Run config.steps GRPO steps with held-out accuracy before and after; return the summary."""
+        """Run config.steps GRPO steps with held-out evaluation before, after and every eval_every
+        steps; watch the alarms; return the summary."""
         cfg = self.config
         self.run_dir = run_dir
         start = time.perf_counter()
@@ -329,42 +371,51 @@ class GRPOTrainer:
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-            logger = MetricsLogger(run_dir)
-        acc_start = self.evaluate()
-        history = [(0, acc_start)]
-        from grpo.progress import StepProgress
-
-        bar = StepProgress(cfg.steps, enabled=self.progress, heldout=acc_start)
-        train_start = time.perf_counter()
+            logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
+        bar = StepProgress(cfg.steps, enabled=self.progress)
+        log = RunLog(AlarmMonitor(cfg.steps, AlarmConfig(window=cfg.alarm_window)), logger, bar)
         metrics: dict[str, float] = {}
         with bar:
+            first = self._evaluate_with(bar)
+            log.record(0, first.metrics())
+            bar.print(f"step 0 held-out: {first.describe()}")
+            train_start = time.perf_counter()
             for step in range(1, cfg.steps + 1):
                 metrics = self.step(step)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    metrics["heldout_accuracy"] = self.evaluate()
-                    history.append((step, metrics["heldout_accuracy"]))
-                if logger is not None:
-                    logger.log(step, metrics)
+                    metrics.update(self._evaluate_with(bar).metrics())
+                log.record(step, metrics)
                 bar.update(step, metrics)
-        train_seconds = time.perf_counter() - train_start
-        acc_end = self.evaluate()
+                if cfg.log_every and step % cfg.log_every == 0:
+                    bar.print(summary_line(step, cfg.steps, metrics))
+            train_seconds = time.perf_counter() - train_start
+            last = self._evaluate_with(bar)
+            log.record(cfg.steps, last.metrics())
+            bar.print(f"step {cfg.steps} held-out: {last.describe()}")
         if logger is not None:
-            logger.log(cfg.steps, {"heldout_accuracy": acc_end})
             logger.close()
         summary = {
-            "heldout_accuracy_start": acc_start,
-            "heldout_accuracy_end": acc_end,
+            "heldout_accuracy_start": first.accuracy,
+            "heldout_accuracy_end": last.accuracy,
             "heldout_size": len(self.heldout_prompts),
+            "heldout_start": first.metrics(),
+            "heldout_end": last.metrics(),
             "steps": cfg.steps,
             "train_seconds": round(train_seconds, 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"),
+            "alarms": log.raised,
         }
         if run_dir is not None:
             if cfg.save_model:
                 save_model(self.model, self.tokenizer, run_dir / "model")
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _evaluate_with(self, bar: StepProgress) -> EvalResult:
+        passes = 1 + (self.config.eval_samples > 0)
+        with bar.evaluating(passes * len(self.heldout_prompts)) as advance:
+            return self.evaluate(on_batch=advance)
 
 
 def default_run_dir(config: TrainConfig) -> Path:
