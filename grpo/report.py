@@ -17,15 +17,17 @@ from pathlib import Path
 
 from grpo.alarms import ALARMS
 
-# (panel title, metric keys): the curves the issue asks for, in reading order.
+# (panel title, metric keys, fixed y range or None): the curves the issue asks for, in reading order.
 PANELS = (
-    ("raw reward (mean over the batch)", ("reward_mean",)),
-    ("held-out accuracy", ("heldout_accuracy", "heldout_pass@*", "heldout_maj@*")),
-    ("fraction of zero-variance groups", ("zero_var_frac",)),
-    ("completion length (tokens)", ("completion_len", "completion_len_max")),
-    ("KL to the reference", ("kl",)),
-    ("policy entropy (nats/token)", ("entropy",)),
+    ("raw reward (mean over the batch)", ("reward_mean",), None),
+    ("held-out accuracy", ("heldout_accuracy", "heldout_pass@*", "heldout_maj@*"), (-0.02, 1.02)),
+    ("fraction of zero-variance groups", ("zero_var_frac",), (-0.02, 1.02)),
+    ("completion length (tokens)", ("completion_len", "completion_len_max"), None),
+    ("KL to the reference", ("kl",), None),
+    ("policy entropy (nats/token)", ("entropy",), None),
 )
+LABELS = {"heldout_accuracy": "greedy pass@1", "reward_mean": "raw reward", "zero_var_frac": "zero-variance",
+          "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "entropy": "entropy"}
 COLORS = ("tab:blue", "tab:orange")
 SAMPLES_SHOWN = 5
 
@@ -121,34 +123,64 @@ def _line_style(key: str) -> dict:
     return {"linestyle": "-", "marker": "o" if key == "heldout_accuracy" else None, "markersize": 4}
 
 
+def _label(key: str, run: Run, n_runs: int) -> str:
+    label = LABELS.get(key) or key.removeprefix("heldout_")
+    if "@" in key:
+        label += f" ({run.config.get('eval_samples', '?')} samples)"
+    return label if n_runs == 1 else f"{run.name}: {label}"
+
+
 def plot(runs: Sequence[Run], out: Path) -> None:
-    """The six panels, one colour per run, alarm steps shaded; written as a PNG."""
+    """The six panels over the whole planned run, one colour per run, alarm steps shaded; a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
-    for ax, (title, patterns) in zip(axes.flat, PANELS, strict=True):
+    last = max([int(r.config.get("steps", 0)) for r in runs] + [r.last_step for r in runs] + [1])
+    for ax, (title, patterns, ylim) in zip(axes.flat, PANELS, strict=True):
         for color, run in zip(COLORS, runs, strict=False):
             for key in (k for p in patterns for k in run.keys(p)):
                 steps, values = run.series(key)
                 if steps:
-                    label = key if len(runs) == 1 else f"{run.name}: {key}"
-                    ax.plot(steps, values, color=color, label=label, **_line_style(key))
+                    ax.plot(steps, values, color=color, label=_label(key, run, len(runs)), **_line_style(key))
             for step in _alarm_steps(run):
                 ax.axvspan(step - 0.5, step + 0.5, color=color, alpha=0.12, linewidth=0)
         ax.set_title(title, fontsize=11)
         ax.set_xlabel("step")
+        ax.set_xlim(-0.5, last + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ylim:
+            ax.set_ylim(*ylim)
+        elif patterns[0] == "reward_mean" and _within_unit(runs, "reward_mean"):
+            ax.set_ylim(-0.02, 1.02)
+        elif patterns[0] == "completion_len":
+            ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
+        note = _panel_note(patterns[0], runs)
+        if note:
+            ax.text(0.5, 0.85, note, ha="center", va="center", transform=ax.transAxes, color="grey")
         if ax.lines:
             ax.legend(fontsize=7, loc="best")
-        else:
-            ax.text(0.5, 0.5, "not logged yet", ha="center", va="center", transform=ax.transAxes, color="grey")
     heading = "   vs   ".join(f"{r.name} ({status(r)})" for r in runs)
     fig.suptitle(f"{heading}\nshaded: steps with an alarm on", fontsize=11)
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def _within_unit(runs: Sequence[Run], key: str) -> bool:
+    values = [v for r in runs for v in r.series(key)[1]]
+    return bool(values) and 0.0 <= min(values) and max(values) <= 1.0
+
+
+def _panel_note(key: str, runs: Sequence[Run]) -> str:
+    if key == "kl" and all(r.config.get("beta", 1) == 0 for r in runs):
+        return "beta = 0: no KL term, no reference model"
+    if not any(run.series(key)[0] for run in runs):
+        return "no values yet" + (" (no policy update so far)" if key == "entropy" else "")
+    return ""
 
 
 def _alarm_steps(run: Run) -> list[int]:
@@ -174,25 +206,24 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]], marked: set[
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _last(run: Run, key: str) -> object:
-    _, values = run.series(key)
-    return values[-1] if values else "-"
-
-
-def _first(run: Run, key: str) -> object:
-    _, values = run.series(key)
-    return values[0] if values else "-"
+def _change(run: Run, key: str, spec: str) -> str:
+    """First and latest value of a metric, with their steps."""
+    steps, values = run.series(key)
+    if not values:
+        return "-"
+    return f"{values[0]:{spec}} (step {steps[0]}) → {values[-1]:{spec}} (step {steps[-1]})"
 
 
 def headline(runs: Sequence[Run]) -> str:
-    """Held-out scores at the start and now, raw reward at the start and now, alarms."""
-    keys = ["heldout_accuracy"] + sorted({k for r in runs for p in ("heldout_pass@*", "heldout_maj@*")
-                                          for k in r.keys(p)}, key=lambda k: (k.split("@")[0], len(k), k))
-    rows = [["status"] + [status(r) for r in runs]]
-    for key in keys:
-        rows.append([key] + [f"{_fmt(_first(r, key))} → {_fmt(_last(r, key))}" for r in runs])
-    rows.append(["raw reward (first → last step)"] + [f"{_fmt(_first(r, 'reward_mean'))} → {_fmt(_last(r, 'reward_mean'))}" for r in runs])
-    rows.append(["alarms (first step on)"] + [", ".join(f"{n} @ {s}" for n, s in r.alarms().items()) or "none" for r in runs])
+    """Held-out scores and raw reward, first and latest; the alarms that went off."""
+    sampled = {k for r in runs for p in ("heldout_pass@*", "heldout_maj@*") for k in r.keys(p)}
+    keys = ["heldout_accuracy", *sorted(sampled, key=lambda k: (k.split("@")[0], int(k.split("@")[1])))]
+    rows = [["status", *(status(r) for r in runs)]]
+    rows += [[_label(k, r, 1) if k != "heldout_accuracy" else "held-out greedy pass@1",
+              *(_change(r, k, ".1%") for r in runs)] for k in keys for r in runs[:1]]
+    rows.append(["raw reward", *(_change(r, "reward_mean", ".3f") for r in runs)])
+    rows.append(["alarms (first step on)",
+                 *(", ".join(f"{n} @ {s}" for n, s in r.alarms().items()) or "none" for r in runs)])
     return _table(["", *(r.name for r in runs)], rows)
 
 

@@ -376,21 +376,22 @@ class GRPOTrainer:
         log = RunLog(AlarmMonitor(cfg.steps, AlarmConfig(window=cfg.alarm_window)), logger, bar)
         metrics: dict[str, float] = {}
         with bar:
-            first = self._evaluate_with(bar)
-            log.record(0, first.metrics())
+            first, seconds = self._evaluate_with(bar)
+            log.record(0, {**first.metrics(), "time_eval": seconds})
             bar.print(f"step 0 held-out: {first.describe()}")
             train_start = time.perf_counter()
             for step in range(1, cfg.steps + 1):
                 metrics = self.step(step)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    metrics.update(self._evaluate_with(bar).metrics())
+                    result, seconds = self._evaluate_with(bar)
+                    metrics.update({**result.metrics(), "time_eval": seconds})
                 log.record(step, metrics)
                 bar.update(step, metrics)
                 if cfg.log_every and step % cfg.log_every == 0:
                     bar.print(summary_line(step, cfg.steps, metrics))
             train_seconds = time.perf_counter() - train_start
-            last = self._evaluate_with(bar)
-            log.record(cfg.steps, last.metrics())
+            last, seconds = self._evaluate_with(bar)
+            log.record(cfg.steps, {**last.metrics(), "time_eval": seconds})
             bar.print(f"step {cfg.steps} held-out: {last.describe()}")
         if logger is not None:
             logger.close()
@@ -412,10 +413,13 @@ class GRPOTrainer:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    def _evaluate_with(self, bar: StepProgress) -> EvalResult:
+    def _evaluate_with(self, bar: StepProgress) -> tuple[EvalResult, float]:
+        """Evaluate under an evaluation progress bar; return the result and the seconds it took."""
         passes = 1 + (self.config.eval_samples > 0)
+        start = time.perf_counter()
         with bar.evaluating(passes * len(self.heldout_prompts)) as advance:
-            return self.evaluate(on_batch=advance)
+            result = self.evaluate(on_batch=advance)
+        return result, time.perf_counter() - start
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -49,7 +49,7 @@ def test_an_in_progress_run_reports_with_its_partial_last_line_skipped(tmp_path)
     assert "data:image/png;base64," in text
     assert "stall @ 10" in text
     assert "&lt;b&gt;no&lt;/b&gt;" in text  # completions are escaped
-    assert "heldout_pass@4" in text
+    assert "pass@4 (" in text and "held-out greedy pass@1" in text
 
 
 def test_two_runs_side_by_side_mark_config_differences(tmp_path):
