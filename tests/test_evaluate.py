@@ -67,3 +67,18 @@ def test_evaluate_reports_greedy_pass_k_and_maj_k(tiny_model, tokenizer):
     assert result.maj_at[1] == pytest.approx(result.pass_at[1])
     with pytest.raises(ValueError, match="each k must be in 1..samples"):
         evaluate(tiny_model, tokenizer, prompts, rows, has_a, max_new_tokens=4, samples=2, ks=(4,))
+
+
+def test_cli_eval_rejects_k_above_samples(capsys):
+    from grpo.cli import main
+
+    assert main(["eval", "--samples", "2", "--k", "1", "4"]) == 2
+    assert "--k must lie in 1..--samples (2)" in capsys.readouterr().err
+
+
+def test_config_rejects_eval_k_above_eval_samples():
+    from grpo.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"eval_k must lie in 1..eval_samples \(2\)"):
+        TrainConfig(eval_samples=2, eval_k=(1, 4))
+    TrainConfig(eval_samples=0, eval_k=(1, 4))  # greedy only: k unused
