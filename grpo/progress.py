@@ -19,7 +19,7 @@ from rich.progress import (
 
 def _fmt(metrics: dict, key: str, spec: str) -> str:
     value = metrics.get(key)
-    return "-" if value is None else format(value, spec)
+    return "-" if value is None or value != value else format(value, spec)  # None or NaN
 
 
 def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
