@@ -157,7 +157,7 @@ def plot(runs: Sequence[Run], out: Path) -> None:
         elif patterns[0] == "reward_mean" and _within_unit(runs, "reward_mean"):
             ax.set_ylim(-0.02, 1.02)
         elif patterns[0] == "completion_len":
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
         ax.grid(alpha=0.3)
         note = _panel_note(patterns[0], runs)
         if note:
@@ -184,7 +184,7 @@ def _panel_note(key: str, runs: Sequence[Run]) -> str:
 
 
 def _alarm_steps(run: Run) -> list[int]:
-    return [r["step"] for r in run.records if any(r.get(f"alarm/{n}") for n in ALARMS)]
+    return sorted({r["step"] for r in run.records if any(r.get(f"alarm/{n}") for n in ALARMS)})
 
 
 # ---- the HTML page ----
@@ -217,7 +217,7 @@ def _change(run: Run, key: str, spec: str) -> str:
 def headline(runs: Sequence[Run]) -> str:
     """Held-out scores and raw reward, first and latest; the alarms that went off."""
     sampled = {k for r in runs for p in ("heldout_pass@*", "heldout_maj@*") for k in r.keys(p)}
-    keys = ["heldout_accuracy", *sorted(sampled, key=lambda k: (k.split("@")[0], int(k.split("@")[1])))]
+    keys = ["heldout_accuracy", *sorted(sampled, key=lambda k: ("maj@" in k, int(k.split("@")[1])))]
     rows = [["status", *(status(r) for r in runs)]]
     rows += [[_label(k, r, 1) if k != "heldout_accuracy" else "held-out greedy pass@1",
               *(_change(r, k, ".1%") for r in runs)] for k in keys for r in runs[:1]]
