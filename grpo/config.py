@@ -54,7 +54,7 @@ class TrainConfig:
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
     eval_every: int = field(**_doc("also evaluate every K steps (0: only at start and end)", default=0))
-    eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only)", default=4))
+    eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only; n costs about n times the greedy evaluation)", default=0))
     eval_k: tuple[int, ...] = field(**_doc("the k of pass@k and maj@k (each at most eval_samples)", default=(1, 4)))
     eval_batch_size: int = field(**_doc("prompts per batch in evaluation", default=128))
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
