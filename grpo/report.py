@@ -247,10 +247,13 @@ def sample_table(run: Run) -> str:
         return "<p>No completions.jsonl yet (samples are written every sample_every steps).</p>"
     step = max(c["step"] for c in run.completions)
     latest = sorted((c for c in run.completions if c["step"] == step), key=lambda c: -c["reward"])
-    best, worst = latest[:SAMPLES_SHOWN], latest[-SAMPLES_SHOWN:][::-1]
     parts = [f"<p>Step {step}: {len(latest)} completions, mean reward "
              f"{sum(c['reward'] for c in latest) / len(latest):.3f}.</p>"]
-    for title, rows in (("best", best), ("worst", worst)):
+    if latest[0]["reward"] == latest[-1]["reward"]:
+        shown = [("all scored the same; a sample", latest[:: max(1, len(latest) // SAMPLES_SHOWN)][:SAMPLES_SHOWN])]
+    else:
+        shown = [("best", latest[:SAMPLES_SHOWN]), ("worst", latest[-SAMPLES_SHOWN:][::-1])]
+    for title, rows in shown:
         cells = [[c["reward"], c.get("advantage", "-"), c["prompt"], c.get("answer", ""), c["completion"]] for c in rows]
         parts.append(f"<h4>{title}</h4>" + _table(["reward", "advantage", "prompt", "answer", "completion"], cells))
     return "".join(parts)
