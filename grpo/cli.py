@@ -71,13 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--nproc", type=int, default=1, metavar="INT",
                        help="data-parallel processes on this machine: re-runs the command under torchrun (default: 1)")
-    ev = sub.add_parser("eval", help="held-out greedy accuracy of a model on a task")
+    ev = sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task")
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default="add", help="built-in task (default: add)")
     ev.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
     ev.add_argument("--max-new-tokens", type=int, default=8, help="tokens per answer (default: 8)")
+    ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
+    ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    report = sub.add_parser("report", help="plots and an HTML page for a run, or two side by side",
+                         description="Write report.png and report.html into RUN_DIR (for two runs: "
+                         "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
+    report.add_argument("--output", default=None, help="write into this folder instead")
     sub.add_parser("tasks", help="list the built-in tasks")
     _add_check_reward(sub)
     return parser
@@ -129,9 +138,9 @@ def _given_options(args: argparse.Namespace) -> dict:
         for f in dataclasses.fields(TrainConfig)
         if getattr(args, f.name) is not None
     }
-    for key in ("rewards", "reward_weights"):
-        if key in values:
-            values[key] = tuple(values[key])
+    for key, value in values.items():
+        if isinstance(value, list):
+            values[key] = tuple(value)
     return values
 
 
@@ -222,25 +231,44 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from grpo.evaluate import encode_prompts, greedy_accuracy
+    import torch
+
+    from grpo.evaluate import encode_prompts, evaluate
     from grpo.models import check_model, load_policy
     from grpo.tasks import get_task
     from grpo.trainer import pick_device
 
     if args.eval_size <= 0 or args.max_new_tokens <= 0:
         raise ConfigError("--eval-size and --max-new-tokens must be positive")
+    if args.samples < 0 or (args.samples and not all(0 < k <= args.samples for k in args.k)):
+        raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
     check_model(args.model)
     task = get_task(args.task, heldout_size=args.eval_size)
-    policy = load_policy(args.model, device=pick_device(args.device))
+    device = pick_device(args.device)
+    policy = load_policy(args.model, device=device)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
-    acc, _ = greedy_accuracy(policy.model, policy.tokenizer, prompts, task.heldout, task.reward,
-                             max_new_tokens=args.max_new_tokens)
-    result = {"model": args.model, "task": args.task, "heldout_size": len(prompts), "heldout_accuracy": acc}
-    print(json.dumps(result) if args.json else f"held-out accuracy (greedy pass@1) on {args.task}: {acc:.1%} of {len(prompts)}")
+    result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, task.reward,
+                      max_new_tokens=args.max_new_tokens, samples=args.samples, ks=args.k,
+                      temperature=args.temperature,
+                      generator=torch.Generator(device=device).manual_seed(args.seed))
+    if args.json:
+        print(json.dumps({"model": args.model, "task": args.task, "heldout_size": result.size,
+                          "samples": result.samples, **result.metrics()}))
+    else:
+        print(f"held-out {args.task}: {result.describe()}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from grpo.report import write_report
+
+    png, page = write_report(args.runs, args.output)
+    print(f"wrote {png} and {page}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grpo.report import ReportError
     from grpo.rewards import RewardError
     from grpo.tasks import TaskError, list_tasks
 
@@ -254,9 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args)
         if args.command == "check-reward":
             return cmd_check_reward(args)
+        if args.command == "report":
+            return cmd_report(args)
         print("\n".join(list_tasks()))
         return 0
-    except (ConfigError, RewardError, TaskError) as err:
+    except (ConfigError, RewardError, TaskError, ReportError) as err:
         print(f"grpo {args.command}: error: {err}", file=sys.stderr)
         return 2
     except Exception as err:

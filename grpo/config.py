@@ -67,8 +67,13 @@ class TrainConfig:
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
     eval_every: int = field(**_doc("also evaluate every K steps (0: only at start and end)", default=0))
+    eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only; n costs about n times the greedy evaluation)", default=0))
+    eval_k: tuple[int, ...] = field(**_doc("the k of pass@k and maj@k (each at most eval_samples)", default=(1, 4)))
     eval_batch_size: int = field(**_doc("prompts per batch in evaluation", default=128))
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
+    log_every: int = field(**_doc("print a one-line summary of the metrics every K steps (0: never)", default=10))
+    alarm_window: int = field(**_doc("steps over which the stall and reward-hacking alarms measure trends", default=20))
+    wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
     save_every: int = field(**_doc("write a checkpoint every K steps (and always at the end)", default=25))
@@ -79,13 +84,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
-                    "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps")
+                    "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
+                    "alarm_window", "reward_timeout")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "eval_every",
-                        "sample_every", "threads", "temperature", "batch_size")
+                        "sample_every", "threads", "temperature", "batch_size", "eval_samples", "log_every",
+                        "reward_workers")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -109,6 +116,8 @@ class TrainConfig:
             raise ConfigError(f"minibatches ({self.minibatches}) cannot exceed prompts_per_step ({self.prompts_per_step}): a minibatch holds whole groups")
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries but rewards has {len(self.rewards)}")
+        if self.eval_samples and not all(0 < k <= self.eval_samples for k in self.eval_k):
+            raise ConfigError(f"eval_k must lie in 1..eval_samples ({self.eval_samples}), got {list(self.eval_k)}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 

@@ -1,13 +1,28 @@
-"""Held-out evaluation: greedy pass@1 under the task's checker."""
+"""Held-out evaluation: greedy pass@1, and pass@k and maj@k from n samples, under the task's checker.
+
+A completion is correct when the checker gives it the full reward (1.0).
+pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large
+Language Models Trained on Code", https://arxiv.org/abs/2107.03374): with c of
+n samples correct, the chance that k drawn without replacement hold at least
+one correct one, 1 - C(n-c, k) / C(n, k). maj@k is the chance that the most
+common answer among k samples is correct; it is averaged over the n // k
+disjoint blocks of k samples, and an answer is the completion with
+whitespace collapsed and one trailing period dropped (ties go to the answer
+seen first).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from grpo.rollout import generate
+
+RewardFn = Callable[[str, Mapping], float]
 
 
 def encode_prompts(tokenizer: object, messages: Sequence[list[dict]]) -> list[list[int]]:
@@ -19,29 +34,150 @@ def encode_prompts(tokenizer: object, messages: Sequence[list[dict]]) -> list[li
     return out
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 - C(n-c, k) / C(n, k), as the product prod_{i=n-c+1}^{n} (1 - k/i) (no huge binomials)."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0  # every k-subset holds a correct sample
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def answer_key(completion: str) -> str:
+    """What maj@k votes on: the completion with whitespace collapsed and one trailing period dropped."""
+    text = " ".join(completion.split())
+    return text[:-1].rstrip() if text.endswith(".") else text
+
+
+def majority_at_k(answers: Sequence[str], correct: Sequence[bool], k: int) -> float:
+    """Share of the n // k disjoint blocks of k samples whose most common answer is correct."""
+    if not 0 < k <= len(answers):
+        raise ValueError(f"majority_at_k needs 0 < k <= n = {len(answers)}, got k={k}")
+    is_correct = {}
+    for a, ok in zip(answers, correct, strict=True):
+        is_correct[a] = is_correct.get(a, False) or ok
+    blocks = len(answers) // k
+    wins = 0
+    for b in range(blocks):
+        voted, _ = Counter(answers[b * k : (b + 1) * k]).most_common(1)[0]
+        wins += is_correct[voted]
+    return wins / blocks
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Held-out scores: greedy pass@1, and pass@k / maj@k from ``samples`` samples per prompt."""
+
+    accuracy: float  # greedy pass@1
+    size: int
+    samples: int = 0
+    pass_at: dict[int, float] = field(default_factory=dict)
+    maj_at: dict[int, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """The metric keys logged to metrics.jsonl: heldout_accuracy, heldout_pass@k, heldout_maj@k."""
+        out = {"heldout_accuracy": self.accuracy}
+        out.update({f"heldout_pass@{k}": v for k, v in self.pass_at.items()})
+        out.update({f"heldout_maj@{k}": v for k, v in self.maj_at.items()})
+        return out
+
+    def describe(self) -> str:
+        parts = [f"greedy pass@1 {self.accuracy:.1%}"]
+        parts += [f"pass@{k} {v:.1%}" for k, v in self.pass_at.items()]
+        parts += [f"maj@{k} {v:.1%}" for k, v in self.maj_at.items()]
+        extra = f", {self.samples} samples each" if self.samples else ""
+        return f"{', '.join(parts)} (of {self.size} prompts{extra})"
+
+
 @torch.no_grad()
+def completions(
+    model: nn.Module,
+    tokenizer: object,
+    prompts: list[list[int]],
+    *,
+    samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[str]:
+    """``samples`` completions per prompt (grouped by prompt); temperature 0 is greedy."""
+    was_training = model.training
+    model.eval()
+    texts: list[str] = []
+    per_batch = max(1, batch_size // samples)
+    for i in range(0, len(prompts), per_batch):
+        batch = prompts[i : i + per_batch]
+        rollout = generate(
+            model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
+            temperature=temperature, generator=generator,
+        )
+        texts.extend(rollout.texts)
+        if on_batch is not None:
+            on_batch(len(batch))
+    model.train(was_training)
+    return texts
+
+
 def greedy_accuracy(
     model: nn.Module,
     tokenizer: object,
     prompts: list[list[int]],
     rows: Sequence[Mapping],
-    reward: Callable[[str, Mapping], float],
+    reward: RewardFn,
     *,
     max_new_tokens: int,
     batch_size: int = 128,
+    on_batch: Callable[[int], None] | None = None,
 ) -> tuple[float, list[str]]:
     """Fraction of prompts whose greedy completion earns the checker's full reward (1.0)."""
-    was_training = model.training
-    model.eval()
-    texts: list[str] = []
-    for i in range(0, len(prompts), batch_size):
-        rollout = generate(
-            model, tokenizer, prompts[i : i + batch_size], group_size=1,
-            max_new_tokens=max_new_tokens, temperature=0.0,
-        )
-        texts.extend(rollout.texts)
-    model.train(was_training)
+    texts = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
+                        temperature=0.0, batch_size=batch_size, on_batch=on_batch)
     if not texts:
         return 0.0, texts
-    correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, rows))
+    correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, rows, strict=True))
     return correct / len(texts), texts
+
+
+def evaluate(
+    model: nn.Module,
+    tokenizer: object,
+    prompts: list[list[int]],
+    rows: Sequence[Mapping],
+    reward: RewardFn,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 128,
+    samples: int = 0,
+    ks: Sequence[int] = (),
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> EvalResult:
+    """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n)."""
+    bad = [k for k in ks if not 0 < k <= samples] if samples else []
+    if bad:
+        raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
+    acc, _ = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
+                             batch_size=batch_size, on_batch=on_batch)
+    if not samples or not prompts:
+        return EvalResult(acc, len(prompts))
+    texts = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
+                        temperature=temperature, batch_size=batch_size, generator=generator,
+                        on_batch=on_batch)
+    pass_sums = dict.fromkeys(ks, 0.0)
+    maj_sums = dict.fromkeys(ks, 0.0)
+    for p, row in enumerate(rows):
+        group = texts[p * samples : (p + 1) * samples]
+        correct = [reward(t, row) >= 1.0 for t in group]
+        answers = [answer_key(t) for t in group]
+        for k in ks:
+            pass_sums[k] += pass_at_k(samples, sum(correct), k)
+            maj_sums[k] += majority_at_k(answers, correct, k)
+    n = len(prompts)
+    return EvalResult(acc, n, samples, {k: v / n for k, v in pass_sums.items()},
+                      {k: v / n for k, v in maj_sums.items()})

@@ -1,18 +1,58 @@
-"""The console progress bar: step, ETA, raw reward, zero-variance groups."""
+"""The console: progress bars with ETA for training and evaluation, a one-line summary every
+few steps, and alarm warnings."""
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def _fmt(metrics: dict, key: str, spec: str) -> str:
+    value = metrics.get(key)
+    return "-" if value is None or value != value else format(value, spec)  # None or NaN
+
+
+def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """A compact one-line view of a step's metrics for the console."""
+    m = metrics
+    parts = [
+        f"step {step}/{total}",
+        f"reward {_fmt(m, 'reward_mean', '.3f')}±{_fmt(m, 'reward_std', '.2f')}",
+        f"acc {_fmt(m, 'accuracy', '.0%')}",
+        f"zero-var {_fmt(m, 'zero_var_frac', '.2f')}",
+        f"len {_fmt(m, 'completion_len', '.1f')} (max {_fmt(m, 'completion_len_max', '.0f')}, "
+        f"trunc {_fmt(m, 'truncated_frac', '.0%')})",
+        f"rep {_fmt(m, 'repeat_ngram_frac', '.2f')}",
+        f"kl {_fmt(m, 'kl', '.4f')}",
+        f"entropy {_fmt(m, 'entropy', '.3f')}",
+        f"clip {_fmt(m, 'clip_frac_low', '.3f')}/{_fmt(m, 'clip_frac_high', '.3f')}",
+        f"grad {_fmt(m, 'grad_norm', '.2f')}",
+        f"{_fmt(m, 'tokens_per_second', '.0f')} tok/s",
+        f"{_fmt(m, 'time_step', '.1f')} s",
+    ]
+    if "heldout_accuracy" in m:
+        parts.append(f"held-out {m['heldout_accuracy']:.1%}")
+    return "  ".join(parts)
 
 
 class StepProgress:
-    """A rich progress bar over training steps, silent when disabled."""
+    """Rich progress bars over training steps and evaluation prompts; plain prints when disabled."""
 
-    def __init__(self, total: int, *, enabled: bool = True, heldout: float | None = None) -> None:
+    def __init__(self, total: int, *, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.heldout = heldout
+        self.heldout: float | None = None
         self._progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
             disable=not enabled,
         )
@@ -26,9 +66,32 @@ class StepProgress:
         self._progress.__exit__(*exc)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        if "heldout_accuracy" in metrics:
+        if metrics.get("heldout_accuracy") is not None:
             self.heldout = metrics["heldout_accuracy"]
         info = f"reward {metrics['reward_mean']:.3f}  zero-var {metrics['zero_var_frac']:.2f}"
         if self.heldout is not None:
             info += f"  held-out {self.heldout:.1%}"
         self._progress.update(self._task, completed=step, info=info)
+
+    @contextmanager
+    def evaluating(self, total: int) -> Iterator[Callable[[int], None]]:
+        """A bar over the evaluation's prompts while it runs; yields the callback that advances it."""
+        task = self._progress.add_task("eval", total=total, info="held-out")
+        try:
+            yield lambda n: self._progress.advance(task, n)
+        finally:
+            self._progress.remove_task(task)
+
+    def print(self, text: str) -> None:
+        """A line above the bars (or a plain print when they are off)."""
+        if self.enabled:
+            self._progress.console.print(escape(text), highlight=False)
+        else:
+            print(text, flush=True)
+
+    def warn(self, step: int, text: str) -> None:
+        line = f"warning (step {step}): {text}"
+        if self.enabled:
+            self._progress.console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
+        else:
+            print(line, flush=True)

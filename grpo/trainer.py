@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -42,13 +42,15 @@ import torch
 from torch import Tensor, nn
 
 from grpo import checkpoint
+from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages, policy_loss
 from grpo.config import ConfigError, TrainConfig
 from grpo.distributed import World, full_state_dict, init_world, pad_micro_batches, shard_policy, to_float
-from grpo.evaluate import encode_prompts, greedy_accuracy
+from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
-from grpo.metrics import MetricsLogger
+from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.models import add_lora, load_policy, save_model
+from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rollout import Rollout, generate, rollout_logprobs
 from grpo.tasks import Task, load_task
@@ -70,6 +72,27 @@ class StepStats:
     optimizer_steps: int = 0
     nonfinite_skipped: int = 0
     trained_sequences: int = 0
+
+
+@dataclass
+class RunLog:
+    """Where each step's metrics go: through the alarms (which add their flags), to the sinks."""
+
+    monitor: AlarmMonitor
+    logger: MetricsLogger | None
+    bar: StepProgress
+    raised: dict[str, int] = field(default_factory=dict)  # alarm -> first step it was on
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        flags, warnings = self.monitor.observe(step, metrics)
+        metrics.update(flags)
+        for name, on in flags.items():
+            if on:
+                self.raised.setdefault(name.removeprefix("alarm/"), step)
+        for text in warnings:
+            self.bar.warn(step, text)
+        if self.logger is not None:
+            self.logger.log(step, metrics)
 
 
 def seed_everything(seed: int) -> None:
@@ -205,11 +228,14 @@ class GRPOTrainer:
             "zero_var_frac": zero_var.float().mean().item(),
             "all_correct_frac": (zero_var & (grouped[:, 0] >= 1.0)).float().mean().item(),
             "all_wrong_frac": (zero_var & (grouped[:, 0] <= 0.0)).float().mean().item(),
-            "adv_nonzero_frac": (advantages != 0).float().mean().item(),
+            "accuracy": self._accuracy(rollout.texts, group_rows, rewards),
+            "adv_mean": advantages.mean().item(),
             "adv_std": advantages.std().item(),
+            "adv_nonzero_frac": (advantages != 0).float().mean().item(),
             "completion_len": lengths.float().mean().item(),
             "completion_len_max": lengths.max().item(),
             "truncated_frac": truncated.float().mean().item(),
+            "repeat_ngram_frac": repeated_ngram_frac(rollout.completion_ids, rollout.mask),
             **{k: v for k, v in vars(stats).items()},
             "lr": self.learning_rate(step),
             "time_generate": t_gen - t0,
@@ -218,6 +244,12 @@ class GRPOTrainer:
             "time_step": t_end - t0,
             "tokens_per_second": n_tokens / (t_end - t0),
         }
+
+    def _accuracy(self, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
+        """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
+        if self.reward_fns == [self.task.reward] and not self.config.reward_weights:
+            return (rewards >= 1.0).float().mean().item()
+        return sum(self.task.reward(t, r) >= 1.0 for t, r in zip(texts, rows, strict=True)) / max(len(texts), 1)
 
     def learning_rate(self, step: int) -> float:
         """Linear warm-up over warmup_steps (step counts from 1), then constant."""
@@ -344,17 +376,35 @@ class GRPOTrainer:
 
     # ---- evaluation, logging, the run ----
 
-    def evaluate(self) -> float:
-        """Greedy held-out accuracy; under torchrun each process scores every W-th prompt."""
+    def evaluate(self, on_batch: Callable[[int], None] | None = None) -> EvalResult:
+        """Greedy pass@1, and pass@k / maj@k from eval_samples samples, on the held-out prompts.
+
+        The sampling generator is reseeded each time, so successive evaluations
+        draw with the same random numbers and differ only by the model. Under
+        torchrun each process scores every W-th prompt and the scores are summed.
+        """
+        cfg = self.config
         rank, size = self.world.rank, self.world.size
         prompts, rows = self.heldout_prompts[rank::size], self.task.heldout[rank::size]
         with self.autocast:
-            acc, _ = self.policy.without_grad(
-                greedy_accuracy, self.tokenizer, prompts, rows, self.task.reward,
-                max_new_tokens=self.config.max_new_tokens, batch_size=self.config.eval_batch_size,
+            mine = self.policy.without_grad(
+                evaluate, self.tokenizer, prompts, rows, self.task.reward,
+                max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                samples=cfg.eval_samples, ks=cfg.eval_k, temperature=cfg.temperature,
+                generator=torch.Generator(device=self.device).manual_seed(cfg.seed + 1 + rank), on_batch=on_batch,
             )
-        correct, total = self.world.sum(torch.tensor([acc * len(prompts), len(prompts)], dtype=torch.float64))
-        return round(float(correct)) / max(float(total), 1.0)
+        if size == 1:
+            return mine
+        keys_p, keys_m = sorted(mine.pass_at), sorted(mine.maj_at)
+        values = [mine.accuracy, *(mine.pass_at[k] for k in keys_p), *(mine.maj_at[k] for k in keys_m)]
+        totals = self.world.sum(torch.tensor([len(prompts), *(v * len(prompts) for v in values)], dtype=torch.float64))
+        n = max(float(totals[0]), 1.0)
+        means = [float(t) / n for t in totals[1:]]
+        return EvalResult(
+            accuracy=means[0], size=int(totals[0]), samples=mine.samples,
+            pass_at=dict(zip(keys_p, means[1 : 1 + len(keys_p)], strict=True)),
+            maj_at=dict(zip(keys_m, means[1 + len(keys_p) :], strict=True)),
+        )
 
     def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
         if self.run_dir is None:
@@ -370,7 +420,8 @@ class GRPOTrainer:
     run_dir: Path | None = None
 
     def train(self, run_dir: Path | None = None, *, resume: bool = False) -> dict:
-        """Run config.steps GRPO steps with held-out accuracy before and after; return the summary.
+        """Run config.steps GRPO steps with held-out evaluation before, after and every eval_every
+        steps; watch the alarms; return the summary.
 
         With a run_dir, checkpoints are written every save_every steps and at the end, and
         SIGINT/SIGTERM stop the run after the current step with a checkpoint (RunStopped).
@@ -385,41 +436,51 @@ class GRPOTrainer:
         if self.run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-            logger = MetricsLogger(run_dir)
-        history = saved["history"] or [(0, self.evaluate())]
-        acc_start = history[0][1]
-        bad_in_a_row = saved["bad_in_a_row"]
-        from grpo.progress import StepProgress
-
-        bar = StepProgress(cfg.steps, enabled=self.progress and main, heldout=history[-1][1])
+            logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
+        bar = StepProgress(cfg.steps, enabled=self.progress and main)
+        log = RunLog(AlarmMonitor(cfg.steps, AlarmConfig(window=cfg.alarm_window)), logger, bar)
+        history, bad_in_a_row = saved["history"], saved["bad_in_a_row"]
         stop = StopRequests() if run_dir is not None else None
-        train_start = time.perf_counter()
         metrics: dict[str, float] = {}
         with bar, stop or nullcontext():
+            if history:  # resumed: the start accuracy comes from the checkpoint
+                first = EvalResult(accuracy=history[0][1], size=len(self.heldout_prompts))
+            else:
+                first, seconds = self._evaluate_with(bar)
+                history.append((0, first.accuracy))
+                log.record(0, {**first.metrics(), "time_eval": seconds})
+                bar.print(f"step 0 held-out: {first.describe()}")
+            train_start = time.perf_counter()
             for step in range(saved["step"] + 1, cfg.steps + 1):
                 metrics = self.step(step)
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    metrics["heldout_accuracy"] = self.evaluate()
-                    history.append((step, metrics["heldout_accuracy"]))
+                    result, seconds = self._evaluate_with(bar)
+                    metrics.update({**result.metrics(), "time_eval": seconds})
+                    history.append((step, result.accuracy))
                 bad_in_a_row = bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
                 metrics["bad_steps_in_a_row"] = bad_in_a_row
-                if logger is not None:
-                    logger.log(step, metrics)
+                log.record(step, metrics)
                 bar.update(step, metrics)
+                if cfg.log_every and step % cfg.log_every == 0:
+                    bar.print(summary_line(step, cfg.steps, metrics))
                 self._checkpoint_or_stop(step, history, bad_in_a_row, stop)
-        train_seconds = time.perf_counter() - train_start
-        acc_end = self.evaluate()
+            train_seconds = time.perf_counter() - train_start
+            last, seconds = self._evaluate_with(bar)
+            log.record(cfg.steps, {**last.metrics(), "time_eval": seconds})
+            bar.print(f"step {cfg.steps} held-out: {last.describe()}")
         if logger is not None:
-            logger.log(cfg.steps, {"heldout_accuracy": acc_end})
             logger.close()
         summary = {
-            "heldout_accuracy_start": acc_start,
-            "heldout_accuracy_end": acc_end,
+            "heldout_accuracy_start": first.accuracy,
+            "heldout_accuracy_end": last.accuracy,
             "heldout_size": len(self.heldout_prompts),
+            "heldout_start": first.metrics(),
+            "heldout_end": last.metrics(),
             "steps": cfg.steps,
             "train_seconds": round(train_seconds, 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"),
+            "alarms": log.raised,
         }
         if run_dir is not None and cfg.save_model:
             state = full_state_dict(self.model, self.world)  # collective under FSDP
@@ -470,6 +531,14 @@ class GRPOTrainer:
             raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
         checkpoint.remove_partial(run_dir)
         return checkpoint.restore(path, model=self.model, owner=self)
+
+    def _evaluate_with(self, bar: StepProgress) -> tuple[EvalResult, float]:
+        """Evaluate under an evaluation progress bar; return the result and the seconds it took."""
+        passes = 1 + (self.config.eval_samples > 0)
+        start = time.perf_counter()
+        with bar.evaluating(passes * len(self.heldout_prompts)) as advance:
+            result = self.evaluate(on_batch=advance)
+        return result, time.perf_counter() - start
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -63,7 +63,7 @@ def test_sigterm_checkpoints_says_where_and_the_run_resumes(tmp_path, tiny_model
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     last = err.strip().splitlines()[-1]
-    step = len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    step = len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) - 1  # less the step-0 evaluation
     assert f"stopped by SIGTERM after step {step}; latest checkpoint: run/checkpoints/step-{step:08d}" in last
     assert "grpo train --resume run" in last and "Traceback" not in err
     effective = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -78,7 +78,7 @@ def test_sigterm_checkpoints_says_where_and_the_run_resumes(tmp_path, tiny_model
     finally:
         os.chdir(ROOT)
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in logged] == [*range(1, step + 3), step + 2]  # the last line: held-out accuracy
+    assert [row["step"] for row in logged] == [*range(0, step + 3), step + 2]  # first and last lines: held-out accuracy
     assert (tmp_path / "run" / "summary.json").exists()
 
 

@@ -40,7 +40,7 @@ def test_two_steps_change_the_parameters(tiny_model, tokenizer, tmp_path):
     assert changed == len(before)
     assert summary["steps"] == 2
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 3  # two steps and the final evaluation
+    assert len(lines) == 4  # the first evaluation, two steps and the final evaluation
 
 
 def test_reward_rises_on_a_learnable_reward(tiny_model, tokenizer):

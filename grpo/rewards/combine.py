@@ -210,6 +210,7 @@ class RewardScorer:
             raw = torch.tensor([r.value for r in results], dtype=torch.float32)  # (N,)
             total += weight * raw
             metrics[f"reward/{name}"] = raw.mean().item() if len(raw) else 0.0
+            metrics[f"reward/{name}_std"] = raw.std().item() if len(raw) > 1 else 0.0
             metrics[f"reward_errors/{name}"] = float(sum(r.error is not None for r in results))
             metrics[f"reward_timeouts/{name}"] = float(sum(r.timed_out for r in results))
         return total, metrics

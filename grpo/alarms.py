@@ -1,0 +1,159 @@
+"""Alarms over the metric stream: stall, suspected reward hacking, entropy collapse.
+
+Advantages are relative within a group, so the objective never sees whether
+typical reward is rising: a run can look busy while the policy stalls, and a
+policy that games its checker looks like one that learns. These checks look
+at absolute quantities instead. Each is a pure function of recent metric
+values; ``AlarmMonitor`` keeps the history, runs them after every step and
+reports an alarm when it turns on.
+
+A trend is the least-squares line's change across the window (slope times
+span), which is less noisy than last-minus-first. The thresholds assume
+rewards and accuracies in [0, 1]; with B*G = 64 completions a step the
+reward mean's noise is about 0.06, whose fitted change over 20 steps has a
+standard deviation of about 0.045, hence the 20-step default window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ALARMS = ("stall", "reward_up_accuracy_down", "length_without_reward", "repetition_rising", "entropy_collapse")
+
+
+@dataclass(frozen=True)
+class AlarmConfig:
+    """Thresholds; changes are measured across the last ``window`` steps."""
+
+    window: int = 20  # steps a trend is measured over; no trend alarm before this many steps
+    reward_flat: float = 0.05  # |change in raw reward| below this is flat
+    accuracy_flat: float = 0.02  # |change in held-out accuracy| below this is flat
+    adv_nonzero_min: float = 0.1  # "advantages non-zero": at least this fraction on average
+    reward_rise: float = 0.05  # raw reward rising: change above this
+    accuracy_drop: float = 0.03  # held-out accuracy falling: change below minus this
+    length_rise: float = 0.2  # completion length growing: relative change above this (and >= 1 token)
+    repetition_rise: float = 0.1  # repeated n-gram fraction rising: change above this
+    entropy_floor: float = 0.05  # nats per token; below it early in training is a collapse
+    early_frac: float = 0.25  # "early": the first quarter of the run
+
+
+def fitted_change(values: Sequence[float]) -> float:
+    """Change across the series of its least-squares line (NaNs dropped); 0 for fewer than 2 points."""
+    y = np.asarray(values, dtype=float)
+    x = np.arange(len(y), dtype=float)
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if len(y) < 2:
+        return 0.0
+    slope = np.polyfit(x, y, 1)[0]
+    return float(slope * (x[-1] - x[0]))
+
+
+def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Sequence[float],
+          cfg: AlarmConfig) -> str | None:
+    """Raw reward flat (and held-out accuracy flat, where measured) while advantages are non-zero."""
+    if len(reward) < cfg.window:
+        return None
+    d_reward = fitted_change(reward)
+    signal = float(np.nanmean(adv_nonzero)) if len(adv_nonzero) else 0.0
+    if abs(d_reward) >= cfg.reward_flat or signal < cfg.adv_nonzero_min:
+        return None
+    if len(accuracy) >= 2 and abs(accuracy[-1] - accuracy[0]) >= cfg.accuracy_flat:
+        return None
+    held = f", held-out accuracy {accuracy[0]:.1%} -> {accuracy[-1]:.1%}" if len(accuracy) >= 2 else ""
+    return (f"stall: raw reward changed {d_reward:+.3f} over {len(reward)} steps{held}, "
+            f"while {signal:.0%} of advantages are non-zero")
+
+
+def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
+    """Training reward rising while held-out accuracy (the task's checker) falls."""
+    if len(reward) < cfg.window or len(accuracy) < 2:
+        return None
+    d_reward, d_acc = fitted_change(reward), accuracy[-1] - accuracy[0]
+    if d_reward > cfg.reward_rise and d_acc < -cfg.accuracy_drop:
+        return (f"suspected reward hacking: raw reward {d_reward:+.3f} over {len(reward)} steps "
+                f"while held-out accuracy fell {accuracy[0]:.1%} -> {accuracy[-1]:.1%}")
+    return None
+
+
+def length_without_reward(length: Sequence[float], reward: Sequence[float], cfg: AlarmConfig) -> str | None:
+    """Completion length growing while raw reward does not."""
+    if len(length) < cfg.window:
+        return None
+    d_len, d_reward = fitted_change(length), fitted_change(reward)
+    base = max(float(np.nanmean(length[: max(1, len(length) // 4)])), 1.0)
+    if d_len >= max(1.0, cfg.length_rise * base) and d_reward <= cfg.reward_rise:
+        return (f"suspected reward hacking: completion length {d_len:+.1f} tokens ({d_len / base:+.0%}) "
+                f"over {len(length)} steps while raw reward changed {d_reward:+.3f}")
+    return None
+
+
+def repetition_rising(repetition: Sequence[float], cfg: AlarmConfig) -> str | None:
+    """The fraction of repeated n-grams in completions rising."""
+    if len(repetition) < cfg.window:
+        return None
+    d_rep = fitted_change(repetition)
+    if d_rep > cfg.repetition_rise:
+        return f"suspected reward hacking: repeated n-gram fraction {d_rep:+.2f} over {len(repetition)} steps"
+    return None
+
+
+def entropy_collapse(entropy: Sequence[float], step: int, total_steps: int, cfg: AlarmConfig) -> str | None:
+    """Policy entropy below the floor during the first ``early_frac`` of training."""
+    recent = [e for e in entropy[-3:] if math.isfinite(e)]
+    if not recent or step > cfg.early_frac * total_steps:
+        return None
+    level = float(np.mean(recent))
+    if level < cfg.entropy_floor:
+        return (f"entropy collapse: policy entropy {level:.3f} nats/token at step {step} of {total_steps} "
+                f"(floor {cfg.entropy_floor})")
+    return None
+
+
+class AlarmMonitor:
+    """Feeds each step's metrics to the checks; flags every alarm, reports each when it turns on."""
+
+    def __init__(self, total_steps: int, config: AlarmConfig | None = None) -> None:
+        self.total_steps = total_steps
+        self.config = config or AlarmConfig()
+        self.series: dict[str, list[float]] = {}
+        self.heldout: list[tuple[int, float]] = []  # (step, accuracy)
+        self.active: dict[str, bool] = dict.fromkeys(ALARMS, False)
+
+    def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+        """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings."""
+        for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy"):
+            if key in metrics:
+                value = metrics[key]
+                self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
+        if metrics.get("heldout_accuracy") is not None:
+            self.heldout.append((step, float(metrics["heldout_accuracy"])))
+        messages = self._check(step)
+        warnings = [msg for name, msg in messages.items() if msg and not self.active[name]]
+        self.active = {name: msg is not None for name, msg in messages.items()}
+        return {f"alarm/{name}": float(on) for name, on in self.active.items()}, warnings
+
+    def _recent(self, key: str) -> list[float]:
+        return self.series.get(key, [])[-self.config.window :]
+
+    def _heldout_window(self, step: int) -> list[float]:
+        """Held-out accuracies since the window began, led by the last one measured before it."""
+        start = step - self.config.window
+        before = [a for s, a in self.heldout if s <= start]
+        inside = [a for s, a in self.heldout if s > start]
+        return ([before[-1]] if before else []) + inside
+
+    def _check(self, step: int) -> dict[str, str | None]:
+        cfg = self.config
+        reward, accuracy = self._recent("reward_mean"), self._heldout_window(step)
+        return {
+            "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg),
+            "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg),
+            "length_without_reward": length_without_reward(self._recent("completion_len"), reward, cfg),
+            "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
+            "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),
+        }

@@ -1,0 +1,125 @@
+"""Each alarm on synthetic metric streams that should, and should not, trigger it."""
+
+import numpy as np
+import pytest
+
+from grpo.alarms import AlarmConfig, AlarmMonitor, fitted_change
+
+STEPS = 40
+CFG = AlarmConfig()  # window 20
+
+
+def noise(seed: int, scale: float = 0.05) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0.0, scale, STEPS)
+
+
+def healthy(seed: int = 0) -> list[dict]:
+    """Reward 0.1 -> 0.7 with noise, held-out accuracy rising every 5 steps, stable length and entropy."""
+    reward = np.linspace(0.1, 0.7, STEPS) + noise(seed)
+    stream = []
+    for i in range(STEPS):
+        step = i + 1
+        m = {"reward_mean": float(reward[i]), "adv_nonzero_frac": 0.6, "completion_len": 6.0 + noise(seed + 1)[i],
+             "repeat_ngram_frac": 0.02, "entropy": 0.8 - 0.01 * i}
+        if step % 5 == 0:
+            m["heldout_accuracy"] = 0.1 + 0.5 * step / STEPS
+        stream.append(m)
+    return stream
+
+
+def run(stream: list[dict], heldout_start: float | None = 0.1) -> dict[str, int]:
+    """Feed a stream through the monitor; return each alarm's first step."""
+    monitor = AlarmMonitor(STEPS, CFG)
+    first: dict[str, int] = {}
+    if heldout_start is not None:
+        monitor.observe(0, {"heldout_accuracy": heldout_start})
+    for step, metrics in enumerate(stream, start=1):
+        flags, warnings = monitor.observe(step, metrics)
+        for name, on in flags.items():
+            if on:
+                first.setdefault(name.removeprefix("alarm/"), step)
+        assert len(warnings) <= sum(flags.values())
+    return first
+
+
+def with_changes(stream: list[dict], **columns) -> list[dict]:
+    return [{**m, **{k: float(v[i]) for k, v in columns.items()}} for i, m in enumerate(stream)]
+
+
+def test_fitted_change_of_a_line_and_of_nans():
+    assert fitted_change([0.0, 1.0, 2.0, 3.0]) == pytest.approx(3.0)
+    assert fitted_change([1.0, float("nan"), 3.0]) == pytest.approx(2.0)
+    assert fitted_change([5.0]) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_healthy_run_raises_nothing(seed):
+    assert run(healthy(seed)) == {}
+
+
+def test_stall_fires_when_reward_and_accuracy_are_flat_with_nonzero_advantages():
+    flat = 0.3 + noise(1, 0.02)
+    stream = [{**m, "heldout_accuracy": 0.2} if "heldout_accuracy" in m else m
+              for m in with_changes(healthy(), reward_mean=flat)]
+    first = run(stream, heldout_start=0.2)
+    assert first.get("stall") == CFG.window
+    assert set(first) == {"stall"}
+
+
+def test_stall_stays_quiet_without_learning_signal_or_while_accuracy_moves():
+    flat = 0.3 + noise(1, 0.02)
+    silent = with_changes(healthy(), reward_mean=flat, adv_nonzero_frac=np.zeros(STEPS))
+    assert "stall" not in run(silent)  # no non-zero advantages: nothing to learn from, not a stall
+    moving = with_changes(healthy(), reward_mean=flat)  # held-out accuracy still climbs
+    assert "stall" not in run(moving)
+
+
+def test_reward_up_while_heldout_accuracy_falls():
+    falling = healthy()  # reward 0.1 -> 0.7
+    for i, m in enumerate(falling):
+        if "heldout_accuracy" in m:
+            m["heldout_accuracy"] = 0.5 - 0.4 * (i + 1) / STEPS
+    first = run(falling, heldout_start=0.5)
+    assert "reward_up_accuracy_down" in first
+    assert "stall" not in first
+    # the same reward with accuracy rising is the healthy run
+    assert "reward_up_accuracy_down" not in run(healthy())
+
+
+def test_length_growing_without_reward():
+    longer = np.linspace(6.0, 14.0, STEPS)
+    flat = 0.3 + noise(2, 0.02)
+    stream = with_changes(healthy(), reward_mean=flat, completion_len=longer, adv_nonzero_frac=np.zeros(STEPS))
+    assert "length_without_reward" in run(stream)
+    # the same growth while reward rises is allowed (longer reasoning that pays off)
+    assert "length_without_reward" not in run(with_changes(healthy(), completion_len=longer))
+
+
+def test_repetition_rising():
+    stream = with_changes(healthy(), repeat_ngram_frac=np.linspace(0.0, 0.5, STEPS))
+    first = run(stream)
+    assert "repetition_rising" in first
+    steady = with_changes(healthy(), repeat_ngram_frac=0.3 + noise(3, 0.03))
+    assert "repetition_rising" not in run(steady)
+
+
+def test_entropy_collapse_only_early():
+    collapsed = with_changes(healthy(), entropy=np.full(STEPS, 0.01))
+    assert run(collapsed).get("entropy_collapse") == 1
+    # low entropy late in training is convergence, not collapse
+    late = with_changes(healthy(), entropy=np.r_[np.full(20, 0.8), np.full(20, 0.01)])
+    assert "entropy_collapse" not in run(late)
+    # steps with no update log NaN entropy; they are skipped
+    skipped = with_changes(healthy(), entropy=np.full(STEPS, np.nan))
+    assert "entropy_collapse" not in run(skipped)
+
+
+def test_an_alarm_warns_once_when_it_turns_on_and_flags_every_step():
+    monitor = AlarmMonitor(STEPS, CFG)
+    warned, flagged = [], 0
+    for step, m in enumerate(with_changes(healthy(), entropy=np.full(STEPS, 0.01)), start=1):
+        flags, warnings = monitor.observe(step, m)
+        warned += warnings
+        flagged += flags["alarm/entropy_collapse"] == 1.0
+    assert len(warned) == 1 and warned[0].startswith("entropy collapse")
+    assert flagged == STEPS // 4  # on through the first quarter, then out of the "early" window

@@ -1,0 +1,84 @@
+"""pass@k and maj@k by hand, and the held-out evaluation on a tiny model."""
+
+import math
+
+import pytest
+
+from grpo.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
+
+
+def test_pass_at_k_matches_the_binomial_formula():
+    # n = 5, c = 2, k = 2: 1 - C(3, 2) / C(5, 2) = 1 - 3/10 = 0.7
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+    # k = 1 is the fraction correct
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    for n, c, k in [(20, 7, 5), (16, 1, 8), (9, 0, 3)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+
+
+def test_pass_at_k_edges_and_large_n():
+    assert pass_at_k(4, 0, 4) == 0.0
+    assert pass_at_k(4, 1, 4) == 1.0  # n - c < k: every draw of 4 holds the correct one
+    # C(1000, 500) overflows a float; the product form does not
+    value = pass_at_k(1000, 1, 500)
+    assert value == pytest.approx(0.5)
+
+
+def test_pass_at_k_rejects_bad_input():
+    with pytest.raises(ValueError, match="0 < k <= n"):
+        pass_at_k(4, 1, 5)
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(4, 5, 1)
+
+
+def test_majority_at_k_votes_per_block():
+    answers = ["46", "46", "45", "45", "45", "47"]
+    correct = [True, True, False, False, False, False]
+    # blocks of 3: [46, 46, 45] votes 46 (right), [45, 45, 47] votes 45 (wrong)
+    assert majority_at_k(answers, correct, 3) == 0.5
+    # one block of 6: 45 wins three to two
+    assert majority_at_k(answers, correct, 6) == 0.0
+    # k = 1 is the fraction correct
+    assert majority_at_k(answers, correct, 1) == pytest.approx(2 / 6)
+    # a tie goes to the answer seen first
+    assert majority_at_k(["46", "45"], [True, False], 2) == 1.0
+
+
+def test_answer_key_normalises_whitespace_and_a_period():
+    assert answer_key("  46. ") == answer_key("46") == "46"
+    assert answer_key("a  b\nc") == "a b c"
+
+
+def test_evaluate_reports_greedy_pass_k_and_maj_k(tiny_model, tokenizer):
+    from grpo.evaluate import encode_prompts
+
+    rows = [{"prompt": f"q{i}", "answer": "a"} for i in range(6)]
+    prompts = encode_prompts(tokenizer, [[{"role": "user", "content": r["prompt"]}] for r in rows])
+
+    def has_a(text, row):
+        return float("a" in text)
+
+    result = evaluate(tiny_model, tokenizer, prompts, rows, has_a, max_new_tokens=4, batch_size=8,
+                      samples=4, ks=(1, 2, 4))
+    assert result.size == 6 and result.samples == 4
+    assert set(result.metrics()) == {"heldout_accuracy", "heldout_pass@1", "heldout_pass@2", "heldout_pass@4",
+                                     "heldout_maj@1", "heldout_maj@2", "heldout_maj@4"}
+    assert result.pass_at[1] <= result.pass_at[2] <= result.pass_at[4]
+    assert result.maj_at[1] == pytest.approx(result.pass_at[1])
+    with pytest.raises(ValueError, match="each k must be in 1..samples"):
+        evaluate(tiny_model, tokenizer, prompts, rows, has_a, max_new_tokens=4, samples=2, ks=(4,))
+
+
+def test_cli_eval_rejects_k_above_samples(capsys):
+    from grpo.cli import main
+
+    assert main(["eval", "--samples", "2", "--k", "1", "4"]) == 2
+    assert "--k must lie in 1..--samples (2)" in capsys.readouterr().err
+
+
+def test_config_rejects_eval_k_above_eval_samples():
+    from grpo.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"eval_k must lie in 1..eval_samples \(2\)"):
+        TrainConfig(eval_samples=2, eval_k=(1, 4))
+    TrainConfig(eval_samples=0, eval_k=(1, 4))  # greedy only: k unused

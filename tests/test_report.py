@@ -1,0 +1,82 @@
+"""`grpo report` on synthetic run directories: finished, in progress, two side by side."""
+
+import json
+import math
+
+import pytest
+
+from grpo.cli import main
+from grpo.report import load_run, write_report
+
+
+def make_run(path, steps=12, total=20, finished=False, reward_slope=0.03):
+    """A run directory like the trainer writes, cut off after ``steps`` steps unless finished."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"steps": total, "lr": 3e-5, "group_size": 8}))
+    lines = [json.dumps({"step": 0, "heldout_accuracy": 0.1, "heldout_pass@1": 0.12, "heldout_pass@4": 0.3,
+                         "heldout_maj@4": 0.15})]
+    for s in range(1, steps + 1):
+        record = {"step": s, "reward_mean": 0.1 + reward_slope * s, "zero_var_frac": 0.5 - 0.01 * s,
+                  "completion_len": 6.0, "completion_len_max": 8, "kl": 0.0, "entropy": 0.9 - 0.01 * s,
+                  "alarm/stall": float(s >= 10)}
+        if s % 5 == 0:
+            record["heldout_accuracy"] = 0.1 + 0.02 * s
+        lines.append(json.dumps(record))
+    completions = [{"step": 10, "prompt": f"What is {i} + 1?", "answer": str(i + 1),
+                    "completion": f"{i + 1}" if i % 2 else "<b>no</b>", "reward": float(i % 2), "advantage": 0.5}
+                   for i in range(16)]
+    (path / "completions.jsonl").write_text("".join(json.dumps(c) + "\n" for c in completions))
+    if finished:
+        (path / "summary.json").write_text(json.dumps({"steps": total, "wall_seconds": 100.0,
+                                                       "heldout_accuracy_end": 0.5}))
+        text = "\n".join(lines) + "\n"
+    else:
+        text = "\n".join(lines) + '\n{"step": 13, "reward_me'  # the writer is mid-line
+    (path / "metrics.jsonl").write_text(text)
+    return path
+
+
+def test_an_in_progress_run_reports_with_its_partial_last_line_skipped(tmp_path):
+    run = load_run(make_run(tmp_path / "live"))
+    assert run.summary is None and run.last_step == 12
+    steps, values = run.series("heldout_accuracy")
+    assert steps == [0, 5, 10]
+    assert run.alarms() == {"stall": 10}
+    png, page = write_report([run.path])
+    assert png.name == "report.png" and png.stat().st_size > 10_000
+    text = page.read_text()
+    assert "in progress: step 12 of 20" in text
+    assert "data:image/png;base64," in text
+    assert "stall @ 10" in text
+    assert "&lt;b&gt;no&lt;/b&gt;" in text  # completions are escaped
+    assert "pass@4 (" in text and "held-out greedy pass@1" in text
+
+
+def test_two_runs_side_by_side_mark_config_differences(tmp_path):
+    a = make_run(tmp_path / "a", finished=True, steps=20)
+    b = make_run(tmp_path / "b", steps=8, reward_slope=0.0)
+    (b / "config.json").write_text(json.dumps({"steps": 20, "lr": 1e-4, "group_size": 8}))
+    png, page = write_report([a, b])
+    assert png == a / "report-vs-b.png" and png.exists()
+    text = page.read_text()
+    assert "finished: 20 steps" in text and "in progress: step 8 of 20" in text
+    assert text.count("<tr class=diff>") == 1  # only lr differs
+
+
+def test_nan_metrics_are_skipped(tmp_path):
+    run_dir = make_run(tmp_path / "r", finished=True)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 13, "reward_mean": 0.5, "entropy": None}) + "\n")
+    run = load_run(run_dir)
+    assert all(not math.isnan(v) for v in run.series("entropy")[1])
+    write_report([run_dir])
+
+
+def test_cli_report_and_its_errors(tmp_path, capsys):
+    run_dir = make_run(tmp_path / "r")
+    assert main(["report", str(run_dir)]) == 0
+    assert "report.html" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report"])
