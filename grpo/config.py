@@ -83,6 +83,14 @@ class TrainConfig:
     save_model: bool = field(**_doc("write the final model as a Hugging Face folder into the run directory", default=True))
 
     def __post_init__(self) -> None:
+        self._check_ranges()
+        if self.group_size < 2:
+            raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
+        self._apply_batch_size()
+        self._check_choices()
+        self._check_consistency()
+
+    def _check_ranges(self) -> None:
         positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
                     "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
                     "alarm_window", "reward_timeout")
@@ -96,9 +104,6 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.group_size < 2:
-            raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
-        self._apply_batch_size()
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if not 0.0 < self.top_p <= 1.0:
@@ -107,19 +112,23 @@ class TrainConfig:
             raise ConfigError("temperature must be > 0 for training (greedy samples give every group equal rewards)")
         if self.clip_low >= 1.0:
             raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
+
+    def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+
+    def _check_consistency(self) -> None:
         if self.minibatches > self.prompts_per_step:
             raise ConfigError(f"minibatches ({self.minibatches}) cannot exceed prompts_per_step ({self.prompts_per_step}): a minibatch holds whole groups")
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries but rewards has {len(self.rewards)}")
         if self.eval_samples and not all(0 < k <= self.eval_samples for k in self.eval_k):
             raise ConfigError(f"eval_k must lie in 1..eval_samples ({self.eval_samples}), got {list(self.eval_k)}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 
     def _apply_batch_size(self) -> None:
         """batch_size is the other way to give prompts_per_step: derive B = N / G from it."""

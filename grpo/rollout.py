@@ -235,7 +235,7 @@ def generate(
     mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).float()  # (N, T)
     tokens, logprobs = tokens[:, :width], logprobs[:, :width] * mask
     texts = tokenizer.batch_decode(
-        [row[: int(k)].tolist() for row, k in zip(tokens, lengths)], skip_special_tokens=True
+        [row[: int(k)].tolist() for row, k in zip(tokens, lengths, strict=False)], skip_special_tokens=True
     )
     return Rollout(
         prompt_ids=[list(p) for p in prompt_ids],

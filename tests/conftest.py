@@ -14,7 +14,7 @@ CHAT_TEMPLATE = (
 
 
 def make_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<|im_start|>", "<|im_end|>"]

@@ -64,7 +64,7 @@ def test_shared_prefix_pass_equals_full_pass_with_gradients(tiny_model, tokenize
         values.append(logp * r.mask)
         grads.append([p.grad.clone() for p in tiny_model.parameters()])
     torch.testing.assert_close(values[0], values[1], atol=1e-5, rtol=1e-5)
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=False):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(values[0], r.logprobs, atol=1e-5, rtol=1e-5)
 

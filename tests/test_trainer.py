@@ -36,7 +36,7 @@ def test_two_steps_change_the_parameters(tiny_model, tokenizer, tmp_path):
     before = [p.detach().clone() for p in tiny_model.parameters()]
     trainer = _trainer(tiny_model, tokenizer)
     summary = trainer.train(tmp_path / "run")
-    changed = sum(not torch.equal(a, b) for a, b in zip(before, tiny_model.parameters()))
+    changed = sum(not torch.equal(a, b) for a, b in zip(before, tiny_model.parameters(), strict=False))
     assert changed == len(before)
     assert summary["steps"] == 2
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -63,7 +63,7 @@ def _params_after_one_step(tokenizer, **kw):
 def test_micro_batches_give_the_same_update_as_one_batch(tokenizer, aggregate):
     whole = _params_after_one_step(tokenizer, aggregate=aggregate, micro_batch_tokens=100_000)
     split = _params_after_one_step(tokenizer, aggregate=aggregate, micro_batch_tokens=1)  # a group each
-    for a, b in zip(whole, split):
+    for a, b in zip(whole, split, strict=False):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
@@ -84,7 +84,7 @@ def test_skipping_zero_advantage_groups_leaves_the_update_unchanged(tokenizer):
     assert m_skip["trained_sequences"] < m_full["trained_sequences"]
     assert 0 < m_skip["trained_sequences"]
     # equal up to float summation order, amplified by Adam's normalisation: 1e-5 is 0.1% of a step
-    for a, b in zip(p_skip, p_full):
+    for a, b in zip(p_skip, p_full, strict=False):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
