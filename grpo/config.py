@@ -48,6 +48,7 @@ class TrainConfig:
     max_new_tokens: int = field(**_doc("most tokens sampled per completion", default=8))
     temperature: float = field(**_doc("sampling temperature (the policy trained is softmax(logits / temperature))", default=1.0))
     top_p: float = field(**_doc("nucleus sampling mass (1.0: off)", default=1.0))
+    stop: tuple[str, ...] = field(**_doc("stop strings: a completion ends with the token that completes one (besides EOS)", default=()))
     top_k: int = field(**_doc("sample among the k likeliest tokens only (0: off)", default=0))
     lr: float = field(**_doc("AdamW learning rate", default=3e-5))
     warmup_steps: int = field(**_doc("linear learning-rate warm-up, in steps", default=2))

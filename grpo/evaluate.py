@@ -104,6 +104,7 @@ def completions(
     batch_size: int,
     generator: torch.Generator | None = None,
     on_batch: Callable[[int], None] | None = None,
+    stop_strings: tuple[str, ...] = (),
 ) -> list[str]:
     """``samples`` completions per prompt (grouped by prompt); temperature 0 is greedy."""
     was_training = model.training
@@ -114,7 +115,7 @@ def completions(
         batch = prompts[i : i + per_batch]
         rollout = generate(
             model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, generator=generator,
+            temperature=temperature, generator=generator, stop_strings=stop_strings,
         )
         texts.extend(rollout.texts)
         if on_batch is not None:
@@ -133,10 +134,11 @@ def greedy_accuracy(
     max_new_tokens: int,
     batch_size: int = 128,
     on_batch: Callable[[int], None] | None = None,
+    stop_strings: tuple[str, ...] = (),
 ) -> tuple[float, list[str]]:
     """Fraction of prompts whose greedy completion earns the checker's full reward (1.0)."""
     texts = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
-                        temperature=0.0, batch_size=batch_size, on_batch=on_batch)
+                        temperature=0.0, batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
     if not texts:
         return 0.0, texts
     correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, rows, strict=True))
@@ -157,18 +159,19 @@ def evaluate(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     on_batch: Callable[[int], None] | None = None,
+    stop_strings: tuple[str, ...] = (),
 ) -> EvalResult:
     """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n)."""
     bad = [k for k in ks if not 0 < k <= samples] if samples else []
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
     acc, _ = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, on_batch=on_batch)
+                             batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
     if not samples or not prompts:
         return EvalResult(acc, len(prompts))
     texts = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
                         temperature=temperature, batch_size=batch_size, generator=generator,
-                        on_batch=on_batch)
+                        on_batch=on_batch, stop_strings=stop_strings)
     pass_sums = dict.fromkeys(ks, 0.0)
     maj_sums = dict.fromkeys(ks, 0.0)
     for p, row in enumerate(rows):

@@ -184,9 +184,15 @@ def generate(
     top_p: float = 1.0,
     top_k: int = 0,
     stop_token_ids: list[int] | None = None,
+    stop_strings: tuple[str, ...] = (),
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Sample group_size completions for each prompt, sharing each prompt's KV cache."""
+    """Sample group_size completions for each prompt, sharing each prompt's KV cache.
+
+    A completion ends at a stop token (the tokenizer's EOS by default), at
+    the token that completes one of ``stop_strings`` (kept in the completion,
+    so its log-prob is trained like any other), or at max_new_tokens.
+    """
     check_supported(model)
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     device = next(model.parameters()).device
@@ -212,6 +218,8 @@ def generate(
         logprobs[active, t] = logp
         lengths[active] = t + 1
         done = torch.isin(token, stops)
+        if stop_strings:
+            done |= _ends_with_stop(tokenizer, tokens[active, : t + 1], stop_strings)
         stopped[active[done]] = True
         if t == max_new_tokens - 1 or bool(done.all()):
             break
@@ -246,6 +254,19 @@ def generate(
         texts=texts,
         group_size=group_size,
     )
+
+
+def _ends_with_stop(tokenizer: object, tokens: Tensor, stop_strings: tuple[str, ...]) -> Tensor:
+    """Whether the text of each row's latest tokens contains a stop string that its newest token completed."""
+    longest = max(len(x) for x in stop_strings)
+    # Every token decodes to at least one character or none, so this many tokens hold any stop string.
+    tail = tokens[:, -(longest + 1) :].tolist()
+    hits = []
+    for row in tail:
+        before = tokenizer.decode(row[:-1], skip_special_tokens=True)
+        after = tokenizer.decode(row, skip_special_tokens=True)
+        hits.append(any(x in after and x not in before for x in stop_strings))
+    return torch.tensor(hits, device=tokens.device)
 
 
 def _chunk_logprobs(

@@ -194,7 +194,7 @@ class GRPOTrainer:
                 generate, self.tokenizer, [self.train_prompts[i] for i in rows_idx],
                 group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                generator=self.generator,
+                stop_strings=cfg.stop, generator=self.generator,
             )
         t_gen = time.perf_counter()
 
@@ -392,6 +392,7 @@ class GRPOTrainer:
                 max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
                 samples=cfg.eval_samples, ks=cfg.eval_k, temperature=cfg.temperature,
                 generator=torch.Generator(device=self.device).manual_seed(cfg.seed + 1 + rank), on_batch=on_batch,
+                stop_strings=cfg.stop,
             )
         if size == 1:
             return mine

@@ -87,3 +87,18 @@ def test_common_prefix_and_filters():
     assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[False, False, True, True]]
     # softmax = [0.644, 0.237, 0.087, 0.032]; top_p 0.7 keeps the first two (0.644 < 0.7)
     assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
+
+
+def test_stop_strings_end_a_completion_at_the_token_that_completes_them(tiny_model, tokenizer):
+    # greedy, so that each row's tokens do not depend on which other rows are still decoding
+    prompts = _prompts(tokenizer, ["ab", "c", "hello", "x"])
+    free = generate(tiny_model, tokenizer, prompts, group_size=1, max_new_tokens=12, temperature=0.0)
+    text = next(t for t in free.texts if len(t) >= 4)
+    stop = text[2:4]  # a string the free run produced after its first tokens
+    cut = generate(tiny_model, tokenizer, prompts, group_size=1, max_new_tokens=12, temperature=0.0,
+                   stop_strings=(stop,))
+    for full, short, n in zip(free.texts, cut.texts, cut.lengths.tolist(), strict=True):
+        expected = full[: full.index(stop) + len(stop)] if stop in full else full
+        assert short == expected
+        if stop in full:
+            assert n == len(short)  # one token per character with this tokenizer

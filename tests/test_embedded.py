@@ -1,0 +1,68 @@
+"""The real embedded SmolLM2-135M: conversion, sampling, a short CLI run, the saved model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from grpo.models import load_policy
+
+    return load_policy("smollm2")
+
+
+def test_embedded_model_is_cached_as_a_plain_hf_folder(policy):
+    from grpo.models import resolve_model_path
+
+    folder = Path(resolve_model_path("smollm2"))
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config  # loads without gguf
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    assert sum(p.numel() for p in policy.model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+
+
+def test_sampling_log_probs_match_the_plain_model(policy):
+    from grpo.evaluate import encode_prompts
+    from grpo.rollout import generate, rollout_logprobs
+    from grpo.tasks import get_task
+
+    task = get_task("add", heldout_size=16)
+    prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout[:3]])
+    r = generate(policy.model, policy.tokenizer, prompts, group_size=4, max_new_tokens=10,
+                 generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        shared, _ = rollout_logprobs(policy.model, r, policy.tokenizer.pad_token_id)
+        full, _ = rollout_logprobs(policy.model, r, policy.tokenizer.pad_token_id, share_prefix=False)
+    torch.testing.assert_close(shared * r.mask, r.logprobs, atol=2e-4, rtol=0)
+    torch.testing.assert_close(full * r.mask, r.logprobs, atol=2e-4, rtol=0)
+
+
+def test_a_short_cli_run_trains_and_saves_a_loadable_model(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "grpo", "train", "--steps", "2", "--eval-size", "16", "--prompts-per-step", "4",
+         "--max-new-tokens", "8", "--output", str(run), "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["heldout_size"] == 16
+    assert 0.0 <= summary["heldout_accuracy_end"] <= 1.0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "reward_mean" in x] == [1, 2]
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run / "model")
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
