@@ -64,6 +64,11 @@ class TrainConfig:
     minibatches: int = field(**_doc("optimiser steps per pass (the batch split by groups)", default=1))
     micro_batch_tokens: int = field(**_doc("token budget of one forward/backward; micro-batches accumulate", default=4096))
     skip_zero_advantage: bool = field(**_doc("skip forward/backward of groups whose advantages are all zero (exact when beta = 0)", default=True))
+    filter_groups: bool = field(**_doc("DAPO dynamic sampling: drop groups whose rewards are all equal and generate more until the step has prompts_per_step informative groups (at most max_gen_rounds rounds)", default=False))
+    max_gen_rounds: int = field(**_doc("with filter_groups: generation rounds per step at most; then train on the informative groups there are", default=3))
+    sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py)", default="uniform"))
+    explore_frac: float = field(**_doc("frontier sampler: share of each draw taken uniformly from all prompts (unseen, solved and unsolvable ones are revisited)", default=0.25))
+    sampler_half_life: float = field(**_doc("frontier sampler: steps after which a prompt's old evidence counts half", default=20.0))
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
@@ -94,7 +99,7 @@ class TrainConfig:
     def _check_ranges(self) -> None:
         positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
                     "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
-                    "alarm_window", "reward_timeout")
+                    "alarm_window", "reward_timeout", "max_gen_rounds", "sampler_half_life")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -111,12 +116,14 @@ class TrainConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.temperature == 0:
             raise ConfigError("temperature must be > 0 for training (greedy samples give every group equal rewards)")
+        self._check_fractions()
         if self.clip_low >= 1.0:
             raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
 
     def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
-                   "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise")}
+                   "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
+                   "sampler": ("uniform", "frontier")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -130,6 +137,11 @@ class TrainConfig:
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries but rewards has {len(self.rewards)}")
         if self.eval_samples and not all(0 < k <= self.eval_samples for k in self.eval_k):
             raise ConfigError(f"eval_k must lie in 1..eval_samples ({self.eval_samples}), got {list(self.eval_k)}")
+
+    def _check_fractions(self) -> None:
+        for name in ("explore_frac",):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
     def _apply_batch_size(self) -> None:
         """batch_size is the other way to give prompts_per_step: derive B = N / G from it."""

@@ -54,6 +54,24 @@ class Rollout:
         )
 
 
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """One rollout of the parts' groups, in order, right-padded to the widest (at least one part)."""
+    width = max(r.mask.shape[1] for r in parts)
+
+    def cat(name: str, value: float) -> Tensor:
+        return torch.cat([F.pad(getattr(r, name), (0, width - r.mask.shape[1]), value=value) for r in parts])
+
+    return Rollout(
+        prompt_ids=[p for r in parts for p in r.prompt_ids],
+        completion_ids=cat("completion_ids", pad_id),
+        mask=cat("mask", 0.0),
+        logprobs=cat("logprobs", 0.0),
+        truncated=torch.cat([r.truncated for r in parts]),
+        texts=[t for r in parts for t in r.texts],
+        group_size=parts[0].group_size,
+    )
+
+
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Left-pad token lists; return ids (B, L) and attention mask (B, L)."""
     width = max(len(p) for p in prompts)

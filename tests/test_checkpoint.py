@@ -58,8 +58,8 @@ def test_only_the_last_k_checkpoints_are_kept(tmp_path):
 
 
 def test_checkpoint_holds_every_stateful_attribute(tmp_path):
-    class Sampler:
-        """Stands in for a prompt sampler with per-prompt statistics."""
+    class Curriculum:
+        """Stands in for any new part of the training state with state_dict/load_state_dict."""
 
         def __init__(self):
             self.seen = {}
@@ -71,18 +71,18 @@ def test_checkpoint_holds_every_stateful_attribute(tmp_path):
             self.seen = dict(state["seen"])
 
     trainer = tiny_trainer(steps=1)
-    trainer.sampler = Sampler()
-    trainer.sampler.seen = {3: 2, 7: 1}
+    trainer.curriculum = Curriculum()
+    trainer.curriculum.seen = {3: 2, 7: 1}
     trainer.train(tmp_path / "run")
     again = tiny_trainer(steps=1)
-    again.sampler = Sampler()
+    again.curriculum = Curriculum()
     again.train(tmp_path / "run", resume=True)
-    assert again.sampler.seen == {3: 2, 7: 1}
+    assert again.curriculum.seen == {3: 2, 7: 1}
     assert again.prompt_rng.getstate() == trainer.prompt_rng.getstate()
     assert torch.equal(again.generator.get_state(), trainer.generator.get_state())
 
-    without = tiny_trainer(steps=1)  # a trainer lacking the sampler cannot silently resume
-    with pytest.raises(checkpoint.CheckpointError, match="sampler"):
+    without = tiny_trainer(steps=1)  # a trainer lacking the part cannot silently resume
+    with pytest.raises(checkpoint.CheckpointError, match="curriculum"):
         without.train(tmp_path / "run", resume=True)
 
 

@@ -90,3 +90,17 @@ def test_check_reward_passes_math_answer_and_fails_a_naive_reward(tmp_path, caps
     assert main(["check-reward", "--reward", f"{naive}:contains", "--data", GSM8K, "--workers", "0"]) == 1
     out = capsys.readouterr().out
     assert "every integer 0..1000" in out and "FAIL" in out
+
+
+def test_arith_mix_spans_one_to_three_digits_with_correct_answers():
+    task, again = get_task("arith-mix"), get_task("arith-mix")
+    assert task.heldout == again.heldout and len(task.heldout) == 256
+    rows = [*task.train, *task.heldout]
+    assert len({r["prompt"] for r in rows}) == len(rows) == 915  # no problem in both splits
+    for row in rows:
+        a, op, b = row["prompt"].removeprefix("What is ").split("?")[0].split()
+        assert int(row["answer"]) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+        assert int(row["answer"]) >= 0 and row["prompt"].endswith("Reply with only the number.")
+    digits = {(len(r["prompt"].split()[2]), len(r["prompt"].split()[4].rstrip("?"))) for r in rows}
+    assert (1, 1) in digits and (3, 3) in digits and len(digits) == 9
+    assert task.reward("7 + 2 = 9", {"answer": "9"}) == 1.0 and task.reward("9 or 10", {"answer": "9"}) == 0.0

@@ -1,0 +1,206 @@
+"""Uniform prompts vs the frontier sampler with dynamic sampling, for the same wall-clock budget.
+
+    python bench/compare_samplers.py --minutes 10 --seeds 0 1 2
+
+For each configuration (``uniform``; ``frontier`` + ``--filter-groups``) and
+seed it evaluates the model on the held-out prompts, trains for ``--minutes``
+of wall-clock time (evaluation not counted), evaluates again, and reports:
+
+- the fraction of trained groups with zero reward variance, and of generated ones
+  (with filter_groups the trained batch holds only informative groups, so the
+  generated fraction is where the sampler's quality shows);
+- held-out greedy accuracy at the end, mean and spread over seeds;
+- steps and completions (generated) per minute;
+- the share of generation time spent on zero-variance groups.
+
+Then it measures what skipping the forward/backward of zero-advantage groups
+saves: ``--skip-check-steps`` uniform steps with the skip on and off, from the
+same seed, and their mean update times.
+
+Per-step metrics go to OUT/<config>-seed<k>.jsonl, the table to stdout and
+OUT/summary.json; the last line printed is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from grpo.config import TrainConfig  # noqa: E402
+from grpo.trainer import GRPOTrainer  # noqa: E402
+
+CONFIGS = {
+    "uniform": {"sampler": "uniform", "filter_groups": False},
+    "frontier+filter": {"sampler": "frontier", "filter_groups": True},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=10.0, help="training wall-clock budget per run (default: 10)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per configuration (default: 0 1 2)")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="configurations to run")
+    p.add_argument("--model", default="smollm2", help="model (default: the embedded smollm2)")
+    p.add_argument("--task", default="arith-mix", help="built-in task (default: arith-mix)")
+    p.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
+    p.add_argument("--prompts-per-step", type=int, default=16, help="B (default: 16)")
+    p.add_argument("--group-size", type=int, default=8, help="G (default: 8)")
+    p.add_argument("--max-new-tokens", type=int, default=10, help="tokens per completion (default: 10)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.add_argument("--skip-check-steps", type=int, default=10,
+                   help="uniform steps timed with and without skipping zero-advantage groups (0: no check; default: 10)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="further TrainConfig fields for every run, e.g. lr=1e-5 explore_frac=0.2")
+    p.add_argument("--out", default="runs/compare-samplers", help="folder for the per-step metrics and summary.json")
+    return p.parse_args(argv)
+
+
+def base_config(args: argparse.Namespace) -> TrainConfig:
+    extra = {}
+    for item in args.set:
+        key, _, text = item.partition("=")
+        try:
+            extra[key] = json.loads(text)
+        except ValueError:
+            extra[key] = text
+    return TrainConfig.from_dict({
+        "model": args.model, "task": args.task, "eval_size": args.eval_size,
+        "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
+        "max_new_tokens": args.max_new_tokens, "device": args.device, "steps": 1_000_000,
+        "save_model": False, "sample_every": 0, "log_every": 0, **extra,
+    })
+
+
+def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
+    """Evaluate, train until the budget is spent (finishing the step under way), evaluate; return the figures."""
+    trainer = GRPOTrainer(config, progress=False)
+    start_acc = trainer.evaluate().accuracy
+    steps: list[dict] = []
+    began = time.perf_counter()
+    with log_path.open("w") as log:
+        while time.perf_counter() - began < minutes * 60:
+            metrics = trainer.step(len(steps) + 1)
+            steps.append(metrics)
+            log.write(json.dumps({"step": len(steps), **metrics}) + "\n")
+    train_minutes = (time.perf_counter() - began) / 60
+    end_acc = trainer.evaluate().accuracy
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    trained = sum(m["trained_groups"] for m in steps)
+    generated = sum(m["generated_groups"] for m in steps)
+    return {
+        "seed": config.seed,
+        "heldout_accuracy_start": start_acc,
+        "heldout_accuracy_end": end_acc,
+        "steps": len(steps),
+        "train_minutes": round(train_minutes, 3),
+        "steps_per_minute": len(steps) / train_minutes,
+        "completions_per_minute": generated * config.group_size / train_minutes,
+        "trained_completions_per_minute": trained * config.group_size / train_minutes,
+        "trained_zero_var_frac": sum(m["trained_zero_var_frac"] * m["trained_groups"] for m in steps) / max(trained, 1),
+        "generated_zero_var_frac": sum(m["zero_var_frac"] * m["generated_groups"] for m in steps) / max(generated, 1),
+        "generate_time_zero_var_share": (sum(m["time_generate_zero_var"] for m in steps)
+                                         / max(sum(m["time_generate"] for m in steps), 1e-9)),
+        "gen_rounds_mean": statistics.fmean(m["gen_rounds"] for m in steps) if steps else 0.0,
+        "shortfall_mean": statistics.fmean(m["shortfall"] for m in steps) if steps else 0.0,
+    }
+
+
+def skip_check(config: TrainConfig, steps: int) -> dict:
+    """Mean update seconds of the same uniform steps with and without skipping zero-advantage groups."""
+    out = {}
+    for skip in (True, False):
+        trainer = GRPOTrainer(replace(config, sampler="uniform", filter_groups=False, skip_zero_advantage=skip),
+                              progress=False)
+        runs = [trainer.step(s) for s in range(1, steps + 1)]
+        out["skip" if skip else "no_skip"] = {
+            "time_update_mean": statistics.fmean(m["time_update"] for m in runs),
+            "skipped_tokens_frac": statistics.fmean(m["update_skipped_tokens_frac"] for m in runs),
+            "zero_var_frac": statistics.fmean(m["zero_var_frac"] for m in runs),
+        }
+        del trainer
+        gc.collect()
+    out["update_time_saved_frac"] = 1.0 - out["skip"]["time_update_mean"] / out["no_skip"]["time_update_mean"]
+    return out
+
+
+def spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def summarise(runs: list[dict]) -> dict:
+    keys = ("heldout_accuracy_start", "heldout_accuracy_end", "trained_zero_var_frac", "generated_zero_var_frac",
+            "steps_per_minute", "completions_per_minute", "trained_completions_per_minute",
+            "generate_time_zero_var_share", "gen_rounds_mean", "shortfall_mean")
+    return {k: spread([r[k] for r in runs]) for k in keys}
+
+
+def table(summary: dict) -> str:
+    rows = [("held-out accuracy, start", "heldout_accuracy_start", "{:.1%}"),
+            ("held-out accuracy, end", "heldout_accuracy_end", "{:.1%}"),
+            ("zero-variance groups, trained", "trained_zero_var_frac", "{:.1%}"),
+            ("zero-variance groups, generated", "generated_zero_var_frac", "{:.1%}"),
+            ("generation time on zero-var groups", "generate_time_zero_var_share", "{:.1%}"),
+            ("steps / min", "steps_per_minute", "{:.2f}"),
+            ("completions / min (generated)", "completions_per_minute", "{:.0f}"),
+            ("completions / min (trained)", "trained_completions_per_minute", "{:.0f}"),
+            ("generation rounds per step", "gen_rounds_mean", "{:.2f}")]
+    names = list(summary)
+    lines = [f"{'':38}" + "".join(f"{n:>30}" for n in names)]
+    for label, key, fmt in rows:
+        cells = []
+        for n in names:
+            s = summary[n][key]
+            cells.append(f"{fmt.format(s['mean'])} [{fmt.format(s['min'])}, {fmt.format(s['max'])}]")
+        lines.append(f"{label:38}" + "".join(f"{c:>30}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = base_config(args)
+    runs: dict[str, list[dict]] = {}
+    for name in args.configs:
+        for seed in args.seeds:
+            config = replace(base, seed=seed, **CONFIGS[name])
+            result = timed_run(config, args.minutes, out / f"{name}-seed{seed}.jsonl")
+            runs.setdefault(name, []).append(result)
+            print(f"{name} seed {seed}: {json.dumps(result)}", flush=True)
+    summary = {name: summarise(r) for name, r in runs.items()}
+    print(f"\n{args.task}, {args.minutes:g} min of training per run, seeds {args.seeds}; "
+          "mean [min, max] over seeds")
+    print(table(summary))
+    report = {"task": args.task, "minutes": args.minutes, "seeds": args.seeds, "config": base.to_dict(),
+              "summary": summary, "runs": runs}
+    if args.skip_check_steps:
+        report["skip_check"] = skip_check(replace(base, seed=args.seeds[0]), args.skip_check_steps)
+        sc = report["skip_check"]
+        print(f"skipping zero-advantage groups: update {sc['no_skip']['time_update_mean']:.3f}s -> "
+              f"{sc['skip']['time_update_mean']:.3f}s per step ({sc['update_time_saved_frac']:.0%} saved; "
+              f"{sc['skip']['skipped_tokens_frac']:.0%} of the batch's tokens skipped)")
+    (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+    compact = {name: {k: round(v["mean"], 4) for k, v in s.items()} for name, s in summary.items()}
+    compact_acc = {name: round(s["heldout_accuracy_end"]["std"], 4) for name, s in summary.items()}
+    print(json.dumps({"task": args.task, "minutes": args.minutes, "seeds": args.seeds, "means": compact,
+                      "heldout_accuracy_end_std": compact_acc,
+                      "update_time_saved_frac": report.get("skip_check", {}).get("update_time_saved_frac")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
