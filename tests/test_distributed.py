@@ -82,7 +82,8 @@ def _tiny_model_dir(path: Path) -> Path:
 
 
 TRAIN_ARGS = ["--task", "add", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
-              "--max-new-tokens", "3", "--eval-size", "4", "--sample-every", "1", "--device", "cpu", "--no-progress"]
+              "--max-new-tokens", "3", "--eval-size", "4", "--sample-every", "1", "--device", "cpu", "--no-progress",
+              "--sampler", "uniform", "--no-filter-groups", "--temperature", "1.0"]
 
 
 def test_nproc_run_writes_once_and_its_model_trains_in_one_process(tmp_path):
