@@ -499,7 +499,15 @@ def print_report(work: Workload, peak: float, ours: dict, trl: dict, trl_info: d
     }
 
 
+def warn_if_busy(work: Workload, when: str) -> None:
+    """Other processes on the CPUs skew both sides' times (and the GEMM peak) unevenly: say so."""
+    load = os.getloadavg()[0]
+    busy = "  WARNING: the machine is busy, the times below are unreliable" if load > work.threads + 0.5 else ""
+    print(f"load average (1 min) {when}: {load:.2f} on {work.threads} threads{busy}", flush=True)
+
+
 def main(work: Workload) -> None:
+    warn_if_busy(work, "before")
     peak = gemm_peak_flops(work.threads)
     with tempfile.TemporaryDirectory(prefix="bench-vs-trl-") as logs:
         print("loading grpo ...", flush=True)
@@ -513,6 +521,7 @@ def main(work: Workload) -> None:
                 print(f"step {i + 1} ({tag}) {side.name:4}: {record['seconds']:7.2f} s, "
                       f"mean completion {record['completion_len']:.1f} tokens", flush=True)
         ours_rss, trl_rss = ours.finish(), trl.finish()
+    warn_if_busy(work, "after")
     peak = max(peak, gemm_peak_flops(work.threads))
     summary = print_report(
         work, peak, summarise(ours, work.warmup_steps, peak, ours_rss),
