@@ -39,7 +39,7 @@ class TrainConfig:
     reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
     reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
     on_error: str = field(**_doc("a reward call that raises or times out: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
-    steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=40))
+    steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=20))
     seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
     prompts_per_step: int = field(**_doc("B: distinct prompts per step", default=8))
