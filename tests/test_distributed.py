@@ -123,3 +123,18 @@ def test_two_torchrun_nodes_on_one_machine_take_a_step(tmp_path):
         assert node.returncode == 0, err[-4000:]
     assert "(2 processes)" in outputs[0][0] and "run directory" not in outputs[1][0]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+
+
+def test_a_checkpoint_written_by_two_processes_resumes_in_one(tmp_path):
+    model = _tiny_model_dir(tmp_path / "tiny")
+    run = tmp_path / "run"
+    two = [sys.executable, "-m", "grpo", "train", "--nproc", "2", "--model", str(model), "--output", str(run),
+           *TRAIN_ARGS, "--steps", "2", "--save-every", "1"]
+    proc = subprocess.run(two, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (run / "checkpoints" / "step-00000002" / "meta.json").is_file()
+    # one process picks the run up where two left it and extends it by a step
+    assert cli_main(["train", "--resume", str(run), "--steps", "3", "--no-progress"]) == 0
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-2:] == [3, 3]  # the third step, then the final evaluation
+    assert (run / "checkpoints" / "step-00000003" / "meta.json").is_file()
