@@ -398,8 +398,3 @@ def rollout_logprobs(
         hidden, model.get_output_embeddings(), rollout.completion_ids,
         temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
     )
-
-
-def cross_entropy_check(logits: Tensor, targets: Tensor) -> Tensor:
-    """Plain per-token log-probs from full logits, (N, T, V) -> (N, T); used by tests."""
-    return -F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")
