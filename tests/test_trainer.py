@@ -88,12 +88,18 @@ def test_skipping_zero_advantage_groups_leaves_the_update_unchanged(tokenizer):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def first_char_parity(completion, example):
+    """A reward that splits almost every group of random completions (so every step has signal)."""
+    return float(ord(completion[0]) % 2) if completion else 0.5
+
+
 def test_lora_and_kl_reference_run(tiny_model, tokenizer):
-    trainer = _trainer(tiny_model, tokenizer, lora_rank=4, beta=0.1)
+    trainer = _trainer(tiny_model, tokenizer, reward=first_char_parity, lora_rank=4, beta=0.1)
     m = trainer.step(1)
+    assert m["optimizer_steps"] == 1 and m["adv_nonzero_frac"] > 0
     assert m["kl"] == pytest.approx(0.0, abs=1e-6)  # the first step starts at the reference
     m = trainer.step(2)
     assert m["kl"] > 0.0
-    full = _trainer(tiny_model, tokenizer, beta=0.1, epochs=2, minibatches=2)
+    full = _trainer(tiny_model, tokenizer, reward=first_char_parity, beta=0.1, epochs=2, minibatches=2)
     m = full.step(1)
     assert m["optimizer_steps"] == 4
