@@ -58,7 +58,9 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     assert two["world_size"] == 2 and two["metrics"]["optimizer_steps"] >= 1
     start = make_model(len(make_tokenizer()), seed=3).state_dict()
     moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
-    assert moved > 1e-3  # the step did something worth comparing
+    assert moved > 5e-4  # the step did something worth comparing (Adam moves weights by about lr = 1e-3)
+    # lr is 1e-3, not larger: Adam turns float-summation-order differences in near-zero gradients
+    # into differences of up to lr, and the comparison is to 1e-5
     for key, value in one["params"].items():
         torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
     for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps",

@@ -102,3 +102,18 @@ def test_stop_strings_end_a_completion_at_the_token_that_completes_them(tiny_mod
         assert short == expected
         if stop in full:
             assert n == len(short)  # one token per character with this tokenizer
+
+
+def test_sampling_follows_the_softmax_of_logits_over_temperature():
+    from grpo.rollout import sample_next
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
+    gen = torch.Generator().manual_seed(0)
+    for temperature in (1.0, 0.5):
+        counts = torch.zeros(5)
+        for _ in range(100):
+            token, logp = sample_next(logits.expand(200, 5), temperature=temperature, generator=gen)
+            counts += torch.bincount(token, minlength=5)
+        expected = (logits / temperature).softmax(dim=-1)[0]
+        torch.testing.assert_close(counts / counts.sum(), expected, atol=0.01, rtol=0)  # 20k draws
+        torch.testing.assert_close(logp, expected.log()[token], atol=1e-6, rtol=0)

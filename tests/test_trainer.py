@@ -63,8 +63,10 @@ def _params_after_one_step(tokenizer, **kw):
 def test_micro_batches_give_the_same_update_as_one_batch(tokenizer, aggregate):
     whole = _params_after_one_step(tokenizer, aggregate=aggregate, micro_batch_tokens=100_000)
     split = _params_after_one_step(tokenizer, aggregate=aggregate, micro_batch_tokens=1)  # a group each
-    for a, b in zip(whole, split, strict=False):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # the gradients agree to float summation order (tests/test_algorithm.py checks them to 1e-7);
+    # Adam's normalisation amplifies that for near-zero gradients: 1e-5 is 0.1% of a step
+    for a, b in zip(whole, split, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_skipping_zero_advantage_groups_leaves_the_update_unchanged(tokenizer):
