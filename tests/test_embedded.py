@@ -66,3 +66,17 @@ def test_a_short_cli_run_trains_and_saves_a_loadable_model(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(run / "model")
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+
+
+def test_first_use_converts_the_gguf_into_a_fresh_cache(tmp_path, monkeypatch):
+    # What a new machine does once: dequantise the GGUF and write an HF folder atomically.
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models import resolve_model_path
+
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+    folder = Path(resolve_model_path("smollm2"))
+    assert folder.parent == tmp_path / "cache" / "models"
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary folder left
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
