@@ -197,8 +197,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from grpo.tasks import load_task
 
     check_model(config.model)
-    load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
-              answer_field=config.answer_field, prompt_template=config.prompt_template)
+    task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
+                     answer_field=config.answer_field, system_prompt=config.system_prompt,
+                     prompt_template=config.prompt_template)
     for spec in config.rewards:
         resolve_reward(spec)
     if args.nproc < 1:
@@ -215,7 +216,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             run_dir = Path(str(world.broadcast_object(str(default_run_dir(config)))))  # rank 0's clock
             if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
                 raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
-        trainer = GRPOTrainer(config, progress=not args.no_progress, world=world)
+        trainer = GRPOTrainer(config, task=task, progress=not args.no_progress, world=world)  # data read once
         if world.is_main:
             where = f"{'resuming' if args.resume else 'run directory:'} {run_dir}"
             print(where + (f" ({world.size} processes)" if world.size > 1 else ""), flush=True)

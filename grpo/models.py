@@ -90,27 +90,17 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
 
 def resolve_model_path(name: str) -> str:
     """Map a --model value to something from_pretrained takes, converting GGUFs once."""
-    if name == EMBEDDED:
-        gguf = embedded_gguf()
-        dest = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-        if not (dest / "config.json").is_file():
-            _convert_gguf(gguf, dest)
-        return str(dest)
+    check_model(name)
     path = Path(name).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelError(f"model file not found: {name}")
-        dest = cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}"
-        if not (dest / "config.json").is_file():
-            _convert_gguf(path.resolve(), dest)
-        return str(dest)
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelError(f"model folder {name} has no config.json")
-        return str(path)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        raise ModelError(f"model path not found: {name}")
-    return name  # a hub id
+    if name == EMBEDDED:
+        gguf, dest = embedded_gguf(), cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    elif path.suffix == ".gguf":
+        gguf, dest = path.resolve(), cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}"
+    else:
+        return str(path) if path.exists() else name  # a folder, or a hub id
+    if not (dest / "config.json").is_file():
+        _convert_gguf(gguf, dest)
+    return str(dest)
 
 
 def check_model(name: str) -> None:
