@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import json
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -57,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8, help="G (default: 8)")
     p.add_argument("--max-new-tokens", type=int, default=10, help="tokens per completion (default: 10)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each in its own process; with 2, each seed's two configurations run side by "
+                        "side and share the machine alike (pair it with --set threads=1 on 2 cores; default: 1)")
     p.add_argument("--skip-check-steps", type=int, default=10,
                    help="uniform steps timed with and without skipping zero-advantage groups (0: no check; default: 10)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -175,17 +180,24 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = base_config(args)
     runs: dict[str, list[dict]] = {}
-    for name in args.configs:
-        for seed in args.seeds:
-            config = replace(base, seed=seed, **CONFIGS[name])
-            result = timed_run(config, args.minutes, out / f"{name}-seed{seed}.jsonl")
+    # seed-major order, so that with --jobs 2 the configurations of one seed run side by side
+    plan = [(name, seed) for seed in args.seeds for name in args.configs]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = [(name, seed, pool.submit(timed_run, replace(base, seed=seed, **CONFIGS[name]), args.minutes,
+                                            out / f"{name}-seed{seed}.jsonl"))
+                   for name, seed in plan]
+        for name, seed, future in futures:
+            result = future.result()
             runs.setdefault(name, []).append(result)
             print(f"{name} seed {seed}: {json.dumps(result)}", flush=True)
+    runs = {name: runs[name] for name in args.configs}
     summary = {name: summarise(r) for name, r in runs.items()}
-    print(f"\n{args.task}, {args.minutes:g} min of training per run, seeds {args.seeds}; "
-          "mean [min, max] over seeds")
+    print(f"\n{args.task}, {args.minutes:g} min of training per run, seeds {args.seeds}, {args.jobs} run(s) at "
+          f"once, {base.threads or torch.get_num_threads()} thread(s) each; mean [min, max] over seeds")
     print(table(summary))
-    report = {"task": args.task, "minutes": args.minutes, "seeds": args.seeds, "config": base.to_dict(),
+    report = {"task": args.task, "minutes": args.minutes, "seeds": args.seeds, "jobs": args.jobs,
+              "config": base.to_dict(),
               "summary": summary, "runs": runs}
     if args.skip_check_steps:
         report["skip_check"] = skip_check(replace(base, seed=args.seeds[0]), args.skip_check_steps)

@@ -13,6 +13,7 @@ T completion tokens, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -295,7 +296,7 @@ def _chunk_logprobs(
     hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor]:
     logits = (hidden @ weight.T).float()  # (M, V)
-    if temperature > 0.0:
+    if temperature > 0.0 and temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)  # (M,)
     logp = logits.gather(1, targets.unsqueeze(1)).squeeze(1) - lse
@@ -312,52 +313,85 @@ def token_logprobs(
     targets: Tensor,
     *,
     temperature: float = 1.0,
-    chunk_tokens: int = 2048,
+    chunk_tokens: int = 256,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """log softmax(lm_head(h) / temperature)[target] without the full (N*T, V) logits.
+    """log softmax(lm_head(h) / temperature)[target] without the full (M, V) logits at once.
 
-    Rows are processed chunk_tokens at a time; with more than one chunk each is
-    checkpointed, so backward recomputes its logits instead of keeping them all.
-    hidden (N, T, H), targets (N, T) -> logp (N, T) and, optionally, the
-    policy's entropy per token (N, T, detached).
+    Tokens are processed chunk_tokens at a time; with more than one chunk each
+    is checkpointed, so backward recomputes its logits instead of keeping them
+    all. hidden (M, H), targets (M,) -> logp (M,) and, optionally, the
+    policy's entropy per token (M,, detached).
     """
     if getattr(lm_head, "bias", None) is not None:
         raise ValueError("token_logprobs supports bias-free output layers only")
-    n, t, h = hidden.shape
-    flat_h, flat_y = hidden.reshape(n * t, h), targets.reshape(n * t)
+    m = hidden.shape[0]
     weight = lm_head.weight
-    if n * t <= chunk_tokens:
-        logp, ent = _chunk_logprobs(flat_h, weight, flat_y, temperature, with_entropy)
+    if m <= chunk_tokens:
+        logp, ent = _chunk_logprobs(hidden, weight, targets, temperature, with_entropy)
     else:
         parts = [
             checkpoint(
-                _chunk_logprobs, flat_h[i : i + chunk_tokens], weight, flat_y[i : i + chunk_tokens],
+                _chunk_logprobs, hidden[i : i + chunk_tokens], weight, targets[i : i + chunk_tokens],
                 temperature, with_entropy, use_reentrant=False,
             )
-            for i in range(0, n * t, chunk_tokens)
+            for i in range(0, m, chunk_tokens)
         ]
         logp = torch.cat([p[0] for p in parts])
         ent = torch.cat([p[1].reshape(-1) for p in parts]) if with_entropy else None
-    entropy = ent.reshape(n, t) if with_entropy else None
-    return logp.reshape(n, t), entropy
+    return logp, ent if with_entropy else None
+
+
+def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[int]]:
+    """Split rows into groups of similar length, so that each is padded only to its own longest.
+
+    Minimises the padded tokens run (rows x longest, summed over groups) plus
+    overhead_tokens for every extra forward call, exactly, by dynamic
+    programming over the rows sorted longest first. Returns row indices,
+    longest group first; rows of length 0 are left out.
+    """
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
+    n = len(order)
+    best, cut = [0.0] * (n + 1), [n] * (n + 1)  # best[i]: cost of rows order[i:]; cut[i]: end of i's group
+    for i in range(n - 1, -1, -1):
+        width = lengths[order[i]]  # the longest of any group starting at i
+        # on a tie the longer group wins: fewer calls
+        best[i], cut[i] = min(((j - i) * width + overhead_tokens + best[j], -j) for j in range(i + 1, n + 1))
+        cut[i] = -cut[i]
+    groups, i = [], 0
+    while i < n:
+        groups.append(order[i : cut[i]])
+        i = cut[i]
+    return groups
+
+
+def _select_rows(cache: object, rows: Tensor) -> object:
+    """A cache holding the given rows of ``cache``, which is left as it is (autograd flows through)."""
+    sub = copy.copy(cache)
+    sub.layers = [copy.copy(layer) for layer in cache.layers]
+    sub.batch_select_indices(rows)
+    return sub
 
 
 def completion_hidden(
     model: nn.Module,
     prompt_ids: list[list[int]],
     completion_ids: Tensor,
+    lengths: Tensor,
     group_size: int,
     pad_id: int,
     *,
     share_prefix: bool = True,
-) -> Tensor:
-    """Final hidden states that predict each completion token, (N, T, H).
+) -> tuple[Tensor, Tensor]:
+    """Final hidden states that predict each completion token, for real tokens only.
 
-    With share_prefix the B prompts are run once and their KV cache repeated
-    over the G completions of each group; otherwise each of the N sequences
-    (prompt + completion) is run in full, which is the reference the
-    shared-prefix pass is tested against.
+    Returns hidden (M, H) and each one's flat position row * T + t in the
+    (N, T) completion grid, M = lengths.sum(). With share_prefix the B prompts
+    are run once and their KV cache repeated over the G completions of each
+    group; the completions then run in groups of similar length
+    (``length_buckets``), each padded only to its own longest, so padding
+    costs little. Without share_prefix each of the N sequences (prompt +
+    completion) is run in full: the reference the fast pass is tested against.
     """
     decoder = model.get_decoder()
     device = completion_ids.device
@@ -369,18 +403,27 @@ def completion_hidden(
         ids = torch.cat([ids, completion_ids], dim=1)
         attn = torch.cat([attn, attn.new_ones((n, t))], dim=1)
         hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=_positions(attn)).last_hidden_state
-        return hidden[:, width - 1 : width - 1 + t]
+        valid = torch.arange(t, device=device) < lengths.unsqueeze(1)  # (N, T)
+        flat = torch.arange(n * t, device=device).view(n, t)
+        return hidden[:, width - 1 : width - 1 + t][valid], flat[valid]
     state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
-    first = state.last_hidden  # (N, H)
-    if t == 1:
-        return first.unsqueeze(1)
-    attn = torch.cat([state.attn, state.attn.new_ones((n, t - 1))], dim=1)  # (N, L + T - 1)
-    cpos = state.next_pos.unsqueeze(1) + torch.arange(t - 1, device=device)  # (N, T-1)
-    rest = decoder(
-        input_ids=completion_ids[:, :-1], attention_mask=attn, position_ids=cpos,
-        cache=state.cache, use_cache=True,
-    ).last_hidden_state  # (N, T-1, H)
-    return torch.cat([first.unsqueeze(1), rest], dim=1)
+    parts, places = [], []
+    for bucket in length_buckets(lengths.tolist()):
+        rows = torch.tensor(bucket, device=device)
+        width = int(lengths[rows].max())
+        hidden = state.last_hidden[rows].unsqueeze(1)  # (r, 1, H): predicts each row's first token
+        if width > 1:
+            attn = torch.cat([state.attn[rows], state.attn.new_ones((len(rows), width - 1))], dim=1)
+            cpos = state.next_pos[rows].unsqueeze(1) + torch.arange(width - 1, device=device)  # (r, w-1)
+            rest = decoder(
+                input_ids=completion_ids[rows, : width - 1], attention_mask=attn, position_ids=cpos,
+                cache=_select_rows(state.cache, rows), use_cache=True,
+            ).last_hidden_state  # (r, w-1, H)
+            hidden = torch.cat([hidden, rest], dim=1)
+        valid = torch.arange(width, device=device) < lengths[rows].unsqueeze(1)  # (r, w)
+        parts.append(hidden[valid])
+        places.append((rows.unsqueeze(1) * t + torch.arange(width, device=device))[valid])
+    return torch.cat(parts), torch.cat(places)
 
 
 def rollout_logprobs(
@@ -391,14 +434,23 @@ def rollout_logprobs(
     temperature: float = 1.0,
     share_prefix: bool = True,
     with_entropy: bool = False,
-    chunk_tokens: int = 2048,
+    chunk_tokens: int = 256,
 ) -> tuple[Tensor, Tensor | None]:
-    """Current-policy log-probs (and entropy) of a rollout's sampled tokens, (N, T)."""
-    hidden = completion_hidden(
-        model, rollout.prompt_ids, rollout.completion_ids, rollout.group_size, pad_id,
+    """Current-policy log-probs (and entropy) of a rollout's sampled tokens, (N, T), 0 after each end.
+
+    Only real tokens are run through the output layer: padding costs neither
+    logits nor memory.
+    """
+    n, t = rollout.completion_ids.shape
+    hidden, places = completion_hidden(
+        model, rollout.prompt_ids, rollout.completion_ids, rollout.lengths, rollout.group_size, pad_id,
         share_prefix=share_prefix,
     )
-    return token_logprobs(
-        hidden, model.get_output_embeddings(), rollout.completion_ids,
+    logp, ent = token_logprobs(
+        hidden, model.get_output_embeddings(), rollout.completion_ids.reshape(-1)[places],
         temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
     )
+    grid = logp.new_zeros(n * t).scatter(0, places, logp).view(n, t)
+    if not with_entropy:
+        return grid, None
+    return grid, ent.new_zeros(n * t).scatter(0, places, ent).view(n, t)

@@ -9,10 +9,18 @@ prompt's pass rate p from every group the prompt has had,
 
 (s_i, f_i: rewards and their complements summed over the prompt's completions,
 rewards clipped to [0, 1]; m: the pool's mean reward as exploration measures
-it; k = ``prior_strength``), and the chance that the prompt's next group of G
-is mixed, the quantity a group is worth something for:
+it), and the chance that the prompt's next group of G is mixed, the quantity a
+group is worth something for:
 
     P(mixed) = 1 - E[p^G] - E[(1 - p)^G],   E[p^G] = prod_{j<G} (a + j) / (a + b + j).
+
+The prior's strength k is fitted to the pool (empirical Bayes): if pass rates
+are Beta(k m, k (1 - m)), a uniform draw's group pass fraction x has variance
+V = m (1 - m) (1 + k / G) / (k + 1), so k = (m (1 - m) - V) / (V - m (1 - m) / G),
+with m and V measured on the exploration draws. On tasks where most prompts
+are always or never solved (V near m (1 - m)) k is small, and one all-wrong
+group is enough to rank a prompt below a uniform draw; with pass rates spread
+evenly, k is larger and one group says less. ``prior_strength`` fixes k instead.
 
 Each draw of n prompts:
 
@@ -101,7 +109,7 @@ class FrontierSampler:
         seed: int,
         explore_frac: float = 0.25,
         half_life: float = 20.0,
-        prior_strength: float = 2.0,
+        prior_strength: float | None = None,
     ) -> None:
         self.size, self.group_size = size, group_size
         self.explore_frac, self.half_life, self.prior_strength = explore_frac, half_life, prior_strength
@@ -112,6 +120,7 @@ class FrontierSampler:
         # the exploration draws' measurements, decayed like the counts: [sum, count]
         self.pool_reward = np.array([0.5, 1.0])  # mean reward m (a prior of one half-correct group)
         self.pool_mixed = np.array([0.5, 1.0])  # mixed rate of a uniform draw
+        self.pool_groups = np.zeros(3)  # explored groups: [count, sum of x, sum of x^2], x their pass fraction
         self.now = 0  # the latest step observed
         self.explored = 0  # how many of the last draw were exploration
 
@@ -124,9 +133,24 @@ class FrontierSampler:
     def posterior(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Beta(a, b) of every prompt's pass rate at ``step``."""
         m = float(np.clip(self.pool_reward[0] / self.pool_reward[1], 0.01, 0.99))  # keeps a, b > 0
-        k = self.prior_strength
+        k = self.strength()
         decay = self._decay(step)
         return k * m + decay * self.successes, k * (1 - m) + decay * self.failures
+
+    def strength(self, fallback: float = 2.0, least: float = 0.1, most: float = 100.0) -> float:
+        """The prior's k: fixed, or fitted to the explored groups' spread (``fallback`` until 4 are seen)."""
+        if self.prior_strength is not None:
+            return self.prior_strength
+        count, total, squares = self.pool_groups
+        if count < 4:
+            return fallback
+        m = total / count
+        spread, var = m * (1 - m), max(squares / count - m * m, 0.0)
+        if spread <= 0.0:
+            return fallback  # every explored group all right or all wrong alike: nothing to fit yet
+        if var <= spread / self.group_size:  # no more spread than binomial noise: one shared pass rate
+            return most
+        return float(np.clip((spread - var) / (var - spread / self.group_size), least, most))
 
     def baseline(self) -> float:
         """P(mixed) of a uniform draw, as measured on the exploration draws."""
@@ -185,11 +209,14 @@ class FrontierSampler:
         explored = r[len(r) - self.explored :] if self.explored else r[:0]
         self.pool_reward += [explored.sum(), explored.size]
         self.pool_mixed += [float((explored.max(axis=1) > explored.min(axis=1)).sum()), len(explored)]
+        x = explored.mean(axis=1)
+        self.pool_groups += [len(x), x.sum(), (x * x).sum()]
 
     def _age_pool(self, step: int) -> None:
         keep = 0.5 ** (max(step - self.now, 0) / self.half_life)
         self.pool_reward *= keep
         self.pool_mixed *= keep
+        self.pool_groups *= keep
         self.now = max(self.now, step)
 
     # ---- checkpoints ----
@@ -199,7 +226,7 @@ class FrontierSampler:
             "rng": self.rng.bit_generator.state, "successes": self.successes.copy(),
             "failures": self.failures.copy(), "seen_at": self.seen_at.copy(),
             "pool_reward": self.pool_reward.copy(), "pool_mixed": self.pool_mixed.copy(),
-            "now": self.now, "explored": self.explored,
+            "pool_groups": self.pool_groups.copy(), "now": self.now, "explored": self.explored,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -208,6 +235,7 @@ class FrontierSampler:
         self.rng.bit_generator.state = state["rng"]
         for name in ("successes", "failures", "seen_at", "pool_reward", "pool_mixed"):
             setattr(self, name, np.array(state[name]))
+        self.pool_groups = np.array(state.get("pool_groups", np.zeros(3)))  # absent from older checkpoints
         self.now, self.explored = int(state["now"]), int(state["explored"])
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo.rollout import common_prefix_length, filter_logits, generate, rollout_logprobs
+from grpo.rollout import Rollout, common_prefix_length, filter_logits, generate, length_buckets, rollout_logprobs
 
 
 def _prompts(tokenizer, questions):
@@ -117,3 +117,34 @@ def test_sampling_follows_the_softmax_of_logits_over_temperature():
         expected = (logits / temperature).softmax(dim=-1)[0]
         torch.testing.assert_close(counts / counts.sum(), expected, atol=0.01, rtol=0)  # 20k draws
         torch.testing.assert_close(logp, expected.log()[token], atol=1e-6, rtol=0)
+
+
+def test_length_buckets_trade_padding_against_calls():
+    # rows of lengths 10, 2, 10, 2: two groups run 2*10 + 2*2 = 24 tokens, one group runs 4*10 = 40
+    assert length_buckets([10, 2, 10, 2], overhead_tokens=0) == [[0, 2], [1, 3]]
+    assert length_buckets([10, 2, 10, 2], overhead_tokens=100) == [[0, 2, 1, 3]]  # 140 beats 224
+    assert length_buckets([3, 0, 1], overhead_tokens=0) == [[0], [2]]  # empty rows run nothing
+
+
+def test_bucketed_pass_over_uneven_lengths_equals_full_pass(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer, ["1+2?", "What is 30+4?"])
+    r = generate(tiny_model, tokenizer, prompts, group_size=4, max_new_tokens=12, temperature=1.0,
+                 generator=torch.Generator().manual_seed(5))
+    # cut the completions to very different lengths, so that several length buckets are run
+    cut = torch.tensor([12, 1, 7, 12, 2, 3, 11, 1]).clamp(max=r.lengths)
+    mask = (torch.arange(r.mask.shape[1]) < cut.unsqueeze(1)).float()
+    r = Rollout(r.prompt_ids, r.completion_ids, mask, r.logprobs * mask, r.truncated, r.texts, r.group_size)
+    assert len(length_buckets(cut.tolist())) > 1
+    values, grads = [], []
+    for share in (True, False):
+        tiny_model.zero_grad()
+        logp, ent = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id, share_prefix=share, with_entropy=True)
+        (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum().backward()
+        values.append((logp, ent))
+        grads.append([p.grad.clone() for p in tiny_model.parameters()])
+    torch.testing.assert_close(values[0][0], values[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(values[0][1], values[1][1], atol=1e-5, rtol=1e-5)
+    assert torch.all(values[0][0][mask == 0] == 0) and torch.all(values[0][1][mask == 0] == 0)
+    torch.testing.assert_close(values[0][0], r.logprobs, atol=1e-5, rtol=1e-5)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
