@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -132,6 +131,23 @@ def sample_next(
     return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)
 
 
+class TokenEmbeddings:
+    """The input embeddings of every token a pass uses, looked up in one call.
+
+    Each call of the input embedding costs a dense (V, H) gradient in
+    backward, zeroed and then added into the weight's. A pass that runs the
+    decoder several times (shared prefix, prompts, length buckets) instead
+    looks its distinct tokens up once and indexes that small table.
+    """
+
+    def __init__(self, model: nn.Module, ids: Tensor) -> None:
+        self.vocab = torch.unique(ids)  # sorted
+        self.table = model.get_input_embeddings()(self.vocab)  # (U, H)
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        return self.table[torch.searchsorted(self.vocab, ids)]
+
+
 @dataclass
 class PromptState:
     """The prompts' KV cache and what continues from it, one row per sequence."""
@@ -152,7 +168,9 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return n
 
 
-def encode_prompt_batch(decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int) -> PromptState:
+def encode_prompt_batch(
+    decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None
+) -> PromptState:
     """Run B prompts once and repeat their state for the G sequences of each group.
 
     Two levels of sharing: the prefix common to the whole batch (typically
@@ -160,22 +178,27 @@ def encode_prompt_batch(decoder: nn.Module, prompts: list[list[int]], repeats: i
     then each prompt's own part once for its G samples. Autograd sees the
     repeats as index operations, so gradients through the cache are exact
     (summed over the rows that share it). Layout of a row's keys:
-    [shared prefix][left padding][own part].
+    [shared prefix][left padding][own part]. With ``embed`` the input
+    embeddings come from that table instead of the decoder's own lookup.
     """
     device = next(decoder.parameters()).device
+
+    def inputs(ids: Tensor) -> dict[str, Tensor]:
+        return {"input_ids": ids} if embed is None else {"inputs_embeds": embed(ids)}
+
     shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
     if shared >= 8:
         prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
-        cache = decoder(input_ids=prefix, use_cache=True).cache
+        cache = decoder(**inputs(prefix), use_cache=True).cache
         cache.batch_repeat_interleave(len(prompts))
         ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
         attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
         pos = (_positions(attn))[:, shared:]
-        out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+        out = decoder(**inputs(ids), attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
     else:
         ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
         pos = _positions(attn)
-        out = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        out = decoder(**inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
     cache = out.cache
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)
@@ -292,19 +315,59 @@ def _ends_with_stop(tokenizer: object, tokens: Tensor, stop_strings: tuple[str, 
     return torch.tensor(hits, device=tokens.device)
 
 
-def _chunk_logprobs(
-    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool
-) -> tuple[Tensor, Tensor]:
-    logits = (hidden @ weight.T).float()  # (M, V)
+class _LinearLogprob(torch.autograd.Function):
+    """log softmax(h W^T / temperature)[target] per row, chunk by chunk, never holding all the logits.
+
+    Forward keeps only h and each row's log-sum-exp; backward recomputes a
+    chunk's logits and turns them into their gradient in place,
+    (onehot - softmax) * g / temperature, so a chunk costs one (c, V) buffer
+    in each direction. The entropy output carries no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy):  # noqa: ANN001, ANN205
+        m = hidden.shape[0]
+        logp, lse_all = hidden.new_empty(m, dtype=torch.float32), hidden.new_empty(m, dtype=torch.float32)
+        entropy = hidden.new_zeros(m if with_entropy else 0, dtype=torch.float32)
+        for i in range(0, m, chunk):
+            logits = _logits(hidden[i : i + chunk], weight, temperature)  # (c, V)
+            lse = torch.logsumexp(logits, dim=-1)
+            logp[i : i + chunk] = logits.gather(1, targets[i : i + chunk].unsqueeze(1)).squeeze(1) - lse
+            lse_all[i : i + chunk] = lse
+            if with_entropy:
+                weighted = (logits - lse.unsqueeze(1)).exp_().mul_(logits)  # softmax * logits
+                entropy[i : i + chunk] = lse - weighted.sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, targets, lse_all)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):  # noqa: ANN001, ANN205
+        hidden, weight, targets, lse_all = ctx.saved_tensors
+        scale = 1.0 / ctx.temperature if ctx.temperature > 0.0 and ctx.temperature != 1.0 else 1.0
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for i in range(0, hidden.shape[0], ctx.chunk):
+            h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
+            logits = _logits(h, weight, ctx.temperature)
+            grad = logits.sub_(lse_all[i : i + ctx.chunk].unsqueeze(1)).exp_().mul_(-g.unsqueeze(1))  # -softmax*g
+            grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
+            if scale != 1.0:
+                grad.mul_(scale)
+            grad = grad.to(h.dtype)
+            if grad_hidden is not None:
+                grad_hidden[i : i + ctx.chunk] = grad @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.T, h)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    logits = (hidden @ weight.T).float()  # (c, V)
     if temperature > 0.0 and temperature != 1.0:
         logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # (M,)
-    logp = logits.gather(1, targets.unsqueeze(1)).squeeze(1) - lse
-    if not with_entropy:
-        return logp, logp.new_zeros(())
-    with torch.no_grad():
-        entropy = lse - (logits.softmax(dim=-1) * logits).sum(dim=-1)
-    return logp, entropy
+    return logits
 
 
 def token_logprobs(
@@ -316,30 +379,17 @@ def token_logprobs(
     chunk_tokens: int = 256,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """log softmax(lm_head(h) / temperature)[target] without the full (M, V) logits at once.
+    """log softmax(lm_head(h) / temperature)[target], chunk_tokens rows of logits at a time.
 
-    Tokens are processed chunk_tokens at a time; with more than one chunk each
-    is checkpointed, so backward recomputes its logits instead of keeping them
-    all. hidden (M, H), targets (M,) -> logp (M,) and, optionally, the
-    policy's entropy per token (M,, detached).
+    Memory holds one (chunk_tokens, V) block of logits, whatever the number of
+    tokens; backward recomputes each block (see ``_LinearLogprob``).
+    hidden (M, H), targets (M,) -> logp (M,) and, optionally, the policy's
+    entropy per token (M,, detached).
     """
     if getattr(lm_head, "bias", None) is not None:
         raise ValueError("token_logprobs supports bias-free output layers only")
-    m = hidden.shape[0]
-    weight = lm_head.weight
-    if m <= chunk_tokens:
-        logp, ent = _chunk_logprobs(hidden, weight, targets, temperature, with_entropy)
-    else:
-        parts = [
-            checkpoint(
-                _chunk_logprobs, hidden[i : i + chunk_tokens], weight, targets[i : i + chunk_tokens],
-                temperature, with_entropy, use_reentrant=False,
-            )
-            for i in range(0, m, chunk_tokens)
-        ]
-        logp = torch.cat([p[0] for p in parts])
-        ent = torch.cat([p[1].reshape(-1) for p in parts]) if with_entropy else None
-    return logp, ent if with_entropy else None
+    logp, entropy = _LinearLogprob.apply(hidden, lm_head.weight, targets, temperature, chunk_tokens, with_entropy)
+    return logp, entropy if with_entropy else None
 
 
 def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[int]]:
@@ -406,7 +456,9 @@ def completion_hidden(
         valid = torch.arange(t, device=device) < lengths.unsqueeze(1)  # (N, T)
         flat = torch.arange(n * t, device=device).view(n, t)
         return hidden[:, width - 1 : width - 1 + t][valid], flat[valid]
-    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
+    embed = TokenEmbeddings(model, torch.cat([
+        torch.tensor([pad_id] + [i for p in prompt_ids for i in p], device=device), completion_ids.reshape(-1)]))
+    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id, embed)
     parts, places = [], []
     for bucket in length_buckets(lengths.tolist()):
         rows = torch.tensor(bucket, device=device)
@@ -416,7 +468,7 @@ def completion_hidden(
             attn = torch.cat([state.attn[rows], state.attn.new_ones((len(rows), width - 1))], dim=1)
             cpos = state.next_pos[rows].unsqueeze(1) + torch.arange(width - 1, device=device)  # (r, w-1)
             rest = decoder(
-                input_ids=completion_ids[rows, : width - 1], attention_mask=attn, position_ids=cpos,
+                inputs_embeds=embed(completion_ids[rows, : width - 1]), attention_mask=attn, position_ids=cpos,
                 cache=_select_rows(state.cache, rows), use_cache=True,
             ).last_hidden_state  # (r, w-1, H)
             hidden = torch.cat([hidden, rest], dim=1)

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from grpo.rollout import Rollout, common_prefix_length, filter_logits, generate, length_buckets, rollout_logprobs
+from grpo.rollout import (
+    Rollout,
+    common_prefix_length,
+    filter_logits,
+    generate,
+    length_buckets,
+    rollout_logprobs,
+    token_logprobs,
+)
 
 
 def _prompts(tokenizer, questions):
@@ -148,3 +156,25 @@ def test_bucketed_pass_over_uneven_lengths_equals_full_pass(tiny_model, tokenize
     torch.testing.assert_close(values[0][0], r.logprobs, atol=1e-5, rtol=1e-5)
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("temperature", "chunk"), [(1.0, 256), (0.7, 3), (1.3, 1)])
+def test_fused_token_logprobs_match_log_softmax_with_gradients(temperature, chunk):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 6, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(6, 11, bias=False)
+    targets = torch.randint(0, 11, (10,), generator=gen)
+    weights = torch.rand(10, generator=gen)  # an uneven upstream gradient
+    logp, entropy = token_logprobs(hidden, head, targets, temperature=temperature, chunk_tokens=chunk,
+                                   with_entropy=True)
+    (logp * weights).sum().backward()
+    got = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+    log_probs = torch.log_softmax(head(hidden) / temperature, dim=-1)
+    expected = log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(logp, expected)
+    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(dim=-1))
+    torch.testing.assert_close(got[0], hidden.grad)
+    torch.testing.assert_close(got[1], head.weight.grad)
+    assert not entropy.requires_grad

@@ -115,3 +115,31 @@ def test_uniform_sampler_makes_the_trainers_old_draws():
 def test_bad_sampler_options_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         TrainConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("rates", "k"), [
+    ([1.0, 0.5, 0.5, 0.0], 2.0),  # m = 1/2, V = 1/8: k = (1/4 - 1/8) / (1/8 - 1/16) = 2
+    ([1.0, 1.0, 0.0, 0.0], 0.1),  # every prompt always or never solved: as weak as allowed
+    ([0.5, 0.5, 0.5, 0.5], 100.0),  # one shared pass rate: as strong as allowed
+])
+def test_prior_strength_is_fitted_to_the_explored_groups(rates, k):
+    s = FrontierSampler(100, G, seed=0, explore_frac=1.0)
+    assert s.strength() == 2.0  # nothing explored yet: the fallback
+    drawn = s.draw(len(rates), 1)
+    assert s.explored == len(rates)
+    s.observe(1, drawn, _groups(*rates))
+    assert s.strength() == pytest.approx(k)
+
+
+def test_a_fitted_weak_prior_ranks_a_once_failed_prompt_below_a_uniform_draw():
+    # a pool where prompts are always or never solved: one all-wrong group is then strong evidence
+    s = FrontierSampler(100, G, seed=0, explore_frac=1.0)
+    drawn = s.draw(20, 1)
+    s.observe(1, drawn, _groups(*[1.0] * 8, *[0.0] * 10, 0.5, 0.5))
+    a, b = s.posterior(1)
+    failed = drawn[8]
+    assert mixed_probability(a[[failed]], b[[failed]], G)[0] < s.baseline()
+    fixed = FrontierSampler(100, G, seed=0, explore_frac=1.0, prior_strength=2.0)
+    fixed.observe(1, fixed.draw(20, 1), _groups(*[1.0] * 8, *[0.0] * 10, 0.5, 0.5))
+    a, b = fixed.posterior(1)
+    assert mixed_probability(a[[failed]], b[[failed]], G)[0] > fixed.baseline()  # what the fixed k=2 got wrong
