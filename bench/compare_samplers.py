@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import multiprocessing
+import signal
 import json
 import statistics
 import sys
@@ -183,14 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     # seed-major order, so that with --jobs 2 the configurations of one seed run side by side
     plan = [(name, seed) for seed in args.seeds for name in args.configs]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
-        futures = [(name, seed, pool.submit(timed_run, replace(base, seed=seed, **CONFIGS[name]), args.minutes,
-                                            out / f"{name}-seed{seed}.jsonl"))
-                   for name, seed in plan]
-        for name, seed, future in futures:
-            result = future.result()
-            runs.setdefault(name, []).append(result)
-            print(f"{name} seed {seed}: {json.dumps(result)}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that a kill also stops the runs under way
+    try:
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, max_tasks_per_child=1) as pool:
+            futures = [(name, seed, pool.submit(timed_run, replace(base, seed=seed, **CONFIGS[name]), args.minutes,
+                                                out / f"{name}-seed{seed}.jsonl"))
+                       for name, seed in plan]
+            for name, seed, future in futures:
+                result = future.result()
+                runs.setdefault(name, []).append(result)
+                print(f"{name} seed {seed}: {json.dumps(result)}", flush=True)
+    except BaseException:
+        for child in multiprocessing.active_children():  # left alone they would run on, stealing the CPU
+            child.terminate()
+        raise
     runs = {name: runs[name] for name in args.configs}
     summary = {name: summarise(r) for name, r in runs.items()}
     print(f"\n{args.task}, {args.minutes:g} min of training per run, seeds {args.seeds}, {args.jobs} run(s) at "

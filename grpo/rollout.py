@@ -326,6 +326,9 @@ class _LinearLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy):  # noqa: ANN001, ANN205
+        device = hidden.device.type
+        # backward recomputes the logits under the same autocast as forward (bf16 on CUDA), so they match
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         m = hidden.shape[0]
         logp, lse_all = hidden.new_empty(m, dtype=torch.float32), hidden.new_empty(m, dtype=torch.float32)
         entropy = hidden.new_zeros(m if with_entropy else 0, dtype=torch.float32)
@@ -348,13 +351,22 @@ class _LinearLogprob(torch.autograd.Function):
         scale = 1.0 / ctx.temperature if ctx.temperature > 0.0 and ctx.temperature != 1.0 else 1.0
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        device, dtype, enabled = ctx.autocast
         for i in range(0, hidden.shape[0], ctx.chunk):
             h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
-            logits = _logits(h, weight, ctx.temperature)
+            with torch.autocast(device, dtype=dtype, enabled=enabled):
+                logits = _logits(h, weight, ctx.temperature)
             grad = logits.sub_(lse_all[i : i + ctx.chunk].unsqueeze(1)).exp_().mul_(-g.unsqueeze(1))  # -softmax*g
             grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
             if scale != 1.0:
                 grad.mul_(scale)
+            if enabled:  # the products in the autocast dtype, as forward's were
+                with torch.autocast(device, dtype=dtype):
+                    if grad_hidden is not None:
+                        grad_hidden[i : i + ctx.chunk] = (grad @ weight).to(hidden.dtype)
+                    if grad_weight is not None:
+                        grad_weight += (grad.T @ h).to(weight.dtype)
+                continue
             grad = grad.to(h.dtype)
             if grad_hidden is not None:
                 grad_hidden[i : i + ctx.chunk] = grad @ weight

@@ -178,3 +178,24 @@ def test_fused_token_logprobs_match_log_softmax_with_gradients(temperature, chun
     torch.testing.assert_close(got[0], hidden.grad)
     torch.testing.assert_close(got[1], head.weight.grad)
     assert not entropy.requires_grad
+
+
+def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
+    # the CUDA path runs under bf16 autocast; the CPU's autocast exercises the same dtype handling
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(9, 8, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(8, 13, bias=False)
+    targets = torch.randint(0, 13, (9,), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, _ = token_logprobs(hidden, head, targets, temperature=0.8, chunk_tokens=4)
+    assert logp.dtype == torch.float32
+    logp.sum().backward()
+    assert hidden.grad.dtype == torch.float32 and head.weight.grad.dtype == torch.float32
+    got = (logp.detach(), hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+    expected = torch.log_softmax(head(hidden) / 0.8, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
+    expected.sum().backward()
+    tol = {"atol": 0.05, "rtol": 0.05}  # bf16 products
+    torch.testing.assert_close(got[0], expected.detach(), **tol)
+    torch.testing.assert_close(got[1], hidden.grad, **tol)
+    torch.testing.assert_close(got[2], head.weight.grad, **tol)
