@@ -208,7 +208,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
         model="smollm2", prompts_per_step=PROMPTS_PER_STEP, group_size=GROUP_SIZE,
         max_new_tokens=work.max_new_tokens, temperature=TEMPERATURE, lr=LR, warmup_steps=0, beta=BETA,
         reward_workers=0, eval_size=1, sample_every=0, log_every=0, device="cpu", threads=work.threads,
-        seed=work.seed,
+        seed=work.seed, sampler="uniform", filter_groups=False,  # one generation of 16 per step, as TRL's
     )
     task = Task("bench-add", rows, rows[:1], final_number)
     trainer = GRPOTrainer(config, task=task, rewards=[final_number], progress=False)

@@ -82,6 +82,7 @@ class TrainConfig:
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
+    heap_release_mb: int = field(**_doc("Linux (glibc): freed host-memory blocks of at least this many MiB go back to the system at once instead of being kept for reuse, which lowers peak memory on the CPU (0: leave the allocator as it is)", default=1))
     save_every: int = field(**_doc("write a checkpoint every K steps (and always at the end)", default=25))
     keep_checkpoints: int = field(**_doc("how many of the latest checkpoints to keep", default=2))
     max_bad_steps: int = field(**_doc("stop after this many consecutive steps with a NaN/inf loss or gradient (their updates are skipped)", default=5))
@@ -105,7 +106,7 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "eval_every",
-                        "sample_every", "threads", "temperature", "batch_size", "eval_samples", "log_every",
+                        "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers")
         for name in non_negative:
             if getattr(self, name) < 0:

@@ -36,9 +36,11 @@ same global batch, with the whole batch's advantages and loss normaliser
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -170,6 +172,23 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def release_freed_memory(mib: int) -> None:
+    """Have glibc return freed blocks of at least ``mib`` MiB to the system at once.
+
+    By default glibc raises that threshold as blocks are freed, up to 32 MiB,
+    and keeps smaller freed blocks for reuse; a training step frees and
+    allocates activations of many sizes, so the kept blocks fragment and add
+    hundreds of MB to the peak. A no-op off Linux or without glibc.
+    """
+    if mib <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, mib << 20)  # M_MMAP_THRESHOLD; setting it also stops glibc adjusting it
+
+
 class GRPOTrainer:
     """Trains a causal LM with GRPO. ``model``/``tokenizer``, ``task`` and ``rewards`` may be given
     as objects (the Python API); otherwise they come from the config's names."""
@@ -201,6 +220,7 @@ class GRPOTrainer:
         )
 
         seed_everything(config.seed)
+        release_freed_memory(config.heap_release_mb)
         if config.threads:
             torch.set_num_threads(config.threads)
         self.world = world if world is not None else init_world(config.device, fsdp=config.fsdp)

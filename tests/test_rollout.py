@@ -199,3 +199,24 @@ def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
     torch.testing.assert_close(got[0], expected.detach(), **tol)
     torch.testing.assert_close(got[1], hidden.grad, **tol)
     torch.testing.assert_close(got[2], head.weight.grad, **tol)
+
+
+def test_grouped_kv_attention_changes_nothing_but_memory(tiny_model, tokenizer, monkeypatch):
+    # the tiny model has 4 query heads over 2 key/value heads, so both attention paths are taken
+    prompts = _prompts(tokenizer, ["1+2?", "What is 30+4?"])
+    r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=8,
+                 generator=torch.Generator().manual_seed(2))
+    results = []
+    for forced in ("0", None):  # "0": transformers repeats the key/value heads; None: our context decides
+        if forced is None:
+            monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
+        else:
+            monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", forced)
+        tiny_model.zero_grad()
+        logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
+        logp.sum().backward()
+        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()]))
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in __import__("os").environ  # restored
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-6)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
