@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import multiprocessing
 import signal
-import json
 import statistics
 import sys
 import time
