@@ -510,6 +510,8 @@ def completion_hidden(
         valid = torch.arange(width, device=device) < lengths[rows].unsqueeze(1)  # (r, w)
         parts.append(hidden[valid])
         places.append((rows.unsqueeze(1) * t + torch.arange(width, device=device))[valid])
+    if not parts:  # no completion has a token
+        return state.last_hidden[:0], torch.zeros(0, dtype=torch.long, device=device)
     return torch.cat(parts), torch.cat(places)
 
 

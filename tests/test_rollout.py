@@ -220,3 +220,15 @@ def test_grouped_kv_attention_changes_nothing_but_memory(tiny_model, tokenizer, 
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-6)
     for a, b in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_rows_without_tokens_cost_nothing_and_score_zero(tiny_model, tokenizer):
+    prompts = _prompts(tokenizer, ["ab", "c"])
+    r = generate(tiny_model, tokenizer, prompts, group_size=2, max_new_tokens=4,
+                 generator=torch.Generator().manual_seed(4))
+    for keep in ([1.0, 0.0, 1.0, 0.0], [0.0] * 4):
+        mask = r.mask * torch.tensor(keep).unsqueeze(1)
+        empty = Rollout(r.prompt_ids, r.completion_ids, mask, r.logprobs * mask, r.truncated, r.texts, 2)
+        logp, _ = rollout_logprobs(tiny_model, empty, tokenizer.pad_token_id)
+        assert logp.shape == r.mask.shape and torch.all(logp[mask == 0] == 0)
+        torch.testing.assert_close(logp[mask == 1], r.logprobs[mask == 1], atol=1e-5, rtol=1e-5)
