@@ -383,18 +383,12 @@ class _LinearLogprob(torch.autograd.Function):
             grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
             if scale != 1.0:
                 grad.mul_(scale)
-            if enabled:  # the products in the autocast dtype, as forward's were
-                with torch.autocast(device, dtype=dtype):
-                    if grad_hidden is not None:
-                        grad_hidden[i : i + ctx.chunk] = (grad @ weight).to(hidden.dtype)
-                    if grad_weight is not None:
-                        grad_weight += (grad.T @ h).to(weight.dtype)
-                continue
             grad = grad.to(h.dtype)
             if grad_hidden is not None:
-                grad_hidden[i : i + ctx.chunk] = grad @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(grad.T, h)
+                with torch.autocast(device, dtype=dtype, enabled=enabled):  # the autocast dtype, as forward's
+                    grad_hidden[i : i + ctx.chunk] = grad @ weight
+            if grad_weight is not None:  # in place, in the weight's dtype (in-place products never autocast)
+                grad_weight.addmm_(grad.T.to(weight.dtype), h.to(weight.dtype))
         return grad_hidden, grad_weight, None, None, None, None
 
 

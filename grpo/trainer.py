@@ -246,9 +246,8 @@ class GRPOTrainer:
         self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
         params = [p for p in model.parameters() if p.requires_grad]
         # the fused kernel updates in place, with none of the foreach path's parameter-sized temporaries
-        fused = not config.fsdp and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
-                                           fused=fused or None)
+                                           fused=None if config.fsdp else True)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.prompt_rng = random.Random(config.seed)
         self.sampler = make_sampler(
