@@ -105,11 +105,13 @@ def completions(
     generator: torch.Generator | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
-) -> list[str]:
-    """``samples`` completions per prompt (grouped by prompt); temperature 0 is greedy."""
+) -> tuple[list[str], list[bool]]:
+    """``samples`` completions per prompt (grouped by prompt) and whether each hit the token limit;
+    temperature 0 is greedy."""
     was_training = model.training
     model.eval()
     texts: list[str] = []
+    truncated: list[bool] = []
     per_batch = max(1, batch_size // samples)
     for i in range(0, len(prompts), per_batch):
         batch = prompts[i : i + per_batch]
@@ -118,10 +120,16 @@ def completions(
             temperature=temperature, generator=generator, stop_strings=stop_strings,
         )
         texts.extend(rollout.texts)
+        truncated.extend(rollout.truncated.tolist())
         if on_batch is not None:
             on_batch(len(batch))
     model.train(was_training)
-    return texts
+    return texts, truncated
+
+
+def scored_rows(rows: Sequence[Mapping], truncated: Sequence[bool], samples: int = 1) -> list[Mapping]:
+    """Each completion's row, marked ``truncated`` when it hit the token limit (a cut answer scores 0)."""
+    return [{**rows[i // samples], "truncated": cut} for i, cut in enumerate(truncated)]
 
 
 def greedy_accuracy(
@@ -137,11 +145,12 @@ def greedy_accuracy(
     stop_strings: tuple[str, ...] = (),
 ) -> tuple[float, list[str]]:
     """Fraction of prompts whose greedy completion earns the checker's full reward (1.0)."""
-    texts = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
-                        temperature=0.0, batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
+    texts, truncated = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
+                                   temperature=0.0, batch_size=batch_size, on_batch=on_batch,
+                                   stop_strings=stop_strings)
     if not texts:
         return 0.0, texts
-    correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, rows, strict=True))
+    correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, scored_rows(rows, truncated), strict=True))
     return correct / len(texts), texts
 
 
@@ -169,14 +178,15 @@ def evaluate(
                              batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
     if not samples or not prompts:
         return EvalResult(acc, len(prompts))
-    texts = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
-                        temperature=temperature, batch_size=batch_size, generator=generator,
-                        on_batch=on_batch, stop_strings=stop_strings)
+    texts, truncated = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, batch_size=batch_size, generator=generator,
+                                   on_batch=on_batch, stop_strings=stop_strings)
+    marked = scored_rows(rows, truncated, samples)
     pass_sums = dict.fromkeys(ks, 0.0)
     maj_sums = dict.fromkeys(ks, 0.0)
-    for p, row in enumerate(rows):
+    for p in range(len(rows)):
         group = texts[p * samples : (p + 1) * samples]
-        correct = [reward(t, row) >= 1.0 for t in group]
+        correct = [reward(t, r) >= 1.0 for t, r in zip(group, marked[p * samples : (p + 1) * samples], strict=True)]
         answers = [answer_key(t) for t in group]
         for k in ks:
             pass_sums[k] += pass_at_k(samples, sum(correct), k)

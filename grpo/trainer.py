@@ -378,7 +378,8 @@ class GRPOTrainer:
             )
         t_gen = time.perf_counter()
         group_rows = [r for r in rows for _ in range(cfg.group_size)]
-        own_rewards, reward_means = self.score(rollout.texts, group_rows, rollout.lengths.tolist())  # (N/W,)
+        own_rewards, reward_means = self.score(
+            rollout.texts, group_rows, rollout.lengths.tolist(), rollout.truncated.tolist())  # (N/W,)
         rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole draw's
         means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
         return Round(

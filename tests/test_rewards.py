@@ -5,8 +5,10 @@ import pytest
 from grpo.rewards import (
     RewardCallError,
     RewardError,
+    answer_only,
     combine_rewards,
     exact_match,
+    final_number,
     math_answer,
     multiple_choice,
     overlong_penalty,
@@ -163,3 +165,36 @@ def test_learned_reward_model_folder_scores_prompt_and_completion(tmp_path):
     single = rm("abc", ROW)
     assert "reward/rm_rm" in metrics
     assert total[1].item() == pytest.approx(single, abs=1e-4)
+
+
+SUB = {"prompt": "What is 76 - 38? Reply with only the number.", "answer": "38"}
+ADD = {"prompt": "What is 31 + 2? Reply with only the number.", "answer": "33"}
+
+
+@pytest.mark.parametrize("reward", [math_answer, final_number, answer_only, exact_match])
+def test_answer_rewards_give_a_cut_off_completion_nothing(reward):
+    # "31 + 2 = 33" is right when the model stopped, no answer when the token limit cut it
+    complete = "33" if reward in (answer_only, exact_match) else "31 + 2 = 33"
+    assert reward(complete, ADD) == 1.0
+    assert reward(complete, {**ADD, "truncated": True}) == 0.0
+    assert reward(complete, {**ADD, "truncated": False}) == 1.0
+
+
+@pytest.mark.parametrize("reward", [math_answer, final_number])
+@pytest.mark.parametrize("completion", ["76 - 38 equals", "76 - 38", "So 76-38 is", "First 76, then take away 38"])
+def test_an_echo_of_the_prompts_numbers_is_not_an_answer(reward, completion):
+    # 76 - 38 = 38: a last-number checker would pay the echoed operand
+    assert reward(completion, SUB) == 0.0
+
+
+@pytest.mark.parametrize("reward", [math_answer, final_number])
+@pytest.mark.parametrize("completion", ["38", "38.", "76 - 38 = 38", "76 - 38 equals 38.", "The answer is 38."])
+def test_a_marked_answer_counts_even_when_it_equals_an_operand(reward, completion):
+    assert reward(completion, SUB) == 1.0
+
+
+def test_a_marked_answer_wins_over_numbers_in_passing():
+    row = {"prompt": "How many eggs?", "answer": "18"}
+    assert math_answer("The answer is 18. Check: 9 * 2 = 18, and 3 more is 21", row) == 1.0
+    assert math_answer("\\boxed{18} since 20 - 2", row) == 1.0
+    assert math_answer("#### 17\nor 18", row) == 0.0

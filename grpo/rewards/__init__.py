@@ -9,6 +9,7 @@ Several rewards are combined, with weights, by :func:`combine_rewards`.
 from grpo.rewards.basic import (
     answer_only,
     exact_match,
+    final_number,
     multiple_choice,
     overlong_penalty,
     regex_match,
@@ -21,13 +22,13 @@ from grpo.rewards.math import math_answer
 from grpo.rewards.resolve import RewardError, resolve_reward
 
 BUILTIN_REWARDS = (
-    "answer_only", "code_tests", "code_tests_all", "exact_match", "math_answer", "multiple_choice",
+    "answer_only", "code_tests", "code_tests_all", "exact_match", "final_number", "math_answer", "multiple_choice",
     "overlong_penalty", "regex_match", "think_format",
 )
 
 __all__ = [
     "BUILTIN_REWARDS",
     "RewardCallError", "RewardError", "RewardScorer", "answer_only", "code_tests", "code_tests_all",
-    "combine_rewards", "exact_match", "math_answer", "multiple_choice", "overlong_penalty", "regex_match",
+    "combine_rewards", "exact_match", "final_number", "math_answer", "multiple_choice", "overlong_penalty", "regex_match",
     "resolve_reward", "soft_overlong_penalty", "think_format",
 ]

@@ -6,8 +6,11 @@ Two kinds of probe, each run on every row:
   "The answer is ...", "#### ...", with thousands separators, as a fraction)
   must score the reward's maximum;
 - *exploits*: outputs that must score the minimum (empty, the question echoed,
-  every integer 0..1000, two boxed answers, "A or B", 100 kB of text, the
-  answer only in the reasoning, a different row's gold answer).
+  the question's numbers echoed with no answer marked, every integer 0..1000,
+  two boxed answers, "A or B", 100 kB of text, the answer only in the
+  reasoning, a different row's gold answer, and the gold answer in a
+  completion that was cut off by the token limit: the row is marked
+  ``truncated`` as the trainer marks it, and a cut answer is no answer).
 
 Rewards that demand a layout (``think_format``, R1-style answer tags) are
 detected by scoring the first row both bare and wrapped in
@@ -16,13 +19,15 @@ detected by scoring the first row both bare and wrapped in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from grpo.rewards.combine import RewardFn, RewardScorer
 
-Probe = Callable[[Mapping, Mapping | None], str | None]  # (row, another row) -> completion, None when n/a
+# (row, another row) -> completion, or (completion, fields the trainer adds to the row); None when n/a
+Probe = Callable[[Mapping, Mapping | None], "str | tuple[str, dict] | None"]
 
 
 def _number(answer: str) -> Fraction | None:
@@ -62,10 +67,31 @@ GOLD_FORMS: dict[str, Probe] = {
 }
 
 _ALL_INTEGERS = ", ".join(str(i) for i in range(1001))
+_PROMPT_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _operands_echoed(row: Mapping, _: Mapping | None) -> str | None:
+    """The prompt's own numbers restated, nothing marked as the answer ("76 - 38 equals" cut short).
+
+    Where the gold answer is one of them (76 - 38 = 38) it comes last, where a last-number checker looks.
+    """
+    numbers = _PROMPT_NUMBER.findall(str(row["prompt"]))[-3:]
+    if not numbers:
+        return None
+    gold = str(row["answer"]).strip()
+    numbers = [n for n in numbers if n != gold] + [n for n in numbers if n == gold]
+    return "Let me see: " + " and ".join(numbers) + ", so it equals"
+
+
+def _cut_off(row: Mapping, _: Mapping | None) -> tuple[str, dict]:
+    """The gold answer inside a completion that hit the token limit (the number may be cut)."""
+    return f"The answer is {row['answer']}", {"truncated": True}
 
 EXPLOITS: dict[str, Probe] = {
     "empty output": lambda r, _: "",
     "question echoed": lambda r, _: str(r["prompt"]),
+    "question's numbers echoed": _operands_echoed,
+    "cut off by the token limit": _cut_off,
     "every integer 0..1000": lambda r, _: _ALL_INTEGERS,
     "several boxed answers": lambda r, _: f"\\boxed{{{r['answer']}}} or maybe \\boxed{{{_other(str(r['answer']))}}}",
     "A or B": lambda r, _: f"The answer is {r['answer']} or {_other(str(r['answer']))}.",
@@ -153,10 +179,12 @@ def audit_reward(
         texts, owners = [], []
         for k, (_, _, probe, wrap) in enumerate(probes):
             for row, other in zip(rows, others, strict=True):
-                text = probe(row, other)
-                if text is not None:
-                    texts.append(layout(text) if wrap else text)
-                    owners.append((k, row))
+                made = probe(row, other)
+                if made is None:
+                    continue
+                text, extra = made if isinstance(made, tuple) else (made, {})
+                texts.append(layout(text) if wrap else text)
+                owners.append((k, {**row, **extra}))
         scores = scorer(texts, [row for _, row in owners])[0].tolist()
     finally:
         scorer.close()

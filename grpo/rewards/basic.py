@@ -1,4 +1,10 @@
-"""Built-in checkers that need no extra library."""
+"""Built-in checkers that need no extra library.
+
+The answer checkers here (``exact_match``, ``answer_only``, ``final_number``,
+``multiple_choice``) score 0 for a completion cut off by the token limit
+(``example['truncated']``, set by the trainer and by evaluation): a cut
+answer is no answer. The format rewards judge the text as it is.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,15 @@ from collections.abc import Mapping
 _INT = re.compile(r"[+-]?\d+")
 
 
+def was_truncated(example: Mapping) -> bool:
+    """Did the completion end by hitting the token limit? (The trainer and evaluation set ``truncated``.)"""
+    return bool(example.get("truncated", False))
+
+
 def exact_match(completion: str, example: Mapping) -> float:
     """1.0 when the completion, whitespace-trimmed, equals str(example['answer'])."""
+    if was_truncated(example):
+        return 0.0
     return float(completion.strip() == str(example["answer"]).strip())
 
 
@@ -22,6 +35,8 @@ def answer_only(completion: str, example: Mapping) -> float:
     task is to follow the instruction and be right.
     """
     text = completion.strip()
+    if was_truncated(example):
+        return 0.0
     if text.endswith("."):
         text = text[:-1].rstrip()
     if not _INT.fullmatch(text):
@@ -30,6 +45,10 @@ def answer_only(completion: str, example: Mapping) -> float:
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+MAX_ANSWER_CHARS = 32_000
+"""Longer completions score 0 with the answer checkers: no real answer needs 100 kB, a spray of guesses might."""
+ENDS_EQUALS = re.compile(r"(?:=|\bequals|\banswer is|\banswer:)\s*\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\s*\.?\s*$", re.IGNORECASE)
+"""A reply ending "= x", "equals x" or "the answer is x": x is marked as the result."""
 
 
 def final_number(completion: str, example: Mapping) -> float:
@@ -37,10 +56,17 @@ def final_number(completion: str, example: Mapping) -> float:
 
     Thousands separators are ignored ("1,234" is 1234). A completion with no
     number scores 0. Only the final number counts, so "23 + 45 = 68" is right
-    and "68, or maybe 69" is wrong.
+    and "68, or maybe 69" is wrong. Not an answer, so 0: a completion cut off
+    by the token limit, and one whose numbers are all the prompt's own unless
+    it is only a number ("23 + 45 =" echoes the operands).
     """
     found = _NUMBER.findall(completion)
-    if not found:
+    if not found or was_truncated(example) or len(completion) > MAX_ANSWER_CHARS:
+        return 0.0
+    own = {n.replace(",", "").lstrip("-") for n in found}  # the echo rule, as in math_answer
+    asked = {n.replace(",", "").lstrip("-") for n in _NUMBER.findall(str(example.get("prompt", "")))}
+    marked = _NUMBER.fullmatch(completion.strip().rstrip(".")) or ENDS_EQUALS.search(completion.replace(",", ""))
+    if own <= asked and not marked:
         return 0.0
     try:
         return float(float(found[-1].replace(",", "")) == float(str(example["answer"]).replace(",", "")))
@@ -65,6 +91,8 @@ def multiple_choice(completion: str, example: Mapping) -> float:
     The letter is taken from ``\\boxed{B}``, ``<answer>B</answer>``, "the answer is (B)"
     or a line holding only the letter, in that order. Naming two different letters scores 0.
     """
+    if was_truncated(example):
+        return 0.0
     for pattern in _CHOICE_PATTERNS:
         letters = set(pattern.findall(completion))
         if letters:

@@ -139,10 +139,12 @@ def _unique_names(fns: Sequence[RewardFn]) -> list[str]:
 
 
 class RewardScorer:
-    """``score(texts, rows, lengths=None) -> (rewards (N,), metrics)``: the trainer's view of the rewards.
+    """``score(texts, rows, lengths=None, truncated=None) -> (rewards (N,), metrics)``: the trainer's view.
 
     ``lengths`` (completion tokens) are added to each row as ``completion_tokens``
-    with ``max_completion_tokens``, for length-aware rewards such as ``overlong_penalty``.
+    with ``max_completion_tokens``, for length-aware rewards such as ``overlong_penalty``;
+    ``truncated`` (hit the token limit) as ``truncated``, for answer rewards, which give a cut
+    completion 0.
     Rewards with a ``score_batch`` method (a learned reward model) run batched in this process.
     """
 
@@ -197,8 +199,11 @@ class RewardScorer:
             )
 
     def __call__(
-        self, texts: Sequence[str], rows: Sequence[Mapping], lengths: Sequence[int] | None = None
+        self, texts: Sequence[str], rows: Sequence[Mapping], lengths: Sequence[int] | None = None,
+        truncated: Sequence[bool] | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
+        if truncated is not None:
+            rows = [{**r, "truncated": bool(t)} for r, t in zip(rows, truncated, strict=True)]
         if lengths is not None:
             limit = self.max_completion_tokens or max(lengths, default=0)
             rows = [{**r, "completion_tokens": int(n), "max_completion_tokens": limit} for r, n in zip(rows, lengths, strict=True)]

@@ -1,9 +1,17 @@
 """``math_answer``: is the completion's one final answer equal to the gold answer?
 
+Only a complete answer counts. A completion that ended by hitting the token
+limit (the trainer and ``grpo eval`` mark its row ``truncated``) has no final
+answer: "To add 31 and 2" cut inside "29" is not the answer 2, so it scores 0.
+
 Extraction finds where the completion commits to an answer, in this order:
-``\\boxed{...}``, ``#### x``, "the answer is x", ``<answer>...</answer>``, and
-otherwise the last number of the text. Equivalence is decided by
-math-verify (Hugging Face's checker: LaTeX, fractions, decimals, percentages).
+``\\boxed{...}``, ``#### x``, "the answer is x", ``<answer>...</answer>``, a
+reply that is only the answer, a reply that ends "= x" or "equals x", and
+otherwise the last number of the text. That last, unmarked case is not an
+answer when every number in the completion is one of the prompt's own
+("76 - 38 equals" echoes operands, it does not answer). Equivalence is
+decided by math-verify (Hugging Face's checker: LaTeX, fractions, decimals,
+percentages).
 
 The checker is deliberately strict about hedging, because under GRPO any
 answer that scores 1 without committing becomes a strategy: several
@@ -16,8 +24,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-MAX_CHARS = 32_000
-"""Completions longer than this score 0: no real answer needs 100 kB, a spray of guesses might."""
+from grpo.rewards.basic import ENDS_EQUALS, MAX_ANSWER_CHARS, was_truncated
+
+MAX_CHARS = MAX_ANSWER_CHARS
 
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
@@ -26,6 +35,8 @@ _ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:|=)\s*:?\s*([^\n]
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _HEDGE = re.compile(r"\d\s*(?:\\text\{\s*)?\b(?:or|and|to)\b", re.IGNORECASE)
 _LIST_ONLY = re.compile(r"^[\s\d.,;:/\-+()\[\]$%]*$")
+_ONLY_NUMBER = re.compile(r"\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\.?")
+
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -41,8 +52,18 @@ def boxed_contents(text: str) -> list[str]:
     return out
 
 
-def final_answers(completion: str) -> list[str]:
-    """Every final answer the completion commits to, from the first format it uses (may be empty)."""
+def _unthousand(text: str) -> str:
+    return _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text)
+
+
+def numbers_in(text: str) -> set[str]:
+    """The unsigned numbers written in ``text`` ("1,234" -> "1234"; "2/3" gives 2/3, 2 and 3)."""
+    found = {n.lstrip("-") for n in _NUMBER.findall(_unthousand(text))}
+    return found | {part for n in found for part in n.split("/")}
+
+
+def marked_answers(completion: str) -> list[str]:
+    """The answers the completion explicitly marks as final, from the first marking it uses (may be empty)."""
     boxed = boxed_contents(completion)
     if boxed:
         return boxed
@@ -50,16 +71,36 @@ def final_answers(completion: str) -> list[str]:
         found = pattern.findall(completion)
         if found:
             return [re.split(r"\.\s", f, maxsplit=1)[0] for f in found]  # the sentence, not the line
+    text = _unthousand(completion.strip())
+    m = _ONLY_NUMBER.fullmatch(text) or ENDS_EQUALS.search(text)
+    return [m.group(1)] if m else []
+
+
+def final_answers(completion: str, prompt: str = "") -> list[str]:
+    """Every final answer the completion commits to, from the first format it uses (may be empty).
+
+    An unmarked last number is no answer when all the completion's numbers are the prompt's.
+    """
+    marked = marked_answers(completion)
+    if marked:
+        return marked
+    if prompt and numbers_in(completion) <= numbers_in(prompt):
+        return []  # only the question's own numbers, nothing marked: an echo, not an answer
+    return _unmarked_answers(completion)
+
+
+def _unmarked_answers(completion: str) -> list[str]:
+    """The last line's value after '=', a bare list of numbers (several answers), or the last number."""
     lines = [line for line in completion.strip().splitlines() if line.strip()]
     if not lines:
         return []
-    last_line = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), lines[-1])
+    last_line = _unthousand(lines[-1])
     if "=" in last_line:
         last_line = last_line.rsplit("=", 1)[1]
     numbers = _NUMBER.findall(last_line)
     if len(numbers) > 1 and _LIST_ONLY.match(last_line):
         return numbers  # a bare list of numbers: several answers
-    all_numbers = _NUMBER.findall(_THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), completion))
+    all_numbers = _NUMBER.findall(_unthousand(completion))
     return all_numbers[-1:]
 
 
@@ -68,7 +109,7 @@ def _clean(answer: str) -> str:
     text = answer.strip().strip("$").strip()
     text = re.sub(r"^\\text\{(.*)\}$", r"\1", text)
     text = text.rstrip(".").strip()
-    text = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text)
+    text = _unthousand(text)
     text = re.sub(r"^\\?\$\s*", "", text)  # a leading currency sign
     if "\\" not in text:
         # "18 dollars", "18 eggs per day": keep the leading number when words follow it
@@ -80,7 +121,7 @@ def _clean(answer: str) -> str:
 
 def _is_hedged(answer: str) -> bool:
     """'5 or 6', '3, 4, 5', '2 and 3': more than one value offered as the answer."""
-    text = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), answer)
+    text = _unthousand(answer)
     if _HEDGE.search(text) and len(_NUMBER.findall(text)) > 1:
         return True
     if "\\" not in text and "{" not in text:
@@ -103,13 +144,16 @@ def same_answer(answer: str, gold: str) -> bool:
 
 
 def math_answer(completion: str, example: Mapping) -> float:
-    """1.0 when the completion's single final answer equals ``example['answer']`` (math-verify), else 0.0."""
-    if len(completion) > MAX_CHARS:
+    """1.0 when the completion's single final answer equals ``example['answer']`` (math-verify), else 0.0.
+
+    A completion cut off by the token limit (``example['truncated']``) scores 0.
+    """
+    if len(completion) > MAX_CHARS or was_truncated(example):
         return 0.0
     prompt = str(example.get("prompt", "")).strip()
     if prompt:
         completion = completion.replace(prompt, " ")  # an echoed question is not an answer
-    answers = final_answers(completion)
+    answers = final_answers(completion, prompt)
     if not answers or any(_is_hedged(a) for a in answers):
         return 0.0
     gold = str(example["answer"])
