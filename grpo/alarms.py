@@ -1,4 +1,5 @@
-"""Alarms over the metric stream: stall, suspected reward hacking, entropy collapse.
+"""Alarms over the metric stream: no signal, checker suspected, stall, suspected reward hacking,
+entropy collapse.
 
 Advantages are relative within a group, so the objective never sees whether
 typical reward is rising: a run can look busy while the policy stalls, and a
@@ -11,7 +12,12 @@ A trend is the least-squares line's change across the window (slope times
 span), which is less noisy than last-minus-first. The thresholds assume
 rewards and accuracies in [0, 1]; with B*G = 64 completions a step the
 reward mean's noise is about 0.06, whose fitted change over 20 steps has a
-standard deviation of about 0.045, hence the 20-step default window.
+standard deviation of about 0.045, hence windows of up to 20 steps.
+
+The held-out accuracy the alarms watch is the small fixed subset that the
+trainer evaluates every few steps (``eval_subset``, ``eval_every``).
+``STOPPING`` alarms end the run early when ``early_stop`` is on: they say
+that further steps will not raise held-out accuracy.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALARMS = ("stall", "reward_up_accuracy_down", "length_without_reward", "repetition_rising", "entropy_collapse")
+ALARMS = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down", "length_without_reward",
+          "repetition_rising", "entropy_collapse")
+STOPPING = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down")
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,10 @@ class AlarmConfig:
     repetition_rise: float = 0.1  # repeated n-gram fraction rising: change above this
     entropy_floor: float = 0.05  # nats per token; below it early in training is a collapse
     early_frac: float = 0.25  # "early": the first quarter of the run
+    no_signal_steps: int = 5  # steps in a row with too little signal before the no-signal alarm
+    signal_min: float = 0.25  # "too little signal": under this share of the batch's groups vary
+    checker_rise: float = 0.1  # checker suspected: raw reward rising by more than this ...
+    checker_follow: float = 0.15  # ... while held-out accuracy rises by less than this share of it
 
 
 def fitted_change(values: Sequence[float]) -> float:
@@ -67,6 +79,30 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Seque
     held = f", held-out accuracy {accuracy[0]:.1%} -> {accuracy[-1]:.1%}" if len(accuracy) >= 2 else ""
     return (f"stall: raw reward changed {d_reward:+.3f} over {len(reward)} steps{held}, "
             f"while {signal:.0%} of advantages are non-zero")
+
+
+def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
+    """Most of the batch uninformative (groups whose rewards are all equal) for several steps in a row."""
+    recent = signal[-cfg.no_signal_steps :]
+    if len(recent) < cfg.no_signal_steps or not all(s < cfg.signal_min for s in recent):
+        return None
+    return (f"no signal: in each of the last {len(recent)} steps under {cfg.signal_min:.0%} of the batch's groups "
+            f"had rewards that differ (latest {recent[-1]:.0%}), so the updates learn next to nothing. The model "
+            "solves almost none (or almost all) of these prompts: try a stronger model, easier data, a longer "
+            "--max-new-tokens, or a reward with partial credit")
+
+
+def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
+    """Training reward rising while held-out accuracy (the task's checker) does not follow it."""
+    if len(reward) < cfg.window or len(accuracy) < 2:
+        return None
+    d_reward, d_acc = fitted_change(reward), fitted_change(accuracy)
+    if d_reward > cfg.checker_rise and d_acc < max(cfg.accuracy_flat, cfg.checker_follow * d_reward):
+        return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
+                f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. The policy is learning something the "
+                "held-out checker does not reward: a hole in the training reward, or answers memorised for the "
+                "training prompts the sampler keeps returning")
+    return None
 
 
 def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
@@ -123,19 +159,27 @@ class AlarmMonitor:
         self.series: dict[str, list[float]] = {}
         self.heldout: list[tuple[int, float]] = []  # (step, accuracy)
         self.active: dict[str, bool] = dict.fromkeys(ALARMS, False)
+        self.messages: dict[str, str] = {}
 
-    def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings."""
-        for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy"):
+        for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
+                    "signal_frac"):
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
-        if metrics.get("heldout_accuracy") is not None:
-            self.heldout.append((step, float(metrics["heldout_accuracy"])))
+        watched = metrics.get("heldout_subset_accuracy", metrics.get("heldout_accuracy"))
+        if watched is not None:
+            self.heldout.append((step, float(watched)))
         messages = self._check(step)
-        warnings = [msg for name, msg in messages.items() if msg and not self.active[name]]
+        warnings = {name: msg for name, msg in messages.items() if msg and not self.active[name]}
+        self.messages = {name: msg for name, msg in messages.items() if msg}
         self.active = {name: msg is not None for name, msg in messages.items()}
         return {f"alarm/{name}": float(on) for name, on in self.active.items()}, warnings
+
+    def stopping(self) -> str | None:
+        """The message of the first active alarm that means the run will not learn, if any."""
+        return next((self.messages[name] for name in STOPPING if name in self.messages), None)
 
     def _recent(self, key: str) -> list[float]:
         return self.series.get(key, [])[-self.config.window :]
@@ -151,6 +195,8 @@ class AlarmMonitor:
         cfg = self.config
         reward, accuracy = self._recent("reward_mean"), self._heldout_window(step)
         return {
+            "no_signal": no_signal(self.series.get("signal_frac", []), cfg),
+            "checker_suspected": checker_suspected(reward, accuracy, cfg),
             "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg),
             "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg),
             "length_without_reward": length_without_reward(self._recent("completion_len"), reward, cfg),

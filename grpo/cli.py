@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     _add_config_options(train)
+    train.add_argument("--no-preflight", dest="preflight", action="store_const", const="off",
+                       help="skip the pre-flight check (the same as --preflight off)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--nproc", type=int, default=1, metavar="INT",
                        help="data-parallel processes on this machine: re-runs the command under torchrun (default: 1)")
@@ -87,7 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
     report.add_argument("--output", default=None, help="write into this folder instead")
-    sub.add_parser("tasks", help="list the built-in tasks")
+    sub.add_parser("tasks", help="list the built-in tasks with their own settings")
+    pre = sub.add_parser(
+        "preflight", help="sample the starting model on a few training prompts and say whether GRPO can learn",
+        description="The pre-flight check on its own: pass rate, groups that vary, truncation, lengths and reward "
+        "errors of the starting model, with what to try. Takes every `grpo train` option. Exits 1 when the "
+        "check finds a problem that stops a run (any problem with --preflight strict).",
+    )
+    pre.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
+    _add_config_options(pre)
     _add_check_reward(sub)
     return parser
 
@@ -231,6 +241,24 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
+    from grpo.models import check_model
+
+    config = _config_from_args(args)
+    check_model(config.model)
+    from grpo.preflight import run_preflight
+    from grpo.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(config, progress=False)
+    try:
+        report = run_preflight(trainer, fit=trainer.fit_token_limit)
+    finally:
+        trainer.score.close()
+    print(report.describe())
+    return 1 if report.stops("strict" if config.preflight == "strict" else "on") else 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
@@ -271,7 +299,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from grpo.report import ReportError
     from grpo.rewards import RewardError
-    from grpo.tasks import TaskError, list_tasks
+    from grpo.tasks import TaskError, describe_tasks
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -285,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check_reward(args)
         if args.command == "report":
             return cmd_report(args)
-        print("\n".join(list_tasks()))
+        if args.command == "preflight":
+            return cmd_preflight(args)
+        print("\n".join(describe_tasks()))
         return 0
     except (ConfigError, RewardError, TaskError, ReportError) as err:
         print(f"grpo {args.command}: error: {err}", file=sys.stderr)

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import yaml
 
+DATA_MAX_NEW_TOKENS = 256
+"""The token limit of a run on the user's data when none is given and no pre-flight check fits one
+(TRL's default max_completion_length is 256 too): room for short reasoning, not the demo's 8."""
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the field."""
@@ -45,7 +49,8 @@ class TrainConfig:
     prompts_per_step: int = field(**_doc("B: distinct prompts per step", default=8))
     group_size: int = field(**_doc("G: completions sampled per prompt", default=8))
     batch_size: int = field(**_doc("N = B * G: completions per step, a multiple of group_size; sets prompts_per_step (0: from prompts_per_step)", default=0))
-    max_new_tokens: int = field(**_doc("most tokens sampled per completion", default=8))
+    max_new_tokens: int = field(**_doc("most tokens sampled per completion (0: the task's own setting, see `grpo tasks`; for --data, fitted by the pre-flight check to the lengths the model writes, at most 256, or 256 without it)", default=0))
+    mask_truncated: bool = field(**_doc("leave completions that hit max_new_tokens out of the loss (DAPO's overlong filtering) instead of only scoring their answer 0", default=False))
     temperature: float = field(**_doc("sampling temperature (the policy trained is softmax(logits / temperature))", default=0.7))
     top_p: float = field(**_doc("nucleus sampling mass (1.0: off)", default=1.0))
     stop: tuple[str, ...] = field(**_doc("stop strings: a completion ends with the token that completes one (besides EOS)", default=()))
@@ -72,13 +77,18 @@ class TrainConfig:
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
-    eval_every: int = field(**_doc("also evaluate every K steps (0: only at start and end)", default=0))
+    eval_every: int = field(**_doc("also evaluate eval_subset held-out prompts every K steps, for the alarms (0: every steps/10 steps, about a tenth of the run's time; -1: only at start and end)", default=0))
+    eval_subset: int = field(**_doc("held-out prompts scored by the evaluations during training (0: all eval_size); start and end use all", default=128))
     eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only; n costs about n times the greedy evaluation)", default=0))
     eval_k: tuple[int, ...] = field(**_doc("the k of pass@k and maj@k (each at most eval_samples)", default=(1, 4)))
     eval_batch_size: int = field(**_doc("prompts per batch in evaluation", default=128))
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
     log_every: int = field(**_doc("print a one-line summary of the metrics every K steps (0: never)", default=10))
-    alarm_window: int = field(**_doc("steps over which the stall and reward-hacking alarms measure trends", default=20))
+    alarm_window: int = field(**_doc("steps over which the stall and reward-hacking alarms measure trends (0: half the run, between 6 and 20)", default=0))
+    early_stop: bool = field(**_doc("end the run early, with the final evaluation, when an alarm shows it is not learning: no signal for no_signal_steps steps, training reward rising while held-out accuracy does not (checker suspected), or a stall", default=True))
+    no_signal_steps: int = field(**_doc("steps in a row in which under a quarter of the batch had rewards that vary before the no-signal alarm fires", default=5))
+    preflight: str = field(**_doc("before the first step, sample the starting model on a few training prompts and report pass rate, groups that vary, truncation, lengths and reward errors: on (stop when no group varies, warn otherwise), warn (never stop), strict (stop on any problem), off", default="on"))
+    preflight_prompts: int = field(**_doc("training prompts the pre-flight check samples (a group of group_size each)", default=16))
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
@@ -98,19 +108,21 @@ class TrainConfig:
         self._check_consistency()
 
     def _check_ranges(self) -> None:
-        positive = ("steps", "prompts_per_step", "max_new_tokens", "epochs", "minibatches",
+        positive = ("steps", "prompts_per_step", "epochs", "minibatches",
                     "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
-                    "alarm_window", "reward_timeout", "max_gen_rounds", "sampler_half_life")
+                    "reward_timeout", "max_gen_rounds", "sampler_half_life", "no_signal_steps", "preflight_prompts")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
-                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "eval_every",
+                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_every < -1:
+            raise ConfigError(f"eval_every must be -1 (never), 0 (automatic) or a number of steps, got {self.eval_every}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if not 0.0 < self.top_p <= 1.0:
@@ -124,7 +136,7 @@ class TrainConfig:
     def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
-                   "sampler": ("uniform", "frontier")}
+                   "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -55,12 +55,13 @@ from torch import Tensor, nn
 from grpo import checkpoint
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages, policy_loss
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
 from grpo.distributed import World, full_state_dict, init_world, pad_micro_batches, shard_policy, to_float
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.models import add_lora, load_policy, save_model
+from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
@@ -146,7 +147,9 @@ class RunLog:
     monitor: AlarmMonitor
     logger: MetricsLogger | None
     bar: StepProgress
+    explain: dict[str, Callable[[], str]] = field(default_factory=dict)  # alarm -> what to show with it
     raised: dict[str, int] = field(default_factory=dict)  # alarm -> first step it was on
+    messages: dict[str, str] = field(default_factory=dict)  # alarm -> its first warning
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
         flags, warnings = self.monitor.observe(step, metrics)
@@ -154,10 +157,27 @@ class RunLog:
         for name, on in flags.items():
             if on:
                 self.raised.setdefault(name.removeprefix("alarm/"), step)
-        for text in warnings:
+        for name, text in warnings.items():
+            text += self.explain[name]() if name in self.explain else ""
+            self.messages.setdefault(name, text)
             self.bar.warn(step, text)
         if self.logger is not None:
             self.logger.log(step, metrics)
+
+
+def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
+    """Fill the fields left at 0 ("automatic"): the task's tuned settings, else general defaults."""
+    values: dict[str, object] = {}
+    for name, value in task.defaults.items():
+        if getattr(config, name) in (0, 0.0, ""):
+            values[name] = value
+    if not values.get("max_new_tokens", config.max_new_tokens):
+        values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
+    if config.eval_every == 0:
+        values["eval_every"] = max(1, math.ceil(config.steps / 10))
+    if config.alarm_window == 0:
+        values["alarm_window"] = min(20, max(6, config.steps // 2))
+    return replace(config, **values)
 
 
 def seed_everything(seed: int) -> None:
@@ -204,13 +224,15 @@ class GRPOTrainer:
         progress: bool = True,
         world: World | None = None,
     ) -> None:
-        self.config = config
         self.progress = progress
         self.task = task if task is not None else load_task(
             config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
             answer_field=config.answer_field, system_prompt=config.system_prompt,
             prompt_template=config.prompt_template,
         )
+        # no token limit given and none tuned for the task: the pre-flight check fits one to the data
+        self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
+        self.config = config = settle_config(config, self.task)
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
@@ -256,6 +278,7 @@ class GRPOTrainer:
         )
         self.train_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.train])
         self.heldout_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.heldout])
+        self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
@@ -278,6 +301,8 @@ class GRPOTrainer:
 
         advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
         stats = StepStats()
+        if cfg.mask_truncated:  # DAPO's overlong filtering: cut completions leave the loss and its normaliser
+            batch.rollout.mask *= (~batch.rollout.truncated).unsqueeze(1).to(batch.rollout.mask.dtype)
         if batch.rewards.numel():
             advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale)  # (N,)
             ref_logp = self._reference_logprobs(batch.rollout)
@@ -287,6 +312,7 @@ class GRPOTrainer:
             stats = self.update(batch.rollout, advantages, ref_logp)
         t_end = time.perf_counter()
 
+        self.top_completions = self._best_completions(batch)
         if cfg.sample_every and step % cfg.sample_every == 0:
             own = slice(batch.rewards.numel() // self.world.size * self.world.rank, None)
             self._write_samples(step, batch.rows, batch.rollout, batch.rewards[own], advantages[own])
@@ -424,10 +450,25 @@ class GRPOTrainer:
             "gen_rounds": len(batch.rounds),
             "generated_groups": drawn,
             "shortfall": cfg.prompts_per_step - len(trained),
+            # the share of the B groups a step asks for that it trained with rewards that vary
+            "signal_frac": float((~trained_zero_var).sum()) / cfg.prompts_per_step,
         }
         if cfg.sampler != "uniform":
             out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn
         return out
+
+    def _best_completions(self, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
+        """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
+        g, scored = self.config.group_size, []
+        for r in batch.rounds:
+            first = self.world.shard(len(r.prompts)).start * g
+            scored += zip(r.rewards[first : first + len(r.rollout.texts)].tolist(), r.rollout.texts, strict=True)
+        best: dict[str, float] = {}
+        for reward, text in sorted(scored, key=lambda pair: -pair[0]):
+            best.setdefault(text[:200], reward)
+            if len(best) == k:
+                break
+        return [(reward, text) for text, reward in best.items()]
 
     def _accuracy(self, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
         """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
@@ -560,7 +601,7 @@ class GRPOTrainer:
 
     # ---- evaluation, logging, the run ----
 
-    def evaluate(self, on_batch: Callable[[int], None] | None = None) -> EvalResult:
+    def evaluate(self, on_batch: Callable[[int], None] | None = None, limit: int | None = None) -> EvalResult:
         """Greedy pass@1, and pass@k / maj@k from eval_samples samples, on the held-out prompts.
 
         The sampling generator is reseeded each time, so successive evaluations
@@ -569,12 +610,13 @@ class GRPOTrainer:
         """
         cfg = self.config
         rank, size = self.world.rank, self.world.size
-        prompts, rows = self.heldout_prompts[rank::size], self.task.heldout[rank::size]
+        n = len(self.heldout_prompts) if limit is None else limit
+        prompts, rows = self.heldout_prompts[:n][rank::size], list(self.task.heldout)[:n][rank::size]
         with self.autocast:
             mine = self.policy.without_grad(
                 evaluate, self.tokenizer, prompts, rows, self.task.reward,
                 max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-                samples=cfg.eval_samples, ks=cfg.eval_k, temperature=cfg.temperature,
+                samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
                 generator=torch.Generator(device=self.device).manual_seed(cfg.seed + 1 + rank), on_batch=on_batch,
                 stop_strings=cfg.stop,
             )
@@ -608,39 +650,45 @@ class GRPOTrainer:
         """Run config.steps GRPO steps with held-out evaluation before, after and every eval_every
         steps; watch the alarms; return the summary.
 
+        A new run starts with the pre-flight check (grpo/preflight.py), which may fit the token
+        limit or stop the run (RunStopped) before anything is trained. With early_stop, a
+        stopping alarm (grpo/alarms.py) ends the loop early; the final evaluation still runs.
         With a run_dir, checkpoints are written every save_every steps and at the end, and
         SIGINT/SIGTERM stop the run after the current step with a checkpoint (RunStopped).
         ``resume`` continues run_dir from its latest checkpoint, exactly as if never stopped.
         """
-        cfg = self.config
         main = self.world.is_main  # only rank 0 writes
         self.run_dir = run_dir if main else None
         start = time.perf_counter()
         saved = self._resume(run_dir) if resume else {"step": 0, "history": [], "bad_in_a_row": 0}
+        preflight = None if resume or self.config.preflight == "off" else self._preflight()
+        cfg = self.config  # with the token limit the check may have fitted
         logger = None
         if self.run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
             logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
         bar = StepProgress(cfg.steps, enabled=self.progress and main)
-        log = RunLog(AlarmMonitor(cfg.steps, AlarmConfig(window=cfg.alarm_window)), logger, bar)
+        alarms = AlarmConfig(window=cfg.alarm_window, no_signal_steps=cfg.no_signal_steps)
+        log = RunLog(AlarmMonitor(cfg.steps, alarms), logger, bar, explain={"checker_suspected": self._top_completions})
         history, bad_in_a_row = saved["history"], saved["bad_in_a_row"]
         stop = StopRequests() if run_dir is not None else None
         metrics: dict[str, float] = {}
+        stopped, step = None, saved["step"]
         with bar, stop or nullcontext():
             if history:  # resumed: the start accuracy comes from the checkpoint
                 first = EvalResult(accuracy=history[0][1], size=len(self.heldout_prompts))
             else:
                 first, seconds = self._evaluate_with(bar)
                 history.append((0, first.accuracy))
-                log.record(0, {**first.metrics(), "time_eval": seconds})
+                log.record(0, {**first.metrics(), **self._subset_accuracy(bar, first), "time_eval": seconds})
                 bar.print(f"step 0 held-out: {first.describe()}")
             train_start = time.perf_counter()
             for step in range(saved["step"] + 1, cfg.steps + 1):
                 metrics = self.step(step)
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    result, seconds = self._evaluate_with(bar)
-                    metrics.update({**result.metrics(), "time_eval": seconds})
+                if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step < cfg.steps:
+                    result, seconds = self._evaluate_with(bar, subset=True)
+                    metrics.update({"heldout_subset_accuracy": result.accuracy, "time_eval": seconds})
                     history.append((step, result.accuracy))
                 bad_in_a_row = bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
                 metrics["bad_steps_in_a_row"] = bad_in_a_row
@@ -648,11 +696,15 @@ class GRPOTrainer:
                 bar.update(step, metrics)
                 if cfg.log_every and step % cfg.log_every == 0:
                     bar.print(summary_line(step, cfg.steps, metrics))
-                self._checkpoint_or_stop(step, history, bad_in_a_row, stop)
+                stopped = log.monitor.stopping() if cfg.early_stop else None
+                self._checkpoint_or_stop(step, history, bad_in_a_row, stop, final=stopped is not None)
+                if stopped:
+                    bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}")
+                    break
             train_seconds = time.perf_counter() - train_start
             last, seconds = self._evaluate_with(bar)
-            log.record(cfg.steps, {**last.metrics(), "time_eval": seconds})
-            bar.print(f"step {cfg.steps} held-out: {last.describe()}")
+            log.record(step, {**last.metrics(), **self._subset_accuracy(bar, last), "time_eval": seconds})
+            bar.print(f"step {step} held-out: {last.describe()}")
         if logger is not None:
             logger.close()
         summary = {
@@ -661,11 +713,15 @@ class GRPOTrainer:
             "heldout_size": len(self.heldout_prompts),
             "heldout_start": first.metrics(),
             "heldout_end": last.metrics(),
-            "steps": cfg.steps,
+            "steps": step,
+            "steps_planned": cfg.steps,
+            "stopped_early": stopped,
             "train_seconds": round(train_seconds, 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"),
             "alarms": log.raised,
+            "alarm_messages": log.messages,
+            "preflight": preflight_summary(preflight),
         }
         if run_dir is not None and cfg.save_model:
             state = full_state_dict(self.model, self.world)  # collective under FSDP
@@ -675,9 +731,43 @@ class GRPOTrainer:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
+    def _preflight(self) -> PreflightReport:
+        """Run the pre-flight check; adopt a fitted token limit; stop when the mode says so."""
+        report = run_preflight(self, fit=self.fit_token_limit)
+        if self.world.is_main:
+            print(report.describe(), flush=True)
+            if self.run_dir is not None:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        fatal = report.stops(self.config.preflight)
+        if fatal:
+            where = f" (report: {self.run_dir / 'preflight.json'})" if self.run_dir is not None else ""
+            raise RunStopped(f"pre-flight check: {fatal[0].message}{where}", exit_code=1)
+        if report.fitted_max_new_tokens is not None:
+            self.config = replace(self.config, max_new_tokens=report.fitted_max_new_tokens)
+            self.score.max_completion_tokens = report.fitted_max_new_tokens
+        return report
+
+    def _subset_accuracy(self, bar: StepProgress, full: EvalResult) -> dict[str, float]:
+        """The accuracy on the alarms' fixed subset at a full evaluation (the full one when they are the same)."""
+        if self._subset_size() >= len(self.heldout_prompts):
+            return {"heldout_subset_accuracy": full.accuracy}
+        result, _ = self._evaluate_with(bar, subset=True)
+        return {"heldout_subset_accuracy": result.accuracy}
+
+    def _subset_size(self) -> int:
+        return min(self.config.eval_subset or len(self.heldout_prompts), len(self.heldout_prompts))
+
+    def _top_completions(self) -> str:
+        """The latest step's highest-scoring completions, for the checker-suspected alarm."""
+        shown = "; ".join(f"{r:.2f} for {text!r}" for r, text in self.top_completions)
+        return f"; top-scoring completions: {shown}" if shown else ""
+
     # ---- checkpoints and stopping ----
 
-    def _checkpoint_or_stop(self, step: int, history: list, bad_in_a_row: int, stop: StopRequests | None) -> None:
+    def _checkpoint_or_stop(
+        self, step: int, history: list, bad_in_a_row: int, stop: StopRequests | None, *, final: bool = False
+    ) -> None:
         """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
 
         No checkpoint is written after a bad step, so the latest one is the last good state.
@@ -689,7 +779,7 @@ class GRPOTrainer:
                 f"stopped (max_bad_steps={cfg.max_bad_steps}); {self._where()}"
             )
         requested = stop is not None and stop.received is not None
-        due = step % cfg.save_every == 0 or step == cfg.steps or requested
+        due = step % cfg.save_every == 0 or step == cfg.steps or requested or final
         # Under FSDP each rank holds a shard of the weights and optimiser: not checkpointed yet.
         if self.run_dir is not None and due and bad_in_a_row == 0 and not self.world.fsdp:
             try:
@@ -717,12 +807,16 @@ class GRPOTrainer:
         checkpoint.remove_partial(run_dir)
         return checkpoint.restore(path, model=self.model, owner=self)
 
-    def _evaluate_with(self, bar: StepProgress) -> tuple[EvalResult, float]:
-        """Evaluate under an evaluation progress bar; return the result and the seconds it took."""
-        passes = 1 + (self.config.eval_samples > 0)
+    def _evaluate_with(self, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
+        """Evaluate under an evaluation progress bar; return the result and the seconds it took.
+
+        ``subset``: greedy pass@1 on the first eval_subset held-out prompts only (the alarms' series).
+        """
+        size = self._subset_size() if subset else len(self.heldout_prompts)
+        passes = 1 + (self.config.eval_samples > 0 and not subset)
         start = time.perf_counter()
-        with bar.evaluating(passes * len(self.heldout_prompts)) as advance:
-            result = self.evaluate(on_batch=advance)
+        with bar.evaluating(passes * size) as advance:
+            result = self.evaluate(on_batch=advance, limit=size if subset else None)
         return result, time.perf_counter() - start
 
 

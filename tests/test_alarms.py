@@ -20,7 +20,7 @@ def healthy(seed: int = 0) -> list[dict]:
     for i in range(STEPS):
         step = i + 1
         m = {"reward_mean": float(reward[i]), "adv_nonzero_frac": 0.6, "completion_len": 6.0 + noise(seed + 1)[i],
-             "repeat_ngram_frac": 0.02, "entropy": 0.8 - 0.01 * i}
+             "repeat_ngram_frac": 0.02, "entropy": 0.8 - 0.01 * i, "signal_frac": 0.7}
         if step % 5 == 0:
             m["heldout_accuracy"] = 0.1 + 0.5 * step / STEPS
         stream.append(m)
@@ -119,7 +119,32 @@ def test_an_alarm_warns_once_when_it_turns_on_and_flags_every_step():
     warned, flagged = [], 0
     for step, m in enumerate(with_changes(healthy(), entropy=np.full(STEPS, 0.01)), start=1):
         flags, warnings = monitor.observe(step, m)
-        warned += warnings
+        warned += list(warnings.values())
         flagged += flags["alarm/entropy_collapse"] == 1.0
     assert len(warned) == 1 and warned[0].startswith("entropy collapse")
     assert flagged == STEPS // 4  # on through the first quarter, then out of the "early" window
+
+
+def test_no_signal_fires_after_no_signal_steps_low_steps_in_a_row():
+    # 4 low steps, 1 healthy, then 5 low: the alarm waits for 5 in a row (step 10)
+    signal = np.array([0.1] * 4 + [0.5] + [0.125] * 5 + [0.6] * (STEPS - 10))
+    first = run(with_changes(healthy(), signal_frac=signal))
+    assert first.get("no_signal") == 10
+
+
+def test_checker_suspected_fires_when_reward_rises_and_heldout_does_not_follow():
+    stream = healthy()
+    for m in stream:
+        if "heldout_accuracy" in m:
+            m["heldout_accuracy"] = 0.1 + 0.01 * (m["reward_mean"] > 0.4)  # +1 point while reward +0.6
+    first = run(stream)
+    assert "checker_suspected" in first and first["checker_suspected"] <= CFG.window + 5
+
+
+def test_checker_suspected_stays_quiet_when_heldout_follows_a_slower_rise():
+    # reward +0.6 over the run, held-out +0.15 (a quarter of it): slow learning, not a gamed checker
+    stream = healthy()
+    for m in stream:
+        if "heldout_accuracy" in m:
+            m["heldout_accuracy"] = 0.3 + 0.15 * stream.index(m) / STEPS
+    assert "checker_suspected" not in run(stream, heldout_start=0.3)

@@ -1,6 +1,6 @@
 """Tasks: prompts with verifiable answers, split into disjoint train and held-out sets."""
 
-from grpo.tasks.base import Task, TaskError, get_task, list_tasks
+from grpo.tasks.base import Task, TaskError, describe_tasks, get_task, list_tasks
 from grpo.tasks.data import DataError, dataset_task, load_rows
 
 
@@ -17,11 +17,12 @@ def load_task(
     """The built-in ``task``, or the user's ``data`` (scored by math_answer unless rewards are given)."""
     if not data:
         built = get_task(task, heldout_size=heldout_size)
-        return Task(built.name, built.train, built.heldout, built.reward, system_prompt or built.system_prompt)
+        return Task(built.name, built.train, built.heldout, built.reward, system_prompt or built.system_prompt,
+                    built.defaults)
     from grpo.rewards.math import math_answer
 
     return dataset_task(data, reward=math_answer, heldout_size=heldout_size, prompt_field=prompt_field,
                         answer_field=answer_field, system_prompt=system_prompt, prompt_template=prompt_template)
 
 
-__all__ = ["DataError", "Task", "TaskError", "dataset_task", "get_task", "list_tasks", "load_rows", "load_task"]
+__all__ = ["DataError", "Task", "TaskError", "dataset_task", "describe_tasks", "get_task", "list_tasks", "load_rows", "load_task"]

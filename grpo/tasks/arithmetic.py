@@ -40,7 +40,8 @@ def _rows(pairs: list[tuple[int, int]], op: str) -> list[dict]:
 def two_digit_addition(heldout_size: int = 256) -> Task:
     """a + b with a, b in 10..99 (8,100 pairs)."""
     train, heldout = _split([(a, b) for a in range(10, 100) for b in range(10, 100)], heldout_size)
-    return Task("add", _rows(train, "+"), _rows(heldout, "+"), final_number)
+    # 8 tokens hold "68" and its end: the model must learn to stop, and steps stay fast
+    return Task("add", _rows(train, "+"), _rows(heldout, "+"), final_number, defaults={"max_new_tokens": 8})
 
 
 _DIGITS = {1: range(0, 10), 2: range(10, 100), 3: range(100, 1000)}
@@ -72,4 +73,5 @@ def mixed_arithmetic(heldout_size: int = 256) -> Task:
     problems = [p for da, op, db in cells for p in _cell(da, op, db, rng)]
     rng.shuffle(problems)
     rows = [_row(a, op, b) for a, op, b in problems]
-    return Task("arith-mix", rows[heldout_size:], rows[:heldout_size], final_number)
+    return Task("arith-mix", rows[heldout_size:], rows[:heldout_size], final_number,
+                defaults={"max_new_tokens": 10})

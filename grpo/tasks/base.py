@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -14,13 +14,15 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Task:
-    """Rows with at least ``prompt`` (the user message) and ``answer``; a reward; a system prompt."""
+    """Rows with at least ``prompt`` (the user message) and ``answer``; a reward; a system prompt;
+    the settings tuned for it (``defaults``: TrainConfig fields a run leaves at 0 take these)."""
 
     name: str
     train: Sequence[Mapping]
     heldout: Sequence[Mapping]
     reward: RewardFn
     system_prompt: str | None = None
+    defaults: Mapping[str, object] = field(default_factory=dict)
 
     def messages(self, row: Mapping) -> list[dict[str, str]]:
         """The chat messages for a row (the tokenizer's chat template renders them)."""
@@ -42,6 +44,18 @@ def register(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
 def list_tasks() -> list[str]:
     _load_builtins()
     return sorted(_BUILDERS)
+
+
+def describe_tasks() -> list[str]:
+    """One line per built-in task: name, size, reward and its own settings."""
+    lines = []
+    for name in list_tasks():
+        task = get_task(name, heldout_size=0)
+        settings = ", ".join(f"{k}={v}" for k, v in task.defaults.items()) or "none"
+        doc = (_BUILDERS[name].__doc__ or "").strip().splitlines()[0]
+        lines.append(f"{name:<10} {doc} [{len(task.train)} prompts; reward {task.reward.__name__}; "
+                     f"task settings: {settings}]")
+    return lines
 
 
 def get_task(name: str, *, heldout_size: int = 256) -> Task:

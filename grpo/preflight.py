@@ -1,0 +1,235 @@
+"""The pre-flight check: can this model learn anything from this data and reward?
+
+GRPO learns only from groups whose rewards differ. Before the first step the
+starting model samples a group for each of a few dozen training prompts,
+the rewards score them, and the check reports what a run would meet: the
+pass rate, the share of groups that vary, how many completions hit the
+token limit, their lengths, reward errors and timeouts, with one example
+per outcome. Problems are said in plain words with what to try:
+
+- no group varies (the model solves none, or all, or the reward is constant):
+  no step can update the policy; ``preflight="on"`` stops here;
+- few groups vary: most generation is wasted; dynamic sampling pays for it;
+- most completions hit the token limit: their answers are cut and score 0;
+- a reward raised or timed out, or is constant while others vary.
+
+``strict`` stops on any of them, ``warn`` on none. For a user's data with no
+token limit given, the check samples at 256 tokens and fits the limit to
+the lengths the model writes (1.5 times the 95th percentile of completions
+that ended on their own), so a run on short answers does not pay for 256.
+The check draws with its own random generator: the run that follows samples
+exactly as it would without it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo.rollout import generate
+
+FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
+MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
+FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that will hurt the run; ``fatal`` problems mean no step can learn."""
+
+    kind: str
+    message: str
+    fatal: bool = False
+
+
+@dataclass
+class PreflightReport:
+    prompts: int
+    group_size: int
+    max_new_tokens: int
+    pass_rate: float  # share of completions the task's checker marks fully correct
+    reward_mean: float
+    varying_frac: float  # groups whose rewards are not all equal
+    all_correct_frac: float
+    all_wrong_frac: float
+    truncated_frac: float
+    lengths: dict[str, float]  # p50, p95, max completion tokens
+    reward_errors: dict[str, float]
+    reward_timeouts: dict[str, float]
+    examples: dict[str, str]  # outcome -> one completion
+    seconds: float
+    fitted_max_new_tokens: int | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    def stops(self, mode: str) -> list[Problem]:
+        """The problems that end the run under ``mode`` (on: fatal ones; strict: all; warn, off: none)."""
+        if mode == "strict":
+            return list(self.problems)
+        return [p for p in self.problems if p.fatal] if mode == "on" else []
+
+    def describe(self) -> str:
+        n = self.prompts * self.group_size
+        lines = [
+            f"pre-flight: {self.prompts} prompts x {self.group_size} samples at <= {self.max_new_tokens} tokens "
+            f"in {self.seconds:.0f} s",
+            f"  pass rate {self.pass_rate:.1%} of {n}; groups that vary {self.varying_frac:.0%} "
+            f"(all correct {self.all_correct_frac:.0%}, all wrong {self.all_wrong_frac:.0%}); "
+            f"hit the token limit {self.truncated_frac:.0%}; length p50 {self.lengths['p50']:.0f}, "
+            f"p95 {self.lengths['p95']:.0f}, max {self.lengths['max']:.0f} tokens",
+        ]
+        errors = {k: v for k, v in self.reward_errors.items() if v}
+        if errors:
+            lines.append("  reward errors: " + ", ".join(f"{k} {v:.0f}" for k, v in errors.items()))
+        for outcome, text in self.examples.items():
+            lines.append(f"  example ({outcome}): {_short(text)}")
+        if self.fitted_max_new_tokens is not None:
+            lines.append(f"  token limit fitted to the data: max_new_tokens = {self.fitted_max_new_tokens}")
+        for p in self.problems:
+            lines.append(f"  {'PROBLEM' if p.fatal else 'warning'} ({p.kind}): {p.message}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in vars(self).items() if k != "problems"}
+        out["problems"] = [vars(p) for p in self.problems]
+        return out
+
+
+def _short(text: str, width: int = 160) -> str:
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= width else flat[: width - 3] + "...")
+
+
+def draw_prompts(n_train: int, count: int, seed: int) -> list[int]:
+    """Which training prompts the check samples: a fixed-seed draw, the same on every process."""
+    return random.Random(seed).sample(range(n_train), min(count, n_train))
+
+
+def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], probe_limit: int) -> int | None:
+    """1.5 x the 95th percentile of the lengths of completions that ended on their own, rounded up to a
+    multiple of 8, in [16, probe_limit]; None when too many hit the probe's limit to tell."""
+    natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
+    if not natural or 1 - len(natural) / len(lengths) > FIT_CUT:
+        return None
+    p95 = natural[min(len(natural) - 1, math.ceil(0.95 * len(natural)) - 1)]
+    return int(min(probe_limit, max(16, 8 * math.ceil(1.5 * p95 / 8))))
+
+
+def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str]) -> list[Problem]:
+    """What is wrong, in plain words, with what to try."""
+    problems = []
+    n = report.prompts * report.group_size
+    if report.varying_frac == 0.0:
+        problems.append(_no_signal(report, n))
+    elif report.varying_frac < FEW_VARY:
+        problems.append(Problem("few groups vary", (
+            f"only {report.varying_frac:.0%} of groups had rewards that differ (pass rate {report.pass_rate:.1%}); "
+            "every other group teaches nothing, so each step generates extra rounds to find informative ones "
+            "(filter_groups) and learning will be slow. Try easier prompts, a larger group_size, or a reward "
+            "with partial credit.")))
+    if report.truncated_frac > MOSTLY_CUT:
+        problems.append(Problem("truncation", (
+            f"{report.truncated_frac:.0%} of completions hit the {report.max_new_tokens}-token limit; a cut "
+            "completion has no final answer and scores 0. Raise --max-new-tokens, or ask for shorter answers "
+            "in --system-prompt or --prompt-template.")))
+    for name in reward_names:
+        if report.reward_errors.get(name) or report.reward_timeouts.get(name):
+            problems.append(Problem("reward errors", (
+                f"reward {name} failed on {report.reward_errors.get(name, 0):.0f} of {n} completions "
+                f"({report.reward_timeouts.get(name, 0):.0f} timeouts); failures score 0. Fix the reward, or "
+                "raise --reward-timeout.")))
+    if len(reward_names) > 1:
+        for name in constant:
+            problems.append(Problem("constant reward", (
+                f"reward {name} gave every completion the same value; it adds nothing to any advantage. "
+                "Check that it reads the fields your data has.")))
+    return problems
+
+
+def _no_signal(report: PreflightReport, n: int) -> Problem:
+    if report.all_wrong_frac == 1.0 and report.pass_rate == 0.0:
+        what = f"the model solved none of the {n} samples"
+        advice = ("Try a stronger --model, easier data, a --system-prompt or --prompt-template that asks for "
+                  "the answer in the form the reward reads")
+        if report.truncated_frac > MOSTLY_CUT:
+            advice += f", a larger --max-new-tokens ({report.truncated_frac:.0%} of completions were cut)"
+        advice += ", or a reward that gives partial credit."
+    elif report.all_correct_frac == 1.0:
+        what, advice = f"the model solved all {n} samples", "Use harder data: there is nothing left to learn."
+    else:
+        what = f"every group's rewards were equal (reward {report.reward_mean:.3g} throughout)"
+        advice = "Check the reward: it does not tell completions apart on this data."
+    return Problem("no signal", (
+        f"{what}, so every group's rewards are equal and GRPO has nothing to learn from: no step would update "
+        f"the policy. {advice} (--preflight warn runs anyway.)"), fatal=True)
+
+
+def _percentiles(lengths: Sequence[int]) -> dict[str, float]:
+    ordered = sorted(lengths) or [0]
+    pick = lambda q: float(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))])  # noqa: E731
+    return {"p50": pick(0.5), "p95": pick(0.95), "max": float(ordered[-1])}
+
+
+def _examples(texts: Sequence[str], correct: Sequence[bool], truncated: Sequence[bool]) -> dict[str, str]:
+    """One completion per outcome: correct, wrong (complete), cut by the token limit."""
+    out: dict[str, str] = {}
+    for text, ok, cut in zip(texts, correct, truncated, strict=True):
+        outcome = "cut by the token limit" if cut else ("correct" if ok else "wrong")
+        out.setdefault(outcome, text)
+    return out
+
+
+def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
+    """Sample the starting model on ``preflight_prompts`` training prompts and report; see the module doc.
+
+    ``trainer`` is a GRPOTrainer (its model, tokenizer, task, rewards and config); every process runs the
+    same draw with the same generator, so under torchrun all reach the same verdict.
+    """
+    cfg, start = trainer.config, time.perf_counter()
+    g = cfg.group_size
+    chosen = draw_prompts(len(trainer.task.train), cfg.preflight_prompts, cfg.seed)
+    rows = [trainer.task.train[i] for i in chosen]
+    trainer.model.eval()
+    with trainer.autocast:
+        rollout = trainer.policy.without_grad(
+            generate, trainer.tokenizer, [trainer.train_prompts[i] for i in chosen], group_size=g,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            stop_strings=cfg.stop, generator=torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919),
+        )
+    group_rows = [r for r in rows for _ in range(g)]
+    lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
+    rewards, metrics = trainer.score(rollout.texts, group_rows, lengths, truncated)
+    checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
+    correct = [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
+    grouped = rewards.view(-1, g)  # (B, G)
+    same = grouped.max(dim=1).values == grouped.min(dim=1).values  # (B,)
+    names = trainer.score.names
+    report = PreflightReport(
+        prompts=len(rows), group_size=g, max_new_tokens=cfg.max_new_tokens,
+        pass_rate=sum(correct) / max(len(correct), 1), reward_mean=rewards.mean().item(),
+        varying_frac=(~same).float().mean().item(),
+        all_correct_frac=(same & (grouped[:, 0] >= 1.0)).float().mean().item(),
+        all_wrong_frac=(same & (grouped[:, 0] <= 0.0)).float().mean().item(),
+        truncated_frac=sum(truncated) / max(len(truncated), 1), lengths=_percentiles(lengths),
+        reward_errors={k: metrics[f"reward_errors/{k}"] for k in names},
+        reward_timeouts={k: metrics[f"reward_timeouts/{k}"] for k in names},
+        examples=_examples(rollout.texts, correct, truncated), seconds=0.0,
+    )
+    if fit:
+        report.fitted_max_new_tokens = fit_token_limit(lengths, truncated, cfg.max_new_tokens)
+    constant = [k for k in names if metrics.get(f"reward/{k}_std", 1.0) == 0.0]
+    report.problems = find_problems(report, names, constant)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def preflight_summary(report: PreflightReport | None) -> Mapping[str, object] | None:
+    """What summary.json keeps of the check."""
+    if report is None:
+        return None
+    return {"pass_rate": report.pass_rate, "varying_frac": report.varying_frac,
+            "truncated_frac": report.truncated_frac, "problems": [p.kind for p in report.problems]}
