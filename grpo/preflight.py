@@ -183,45 +183,79 @@ def _examples(texts: Sequence[str], correct: Sequence[bool], truncated: Sequence
     return out
 
 
-def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
-    """Sample the starting model on ``preflight_prompts`` training prompts and report; see the module doc.
+@dataclass
+class _Samples:
+    """What the check sampled, over its rounds: one entry per completion."""
 
-    ``trainer`` is a GRPOTrainer (its model, tokenizer, task, rewards and config); every process runs the
-    same draw with the same generator, so under torchrun all reach the same verdict.
-    """
-    cfg, start = trainer.config, time.perf_counter()
-    g = cfg.group_size
-    chosen = draw_prompts(len(trainer.task.train), cfg.preflight_prompts, cfg.seed)
+    texts: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+    rewards: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round
+    metrics: list[dict[str, float]] = field(default_factory=list)  # the scorer's, per round
+
+    def grouped(self, g: int) -> torch.Tensor:
+        return torch.cat(self.rewards).view(-1, g)  # (B, G)
+
+
+def _sample_round(trainer: object, chosen: Sequence[int], generator: torch.Generator, out: _Samples) -> None:
+    """Sample a group for each chosen training prompt and score it, as a training round would."""
+    cfg, g = trainer.config, trainer.config.group_size
     rows = [trainer.task.train[i] for i in chosen]
     trainer.model.eval()
     with trainer.autocast:
         rollout = trainer.policy.without_grad(
             generate, trainer.tokenizer, [trainer.train_prompts[i] for i in chosen], group_size=g,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=cfg.stop, generator=torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919),
+            stop_strings=cfg.stop, generator=generator,
         )
     group_rows = [r for r in rows for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     rewards, metrics = trainer.score(rollout.texts, group_rows, lengths, truncated)
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
-    correct = [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
-    grouped = rewards.view(-1, g)  # (B, G)
+    out.correct += [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
+    out.texts += rollout.texts
+    out.lengths += lengths
+    out.truncated += truncated
+    out.rewards.append(rewards)
+    out.metrics.append(metrics)
+
+
+def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
+    """Sample the starting model on training prompts and report; see the module doc.
+
+    A round samples ``preflight_prompts`` prompts. While no group has varied, further rounds of new
+    prompts follow, up to ``max_gen_rounds`` in all (what one training step may generate), so that a
+    pass rate of a few percent is not mistaken for none. ``trainer`` is a GRPOTrainer; every process
+    runs the same draws with the same generator, so under torchrun all reach the same verdict.
+    """
+    cfg, start, g = trainer.config, time.perf_counter(), trainer.config.group_size
+    order = draw_prompts(len(trainer.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
+    generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919)
+    samples = _Samples()
+    for first in range(0, len(order), cfg.preflight_prompts):
+        _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples)
+        grouped = samples.grouped(g)
+        if (grouped.max(dim=1).values > grouped.min(dim=1).values).any():
+            break
     same = grouped.max(dim=1).values == grouped.min(dim=1).values  # (B,)
     names = trainer.score.names
+    total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
     report = PreflightReport(
-        prompts=len(rows), group_size=g, max_new_tokens=cfg.max_new_tokens,
-        pass_rate=sum(correct) / max(len(correct), 1), reward_mean=rewards.mean().item(),
+        prompts=len(grouped), group_size=g, max_new_tokens=cfg.max_new_tokens,
+        pass_rate=sum(samples.correct) / max(len(samples.correct), 1), reward_mean=grouped.mean().item(),
         varying_frac=(~same).float().mean().item(),
         all_correct_frac=(same & (grouped[:, 0] >= 1.0)).float().mean().item(),
         all_wrong_frac=(same & (grouped[:, 0] <= 0.0)).float().mean().item(),
-        truncated_frac=sum(truncated) / max(len(truncated), 1), lengths=_percentiles(lengths),
-        reward_errors={k: metrics[f"reward_errors/{k}"] for k in names},
-        reward_timeouts={k: metrics[f"reward_timeouts/{k}"] for k in names},
-        examples=_examples(rollout.texts, correct, truncated), seconds=0.0,
+        truncated_frac=sum(samples.truncated) / max(len(samples.truncated), 1),
+        lengths=_percentiles(samples.lengths),
+        reward_errors={k: total(f"reward_errors/{k}") for k in names},
+        reward_timeouts={k: total(f"reward_timeouts/{k}") for k in names},
+        examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
     )
     if fit:
-        report.fitted_max_new_tokens = fit_token_limit(lengths, truncated, cfg.max_new_tokens)
-    constant = [k for k in names if metrics.get(f"reward/{k}_std", 1.0) == 0.0]
+        report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, cfg.max_new_tokens)
+    constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
     report.problems = find_problems(report, names, constant)
     report.seconds = time.perf_counter() - start
     return report

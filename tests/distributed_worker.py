@@ -74,7 +74,7 @@ def run_case(case: dict) -> dict:
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
     config = TrainConfig(**{
         "temperature": 1.0, "sampler": "uniform", "filter_groups": False,
-        "steps": 1, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "lr": 1e-3,
+        "preflight": "off", "steps": 1, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "lr": 1e-3,
         "warmup_steps": 0, "eval_size": 8, "sample_every": 0, "device": "cpu", "save_model": False,
         "seed": 5, **case,
     })

@@ -83,7 +83,7 @@ def _tiny_model_dir(path: Path) -> Path:
     return path
 
 
-TRAIN_ARGS = ["--task", "add", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+TRAIN_ARGS = ["--no-preflight", "--task", "add", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
               "--max-new-tokens", "3", "--eval-size", "4", "--sample-every", "1", "--device", "cpu", "--no-progress",
               "--sampler", "uniform", "--no-filter-groups", "--temperature", "1.0"]
 

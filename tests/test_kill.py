@@ -56,6 +56,7 @@ def test_sigterm_checkpoints_says_where_and_the_run_resumes(tmp_path, tiny_model
     (tmp_path / "run.yaml").write_text(
         f"model: {tiny_model_dir}\ntask: add\nsteps: 1000\nsave_every: 1000\nprompts_per_step: 2\n"
         "group_size: 2\nmax_new_tokens: 4\neval_size: 4\ndevice: cpu\nthreads: 1\nsave_model: false\nlr: 0.5\n"
+        "preflight: 'off'\nearly_stop: false\n"
     )
     proc = _start(tmp_path, "--config", "run.yaml", "--lr", "1e-3", "--output", "run")
     _wait_for_steps(tmp_path / "run", 2, proc)
@@ -87,7 +88,8 @@ def test_a_second_sigint_stops_at_once(tmp_path, tiny_model_dir):
     (tmp_path / "slow.py").write_text("import time\n\ndef score(completion, example):\n    time.sleep(0.5)\n    return 0.0\n")
     proc = _start(tmp_path, "--model", str(tiny_model_dir), "--task", "add", "--steps", "1000", "--rewards", "slow.py:score",
                   "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4", "--eval-size", "2",
-                  "--device", "cpu", "--threads", "1", "--no-save-model", "--output", "run")
+                  "--device", "cpu", "--threads", "1", "--no-save-model", "--output", "run", "--no-preflight",
+                  "--no-early-stop")
     _wait_for_steps(tmp_path / "run", 1, proc)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.2)

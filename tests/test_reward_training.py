@@ -26,7 +26,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
 
     monkeypatch.setattr(code_module, "DEFAULT_LIMITS", Limits(wall_seconds=2.0, cpu_seconds=1, memory_mb=512))
     monkeypatch.setattr(code_module.run_tests, "__defaults__", (code_module.DEFAULT_LIMITS,))
-    config = TrainConfig(temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=2,
+    config = TrainConfig(preflight="off", temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=2,
                          sample_every=0, device="cpu", save_model=False, reward_workers=2, reward_timeout=10)
     trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, task=get_task("code", heldout_size=2),
                           progress=False)
@@ -69,6 +69,7 @@ def _solution(row):
 def test_gsm8k_with_math_answer_and_think_format_on_the_embedded_model(tmp_path):
     fixture = Path(__file__).parent / "fixtures" / "gsm8k_small.jsonl"
     config = TrainConfig(
+        preflight="off",
         temperature=1.0, sampler="uniform", filter_groups=False,
         data=str(fixture), rewards=("math_answer", "think_format"), reward_weights=(1.0, 0.2),
         system_prompt="Think in <think></think>, then give the final number in <answer></answer>.",

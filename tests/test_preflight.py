@@ -1,0 +1,168 @@
+"""Issue #17's failure modes on real tiny-model runs: the pre-flight check, the settings fitted to a
+task, cut-off answers, and the no-signal and checker-suspected alarms ending a run that cannot learn."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+from tiny_run import count_a, params, tiny_task, tiny_trainer
+
+from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
+from grpo.interrupt import RunStopped
+from grpo.preflight import fit_token_limit
+from grpo.tasks import Task
+from grpo.trainer import settle_config
+
+
+def never(completion, example):
+    """An impossible task: nothing the model writes is right."""
+    return 0.0
+
+
+def only_b(completion, example):
+    """The held-out checker of the gamed run: a reply that is exactly 'b', which count_a never pays for."""
+    return float(completion.strip() == "b")
+
+
+def test_preflight_stops_a_run_that_cannot_learn_and_says_why(tmp_path):
+    trainer = tiny_trainer(reward=never, preflight="on", steps=3)
+    with pytest.raises(RunStopped) as stop:
+        trainer.train(tmp_path / "run")
+    assert "pre-flight check" in str(stop.value) and "solved none" in str(stop.value)
+    report = json.loads((tmp_path / "run" / "preflight.json").read_text())
+    assert report["varying_frac"] == 0.0 and report["pass_rate"] == 0.0
+    assert report["problems"][0]["kind"] == "no signal" and report["problems"][0]["fatal"]
+    assert not (tmp_path / "run" / "summary.json").exists()  # nothing trained, no finished-run record
+
+
+def odd_length(completion, example):
+    """Varies within almost every group of a random model: the pre-flight check finds signal at once."""
+    return float(len(completion) % 2)
+
+
+def test_preflight_passes_a_learnable_task_and_leaves_the_run_unchanged(tmp_path):
+    # the check samples with its own generator: the run that follows is the run without it
+    checked = tiny_trainer(reward=odd_length, preflight="on", steps=2)
+    summary = checked.train(tmp_path / "a")
+    plain = tiny_trainer(reward=odd_length, preflight="off", steps=2)
+    plain.train(tmp_path / "b")
+    assert summary["preflight"]["varying_frac"] > 0
+    assert summary["stopped_early"] is None
+    for name, value in params(checked).items():
+        assert torch.equal(value, params(plain)[name]), name
+
+
+def test_no_signal_alarm_ends_a_run_early_and_names_the_cause(tmp_path):
+    trainer = tiny_trainer(reward=never, preflight="warn", steps=12, no_signal_steps=3)
+    summary = trainer.train(tmp_path / "run")
+    assert summary["steps"] == 3 and summary["steps_planned"] == 12
+    assert summary["stopped_early"].startswith("no signal")
+    assert summary["alarms"]["no_signal"] == 3
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["signal_frac"] for row in lines if "signal_frac" in row] == [0.0, 0.0, 0.0]
+    assert lines[-2]["alarm/no_signal"] == 1.0
+
+
+def test_without_early_stop_the_same_run_goes_on_with_the_alarm(tmp_path):
+    trainer = tiny_trainer(reward=never, preflight="warn", steps=5, no_signal_steps=3, early_stop=False)
+    summary = trainer.train(tmp_path / "run")
+    assert summary["steps"] == 5 and summary["stopped_early"] is None and "no_signal" in summary["alarms"]
+
+
+def test_checker_suspected_fires_on_a_run_that_games_its_training_reward(tmp_path):
+    # the training reward (share of 'a') is learnable; the held-out checker ('b' exactly) never moves
+    tokenizer = make_tokenizer()
+    rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
+    task = Task("gamed", rows[:32], rows[32:], only_b)
+    config = TrainConfig(temperature=1.0, sampler="uniform", filter_groups=False, steps=16, prompts_per_step=4,
+                         group_size=4, max_new_tokens=6, lr=3e-2, warmup_steps=1, eval_size=8, eval_every=2,
+                         device="cpu", save_model=False, reward_workers=0, preflight="off", log_every=0)
+    from grpo.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer, task=task,
+                          rewards=[count_a], progress=False)
+    summary = trainer.train(tmp_path / "run")
+    assert summary["stopped_early"] is not None and summary["stopped_early"].startswith("checker suspected")
+    assert summary["steps"] < 16
+    assert "top-scoring completions" in summary["alarm_messages"]["checker_suspected"]
+    assert summary["heldout_accuracy_end"] == 0.0
+
+
+def test_rewards_see_which_completions_hit_the_token_limit():
+    seen = []
+
+    def spy(completion, example):
+        seen.append((len(completion), example["truncated"]))
+        return count_a(completion, example)
+
+    trainer = tiny_trainer(reward=spy, max_new_tokens=3, steps=1)
+    trainer.step(1)
+    # three characters are three tokens for this tokenizer: a 3-character completion hit the limit
+    assert seen and any(cut for _, cut in seen)
+    assert all(cut == (n == 3) for n, cut in seen if n != 3) and all(cut for n, cut in seen if n == 3)
+
+
+def test_mask_truncated_leaves_cut_completions_out_of_the_loss(monkeypatch):
+    import grpo.trainer
+    from grpo.rollout import generate
+
+    def all_cut(*args, **kwargs):  # as if every completion had hit the token limit
+        rollout = generate(*args, **kwargs)
+        rollout.truncated[:] = True
+        return rollout
+
+    monkeypatch.setattr(grpo.trainer, "generate", all_cut)
+    masked = tiny_trainer(reward=odd_length, mask_truncated=True, steps=1)
+    before = params(masked)
+    metrics = masked.step(1)
+    assert metrics["truncated_frac"] == 1.0 and metrics["nonfinite_skipped"] == 0
+    assert all(torch.equal(v, params(masked)[k]) for k, v in before.items())  # nothing left to learn from
+    kept = tiny_trainer(reward=odd_length, steps=1)
+    before = params(kept)
+    kept.step(1)
+    assert any(not torch.equal(v, params(kept)[k]) for k, v in before.items())
+
+
+def test_task_settings_fill_what_the_run_leaves_automatic():
+    task = tiny_task()
+    tuned = Task(task.name, task.train, task.heldout, task.reward, defaults={"max_new_tokens": 8})
+    assert settle_config(TrainConfig(), tuned).max_new_tokens == 8
+    assert settle_config(TrainConfig(max_new_tokens=5), tuned).max_new_tokens == 5  # the user's value wins
+    assert settle_config(TrainConfig(), task).max_new_tokens == DATA_MAX_NEW_TOKENS == 256
+    settled = settle_config(TrainConfig(steps=50), task)
+    assert settled.eval_every == 5 and settled.alarm_window == 20
+    assert settle_config(TrainConfig(steps=8, eval_every=-1), task).eval_every == -1
+
+
+def test_token_limit_fit_by_hand():
+    # 19 completions end on their own, one is cut: p95 of [10..28] is 27 -> 1.5 * 27 = 40.5 -> 48
+    lengths = list(range(10, 29)) + [256]
+    cut = [False] * 19 + [True]
+    assert fit_token_limit(lengths, cut, 256) == 48
+    assert fit_token_limit([3] * 10, [False] * 10, 256) == 16  # never below 16
+    assert fit_token_limit([100] * 10, [False] * 8 + [True] * 2, 256) is None  # 20% cut: cannot tell
+
+
+def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=3).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(40)))
+    common = ["--model", str(tmp_path / "tiny"), "--data", str(data), "--device", "cpu", "--group-size", "4",
+              "--preflight-prompts", "4", "--max-new-tokens", "4", "--reward-workers", "0"]
+    check = subprocess.run([sys.executable, "-m", "grpo", "preflight", *common],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert check.returncode == 1, check.stderr
+    assert "pass rate 0.0%" in check.stdout and "no signal" in check.stdout
+    train = subprocess.run([sys.executable, "-m", "grpo", "train", *common, "--output", "run", "--no-progress"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert train.returncode == 1
+    assert train.stderr.strip().startswith("grpo train: pre-flight check: the model solved none of the 64 samples")
+    assert "Traceback" not in train.stderr and len(train.stderr.strip().splitlines()) == 1
+    assert (Path(tmp_path) / "run" / "preflight.json").is_file()
