@@ -16,7 +16,9 @@ per outcome. Problems are said in plain words with what to try:
 ``strict`` stops on any of them, ``warn`` on none. For a user's data with no
 token limit given, the check samples at 256 tokens and fits the limit to
 the lengths the model writes (1.5 times the 95th percentile of completions
-that ended on their own), so a run on short answers does not pay for 256.
+that ended on their own), so a run on short answers does not pay for 256;
+its sampling stops at that limit once 95% of the completions have ended,
+so the check does not pay for 256 either.
 The check draws with its own random generator: the run that follows samples
 exactly as it would without it.
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +38,7 @@ from grpo.rollout import generate
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
 FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
+FIT_QUANTILE = 0.95  # the fitted limit is 1.5 x this quantile of the lengths of completions that ended
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,8 @@ def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], probe_lim
     natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
     if not natural or 1 - len(natural) / len(lengths) > FIT_CUT:
         return None
-    p95 = natural[min(len(natural) - 1, math.ceil(0.95 * len(natural)) - 1)]
-    return int(min(probe_limit, max(16, 8 * math.ceil(1.5 * p95 / 8))))
+    p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
+    return _rounded_limit(p95, probe_limit)
 
 
 def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str]) -> list[Problem]:
@@ -198,16 +201,37 @@ class _Samples:
         return torch.cat(self.rewards).view(-1, g)  # (B, G)
 
 
-def _sample_round(trainer: object, chosen: Sequence[int], generator: torch.Generator, out: _Samples) -> None:
+def _rounded_limit(tokens: float, probe_limit: int) -> int:
+    """1.5 x tokens, rounded up to a multiple of 8, in [16, probe_limit]."""
+    return int(min(probe_limit, max(16, 8 * math.ceil(1.5 * tokens / 8))))
+
+
+def stop_at_fitted_limit(rows: int, probe_limit: int) -> Callable[[int, int], bool]:
+    """For ``generate``: once 95% of the rows have ended (at t tokens), stop at the limit that the fit will
+    choose, 1.5 t: the rows still running would be cut there in training too, so they need not run on."""
+    ended_at: list[int] = []
+
+    def stop(tokens: int, running: int) -> bool:
+        if not ended_at and running <= (1 - FIT_QUANTILE) * rows:
+            ended_at.append(tokens)
+        return bool(ended_at) and tokens >= _rounded_limit(ended_at[0], probe_limit)
+
+    return stop
+
+
+def _sample_round(
+    trainer: object, chosen: Sequence[int], generator: torch.Generator, out: _Samples, *, fit: bool
+) -> None:
     """Sample a group for each chosen training prompt and score it, as a training round would."""
     cfg, g = trainer.config, trainer.config.group_size
+    stop_early = stop_at_fitted_limit(len(chosen) * g, cfg.max_new_tokens) if fit else None
     rows = [trainer.task.train[i] for i in chosen]
     trainer.model.eval()
     with trainer.autocast:
         rollout = trainer.policy.without_grad(
             generate, trainer.tokenizer, [trainer.train_prompts[i] for i in chosen], group_size=g,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=cfg.stop, generator=generator,
+            stop_strings=cfg.stop, generator=generator, stop_early=stop_early,
         )
     group_rows = [r for r in rows for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
@@ -234,7 +258,7 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
     for first in range(0, len(order), cfg.preflight_prompts):
-        _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples)
+        _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
         grouped = samples.grouped(g)
         if (grouped.max(dim=1).values > grouped.min(dim=1).values).any():
             break

@@ -42,6 +42,8 @@ def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
     ]
     if "heldout_accuracy" in m:
         parts.append(f"held-out {m['heldout_accuracy']:.1%}")
+    elif "heldout_subset_accuracy" in m:
+        parts.append(f"held-out subset {m['heldout_subset_accuracy']:.1%}")
     return "  ".join(parts)
 
 
@@ -66,8 +68,9 @@ class StepProgress:
         self._progress.__exit__(*exc)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        if metrics.get("heldout_accuracy") is not None:
-            self.heldout = metrics["heldout_accuracy"]
+        latest = metrics.get("heldout_accuracy", metrics.get("heldout_subset_accuracy"))
+        if latest is not None:
+            self.heldout = latest
         info = f"reward {metrics['reward_mean']:.3f}  zero-var {metrics['zero_var_frac']:.2f}"
         if self.heldout is not None:
             info += f"  held-out {self.heldout:.1%}"

@@ -20,13 +20,14 @@ from grpo.alarms import ALARMS
 # (panel title, metric keys, fixed y range or None): the curves the issue asks for, in reading order.
 PANELS = (
     ("raw reward (mean over the batch)", ("reward_mean",), None),
-    ("held-out accuracy", ("heldout_accuracy", "heldout_pass@*", "heldout_maj@*"), (-0.02, 1.02)),
+    ("held-out accuracy", ("heldout_accuracy", "heldout_subset_accuracy", "heldout_pass@*", "heldout_maj@*"),
+     (-0.02, 1.02)),
     ("fraction of zero-variance groups", ("zero_var_frac",), (-0.02, 1.02)),
     ("completion length (tokens)", ("completion_len", "completion_len_max"), None),
     ("KL to the reference", ("kl",), None),
     ("policy entropy (nats/token)", ("entropy",), None),
 )
-LABELS = {"heldout_accuracy": "greedy pass@1", "reward_mean": "raw reward", "zero_var_frac": "zero-variance",
+LABELS = {"heldout_accuracy": "greedy pass@1", "heldout_subset_accuracy": "subset (alarms)", "reward_mean": "raw reward", "zero_var_frac": "zero-variance",
           "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "entropy": "entropy"}
 COLORS = ("tab:blue", "tab:orange")
 SAMPLES_SHOWN = 5
@@ -108,7 +109,8 @@ def status(run: Run) -> str:
     total = run.config.get("steps", "?")
     if run.summary is None:
         return f"in progress: step {run.last_step} of {total}"
-    return f"finished: {run.summary.get('steps', total)} steps in {run.summary.get('wall_seconds', 0):.0f} s"
+    done = f"finished: {run.summary.get('steps', total)} steps in {run.summary.get('wall_seconds', 0):.0f} s"
+    return done + (f"; stopped early: {run.summary['stopped_early']}" if run.summary.get("stopped_early") else "")
 
 
 # ---- the PNG ----
@@ -224,6 +226,8 @@ def headline(runs: Sequence[Run]) -> str:
     rows.append(["raw reward", *(_change(r, "reward_mean", ".3f") for r in runs)])
     rows.append(["alarms (first step on)",
                  *(", ".join(f"{n} @ {s}" for n, s in r.alarms().items()) or "none" for r in runs)])
+    rows.append(["alarm messages",
+                 *(" | ".join((r.summary or {}).get("alarm_messages", {}).values()) or "-" for r in runs)])
     return _table(["", *(r.name for r in runs)], rows)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -255,12 +255,15 @@ def generate(
     stop_token_ids: list[int] | None = None,
     stop_strings: tuple[str, ...] = (),
     generator: torch.Generator | None = None,
+    stop_early: Callable[[int, int], bool] | None = None,
 ) -> Rollout:
     """Sample group_size completions for each prompt, sharing each prompt's KV cache.
 
     A completion ends at a stop token (the tokenizer's EOS by default), at
     the token that completes one of ``stop_strings`` (kept in the completion,
     so its log-prob is trained like any other), or at max_new_tokens.
+    ``stop_early(tokens so far, rows still decoding)`` may end every row at
+    once, as if that were the limit (the pre-flight check's token-limit fit).
     """
     check_supported(model)
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
@@ -291,6 +294,8 @@ def generate(
             done |= _ends_with_stop(tokenizer, tokens[active, : t + 1], stop_strings)
         stopped[active[done]] = True
         if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        if stop_early is not None and stop_early(t + 1, int((~done).sum())):
             break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)

@@ -687,9 +687,8 @@ class GRPOTrainer:
             for step in range(saved["step"] + 1, cfg.steps + 1):
                 metrics = self.step(step)
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step < cfg.steps:
-                    result, seconds = self._evaluate_with(bar, subset=True)
-                    metrics.update({"heldout_subset_accuracy": result.accuracy, "time_eval": seconds})
-                    history.append((step, result.accuracy))
+                    metrics.update(self._interim_evaluation(bar))
+                    history.append((step, metrics["heldout_subset_accuracy"]))
                 bad_in_a_row = bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
                 metrics["bad_steps_in_a_row"] = bad_in_a_row
                 log.record(step, metrics)
@@ -754,6 +753,13 @@ class GRPOTrainer:
             return {"heldout_subset_accuracy": full.accuracy}
         result, _ = self._evaluate_with(bar, subset=True)
         return {"heldout_subset_accuracy": result.accuracy}
+
+    def _interim_evaluation(self, bar: StepProgress) -> dict[str, float]:
+        """The evaluation during training: the alarms' subset, or everything when the subset is all of it."""
+        whole = self._subset_size() >= len(self.heldout_prompts)
+        result, seconds = self._evaluate_with(bar, subset=not whole)
+        scores = result.metrics() if whole else {}
+        return {**scores, "heldout_subset_accuracy": result.accuracy, "time_eval": seconds}
 
     def _subset_size(self) -> int:
         return min(self.config.eval_subset or len(self.heldout_prompts), len(self.heldout_prompts))

@@ -13,7 +13,7 @@ from tiny_run import count_a, params, tiny_task, tiny_trainer
 
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
 from grpo.interrupt import RunStopped
-from grpo.preflight import fit_token_limit
+from grpo.preflight import fit_token_limit, stop_at_fitted_limit
 from grpo.tasks import Task
 from grpo.trainer import settle_config
 
@@ -166,3 +166,11 @@ def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):
     assert train.stderr.strip().startswith("grpo train: pre-flight check: the model solved none of the 64 samples")
     assert "Traceback" not in train.stderr and len(train.stderr.strip().splitlines()) == 1
     assert (Path(tmp_path) / "run" / "preflight.json").is_file()
+
+
+def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
+    # 20 rows: 19 have ended by token 10 (95%), so sampling stops at 1.5 x 10 -> 16 tokens
+    stop = stop_at_fitted_limit(20, 256)
+    assert not stop(9, 2) and not stop(10, 1) and not stop(15, 1) and stop(16, 1)
+    late = stop_at_fitted_limit(20, 256)
+    assert not late(100, 2) and not late(120, 1) and not late(175, 1) and late(184, 1)  # 1.5 x 120 -> 184
