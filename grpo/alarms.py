@@ -49,7 +49,7 @@ class AlarmConfig:
     early_frac: float = 0.25  # "early": the first quarter of the run
     no_signal_steps: int = 5  # steps in a row with too little signal before the no-signal alarm
     signal_min: float = 0.25  # "too little signal": under this share of the batch's groups vary
-    checker_rise: float = 0.1  # checker suspected: raw reward rising by more than this ...
+    checker_rise: float = 0.05  # checker suspected: raw reward rising by more than this (reward_flat) ...
     checker_follow: float = 0.15  # ... while held-out accuracy rises by less than this share of it
 
 
@@ -100,8 +100,8 @@ def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: A
     if d_reward > cfg.checker_rise and d_acc < max(cfg.accuracy_flat, cfg.checker_follow * d_reward):
         return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
                 f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. The policy is learning something the "
-                "held-out checker does not reward: a hole in the training reward, or answers memorised for the "
-                "training prompts the sampler keeps returning")
+                "held-out checker does not reward: a hole in the training reward, answers memorised for the "
+                "training prompts the sampler keeps returning, or only the sampler moving to easier prompts")
     return None
 
 

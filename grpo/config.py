@@ -77,7 +77,7 @@ class TrainConfig:
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
-    eval_every: int = field(**_doc("also evaluate eval_subset held-out prompts every K steps, for the alarms (0: every steps/10 steps, about a tenth of the run's time; -1: only at start and end)", default=0))
+    eval_every: int = field(**_doc("also evaluate eval_subset held-out prompts every K steps, for the alarms (0: automatic, fixed after the first step: every steps/10 steps, or less often so that these evaluations take about a tenth of the run's time; -1: only at start and end)", default=0))
     eval_subset: int = field(**_doc("held-out prompts scored by the evaluations during training (0: all eval_size); start and end use all", default=128))
     eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only; n costs about n times the greedy evaluation)", default=0))
     eval_k: tuple[int, ...] = field(**_doc("the k of pass@k and maj@k (each at most eval_samples)", default=(1, 4)))

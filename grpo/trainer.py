@@ -69,6 +69,7 @@ from grpo.sampler import make_sampler
 from grpo.tasks import Task, load_task
 
 RewardFn = Callable[[str, Mapping], float]
+EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
 
 
 @dataclass
@@ -173,8 +174,6 @@ def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
             values[name] = value
     if not values.get("max_new_tokens", config.max_new_tokens):
         values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
-    if config.eval_every == 0:
-        values["eval_every"] = max(1, math.ceil(config.steps / 10))
     if config.alarm_window == 0:
         values["alarm_window"] = min(20, max(6, config.steps // 2))
     return replace(config, **values)
@@ -675,17 +674,21 @@ class GRPOTrainer:
         stop = StopRequests() if run_dir is not None else None
         metrics: dict[str, float] = {}
         stopped, step = None, saved["step"]
+        subset, seconds = {}, 0.0
         with bar, stop or nullcontext():
             if history:  # resumed: the start accuracy comes from the checkpoint
                 first = EvalResult(accuracy=history[0][1], size=len(self.heldout_prompts))
             else:
                 first, seconds = self._evaluate_with(bar)
                 history.append((0, first.accuracy))
-                log.record(0, {**first.metrics(), **self._subset_accuracy(bar, first), "time_eval": seconds})
+                subset = self._subset_accuracy(bar, first)
+                log.record(0, {**first.metrics(), **subset, "time_eval": seconds})
                 bar.print(f"step 0 held-out: {first.describe()}")
             train_start = time.perf_counter()
             for step in range(saved["step"] + 1, cfg.steps + 1):
                 metrics = self.step(step)
+                if cfg.eval_every == 0:  # automatic: fixed now, from what an evaluation and a step cost
+                    cfg = self._fix_eval_every(subset.get("time_eval", seconds), metrics["time_step"])
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step < cfg.steps:
                     metrics.update(self._interim_evaluation(bar))
                     history.append((step, metrics["heldout_subset_accuracy"]))
@@ -748,11 +751,23 @@ class GRPOTrainer:
         return report
 
     def _subset_accuracy(self, bar: StepProgress, full: EvalResult) -> dict[str, float]:
-        """The accuracy on the alarms' fixed subset at a full evaluation (the full one when they are the same)."""
+        """The accuracy on the alarms' fixed subset at a full evaluation (the full one when they are the same),
+        and what the subset's evaluation took (``time_eval``, absent when it is the full one)."""
         if self._subset_size() >= len(self.heldout_prompts):
             return {"heldout_subset_accuracy": full.accuracy}
-        result, _ = self._evaluate_with(bar, subset=True)
-        return {"heldout_subset_accuracy": result.accuracy}
+        result, seconds = self._evaluate_with(bar, subset=True)
+        return {"heldout_subset_accuracy": result.accuracy, "time_eval": seconds}
+
+    def _fix_eval_every(self, eval_seconds: float, step_seconds: float) -> TrainConfig:
+        """eval_every = 0: every steps/10 steps, or less often when an evaluation costs more than a tenth
+        of that many steps. Decided on rank 0 after the first step, kept in the config (and checkpoints)."""
+        cfg = self.config
+        every = max(math.ceil(cfg.steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
+        every = int(self.world.broadcast_object(min(every, cfg.steps)))
+        self.config = replace(cfg, eval_every=every)
+        if self.run_dir is not None:
+            (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        return self.config
 
     def _interim_evaluation(self, bar: StepProgress) -> dict[str, float]:
         """The evaluation during training: the alarms' subset, or everything when the subset is all of it."""

@@ -134,7 +134,7 @@ def test_task_settings_fill_what_the_run_leaves_automatic():
     assert settle_config(TrainConfig(max_new_tokens=5), tuned).max_new_tokens == 5  # the user's value wins
     assert settle_config(TrainConfig(), task).max_new_tokens == DATA_MAX_NEW_TOKENS == 256
     settled = settle_config(TrainConfig(steps=50), task)
-    assert settled.eval_every == 5 and settled.alarm_window == 20
+    assert settled.eval_every == 0 and settled.alarm_window == 20  # eval_every is fixed after step 1
     assert settle_config(TrainConfig(steps=8, eval_every=-1), task).eval_every == -1
 
 
@@ -174,3 +174,12 @@ def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
     assert not stop(9, 2) and not stop(10, 1) and not stop(15, 1) and stop(16, 1)
     late = stop_at_fitted_limit(20, 256)
     assert not late(100, 2) and not late(120, 1) and not late(175, 1) and late(184, 1)  # 1.5 x 120 -> 184
+
+
+def test_automatic_evaluation_interval_bounds_its_share_of_the_run():
+    trainer = tiny_trainer(steps=40)
+    assert trainer._fix_eval_every(eval_seconds=0.1, step_seconds=1.0).eval_every == 4  # steps / 10
+    trainer = tiny_trainer(steps=40)
+    assert trainer._fix_eval_every(eval_seconds=2.0, step_seconds=1.0).eval_every == 20  # 2 s every 20 s
+    trainer = tiny_trainer(steps=40)
+    assert trainer._fix_eval_every(eval_seconds=60.0, step_seconds=1.0).eval_every == 40  # at most once

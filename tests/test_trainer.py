@@ -23,7 +23,7 @@ def _task(reward=count_a):
 
 
 def _config(**kw):
-    base = dict(preflight="off", temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=0,
+    base = dict(preflight="off", eval_every=-1, temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=0,
                 eval_size=8, sample_every=0, device="cpu", save_model=False)
     return TrainConfig(**{**base, **kw})
 

@@ -26,7 +26,7 @@ def tiny_task(reward=count_a) -> Task:
 
 
 def tiny_config(**kw) -> TrainConfig:
-    base = dict(preflight="off", temperature=1.0, sampler="uniform", filter_groups=False, steps=4, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=1,
+    base = dict(preflight="off", eval_every=-1, temperature=1.0, sampler="uniform", filter_groups=False, steps=4, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=1,
                 eval_size=8, sample_every=2, device="cpu", save_model=False, save_every=1, reward_workers=0)
     return TrainConfig(**{**base, **kw})
 
