@@ -80,3 +80,17 @@ def test_first_use_converts_the_gguf_into_a_fresh_cache(tmp_path, monkeypatch):
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary folder left
     model = AutoModelForCausalLM.from_pretrained(folder)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+
+
+def test_preflight_on_a_users_short_answer_data_fits_the_token_limit(tmp_path):
+    # the user's path: their file, no options; the check must not keep the 256-token probe for short answers
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"How much is {a} plus {b}? Give only the number.",
+                                        "answer": a + b}) + "\n" for a in range(1, 10) for b in range(1, 10)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "grpo", "preflight", "--data", str(data), "--preflight-prompts", "8"],
+                            capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    fitted = [line for line in result.stdout.splitlines() if "token limit fitted to the data" in line]
+    assert fitted and 16 <= int(fitted[0].rsplit("=", 1)[1]) < 256, result.stdout
+    assert "pass rate" in result.stdout and "groups that vary" in result.stdout
