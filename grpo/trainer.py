@@ -63,6 +63,7 @@ from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.models import add_lora, load_policy, save_model
 from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
+from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import make_sampler
 from grpo.tasks import Task, load_task
@@ -213,6 +214,8 @@ class GRPOTrainer:
         )
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
+        if needs_sandbox(self.reward_fns):  # process-wide, before the reward workers fork, so they inherit it
+            set_sandbox(check_sandbox(config.sandbox))
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
         self.score = combine_rewards(
             self.reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,
