@@ -49,7 +49,7 @@ _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
-class Test:
+class Case:
     """One step of a row's tests. ``source`` is all the sandbox ever sees of it.
 
     kind: "setup" (a statement), "checked" (source is an expression; ``expected`` the literal),
@@ -160,23 +160,23 @@ def _literal(node: ast.expr) -> tuple[bool, object]:
     return _is_plain(value), value
 
 
-def _classify(node: ast.stmt, source: str) -> Test:
-    """A top-level statement of the tests as a Test (see the module docstring for the shapes)."""
+def _classify(node: ast.stmt, source: str) -> Case:
+    """A top-level statement of the tests as a Case (see the module docstring for the shapes)."""
     text = ast.get_source_segment(source, node) or ""
     if not isinstance(node, ast.Assert):
-        return Test("setup", text)
+        return Case("setup", text)
     check = node.test
     if isinstance(check, ast.Compare) and len(check.ops) == 1 and isinstance(check.ops[0], ast.Eq):
         left, right = check.left, check.comparators[0]
         for expr, lit in ((left, right), (right, left)):
             ok, expected = _literal(lit)
             if ok:
-                return Test("checked", ast.get_source_segment(source, expr) or "", expected)
-    return Test("opaque", text)
+                return Case("checked", ast.get_source_segment(source, expr) or "", expected)
+    return Case("opaque", text)
 
 
-def split_tests(tests: str | Sequence[str]) -> list[Test]:
-    """The row's tests, one Test per top-level statement (a list: one test per item)."""
+def split_tests(tests: str | Sequence[str]) -> list[Case]:
+    """The row's tests, one Case per top-level statement (a list: one test per item)."""
     if isinstance(tests, str):
         return [_classify(node, tests) for node in ast.parse(tests).body]
     out = []
@@ -185,15 +185,15 @@ def split_tests(tests: str | Sequence[str]) -> list[Test]:
         if len(body) == 1 and isinstance(body[0], ast.Assert):
             out.append(_classify(body[0], item))
         else:
-            out.append(Test("opaque", item))
+            out.append(Case("opaque", item))
     return out
 
 
-def io_tests(inputs: Sequence[str], outputs: Sequence[str]) -> list[Test]:
+def io_tests(inputs: Sequence[str], outputs: Sequence[str]) -> list[Case]:
     """stdin/stdout cases as Tests."""
     if len(inputs) != len(outputs):
         raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs")
-    return [Test("io", str(i), str(o)) for i, o in zip(inputs, outputs, strict=True)]
+    return [Case("io", str(i), str(o)) for i, o in zip(inputs, outputs, strict=True)]
 
 
 def decode(value: object) -> object:
@@ -238,7 +238,7 @@ def _normal_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).strip("\n")
 
 
-def _passes(test: Test, record: dict, nonce: str, done: bool) -> bool:
+def _passes(test: Case, record: dict, nonce: str, done: bool) -> bool:
     if test.kind == "opaque":
         return done and record.get("pass") == nonce
     if "v" not in record:
@@ -270,7 +270,7 @@ def _records(output: str, nonce: str) -> tuple[dict[int, dict], bool]:
     return records, done
 
 
-def program_for(code: str, tests: Sequence[Test], nonce: str) -> tuple[str, list[Test]]:
+def program_for(code: str, tests: Sequence[Case], nonce: str) -> tuple[str, list[Case]]:
     """(the harness source, the graded tests in index order): what the sandbox runs, without expected values."""
     graded = [t for t in tests if t.kind != "setup"]
     steps, n = [], 0
@@ -281,7 +281,7 @@ def program_for(code: str, tests: Sequence[Test], nonce: str) -> tuple[str, list
     return source, graded
 
 
-def evaluate(code: str, tests: Sequence[Test], limits: Limits = DEFAULT_LIMITS, *, mode: str | None = None) -> Verdict:
+def evaluate(code: str, tests: Sequence[Case], limits: Limits = DEFAULT_LIMITS, *, mode: str | None = None) -> Verdict:
     """Run ``code`` against ``tests`` in the sandbox and decide each verdict here, outside it."""
     nonce = secrets.token_hex(16)
     program, graded = program_for(code, tests, nonce)
@@ -304,7 +304,7 @@ def _json_list(value: object) -> object:
     return value
 
 
-def tests_of(example: Mapping) -> list[Test]:
+def row_tests(example: Mapping) -> list[Case]:
     """The row's tests: its ``tests`` asserts and/or its ``inputs``/``outputs`` cases."""
     tests = split_tests(_json_list(example["tests"])) if example.get("tests") else []
     if example.get("inputs") is not None and example.get("outputs") is not None:
@@ -314,13 +314,13 @@ def tests_of(example: Mapping) -> list[Test]:
 
 def code_tests(completion: str, example: Mapping) -> float:
     """Fraction of the row's tests the completion's code passes, run in the sandbox."""
-    verdict = evaluate(extract_code(completion), tests_of(example))
+    verdict = evaluate(extract_code(completion), row_tests(example))
     return verdict.passed / verdict.total if verdict.total else 0.0
 
 
 def code_tests_all(completion: str, example: Mapping) -> float:
     """``code_tests`` all-or-nothing: 1.0 only when every test passes."""
-    verdict = evaluate(extract_code(completion), tests_of(example))
+    verdict = evaluate(extract_code(completion), row_tests(example))
     return float(verdict.total > 0 and verdict.passed == verdict.total)
 
 

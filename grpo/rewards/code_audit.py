@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo.rewards.code import DEFAULT_LIMITS, Test, Verdict, evaluate, tests_of
+from grpo.rewards.code import DEFAULT_LIMITS, Case, Verdict, evaluate, row_tests
 from grpo.rewards.sandbox import Limits, sandbox_mode
 
 SECRET_VARIABLE = "GRPO_AUDIT_SECRET"
@@ -255,7 +255,7 @@ return f"wrote {{written}} {token}"
 }
 
 
-def called_names(tests: Sequence[Test]) -> list[str]:
+def called_names(tests: Sequence[Case]) -> list[str]:
     """Names of the functions the row's tests call (the functions a solution must define)."""
     names: list[str] = []
     for test in tests:
@@ -295,8 +295,8 @@ def _alive_with(token: str) -> list[int]:
 
 
 def _written_outside(canaries: Canaries, token: str) -> list[Path]:
-    places = [canaries.outside / token, Path("/tmp") / token, Path.home() / token, Path.cwd().parent / token,
-              Path("/") / token]
+    places = [canaries.outside / token, Path("/tmp") / token, Path.home() / token, Path.cwd() / token,
+              Path.cwd().parent / token, Path("/") / token]
     return [p for p in places if p.exists()]
 
 
@@ -333,9 +333,11 @@ def _disk_trace(output: str, token: str, limits: Limits) -> list[str]:
 def planted() -> Iterator[Canaries]:
     """Plant the canaries (environment secret, secret files, watched folder, listener, signal counter)."""
     secret = "grpo-canary-" + secrets.token_hex(12)
-    home_dir = Path(tempfile.mkdtemp(prefix=".grpo-audit-", dir=Path.home()))
     files_dir, outside = Path(tempfile.mkdtemp(prefix="grpo-audit-")), Path(tempfile.mkdtemp(prefix="grpo-audit-out-"))
-    files = [home_dir / "token", files_dir / "id_rsa"]
+    folders = [files_dir, outside]
+    if os.access(Path.home(), os.W_OK):  # a user without a home (nobody) gets the other canary only
+        folders.append(Path(tempfile.mkdtemp(prefix=".grpo-audit-", dir=Path.home())))
+    files = [folder / "id_rsa" for folder in folders if folder != outside]
     for path in files:
         path.write_text(secret)
     os.chmod(outside, 0o777)  # the weak sandbox's user must be able to write here, if anything stops it
@@ -353,7 +355,7 @@ def planted() -> Iterator[Canaries]:
             signal.signal(signal.SIGUSR1, previous_handler)
         _restore_env(previous_env)
         listener.close()
-        for folder in (home_dir, files_dir, outside):
+        for folder in folders:
             for path in folder.iterdir():
                 path.unlink()
             folder.rmdir()
@@ -432,7 +434,7 @@ def _outcome(name: str, results: list[tuple[float, list[str]]]) -> ProbeOutcome:
     return ProbeOutcome(name, len(results), len(scored), len(traced), example)
 
 
-def _run(run: Run, tests: list[Test], canaries: Canaries, limits: Limits, mode: str) -> tuple[float, list[str]]:
+def _run(run: Run, tests: list[Case], canaries: Canaries, limits: Limits, mode: str) -> tuple[float, list[str]]:
     verdict = evaluate(run.code, tests, limits, mode=mode)
     return _score(verdict), traces(run, verdict, canaries, limits)
 
@@ -460,13 +462,13 @@ def audit_code_reward(
 ) -> CodeAuditReport:
     """Run every probe on every row; see the module docstring."""
     mode = mode or sandbox_mode()
-    tests = [tests_of(row) for row in rows]
+    tests = [row_tests(row) for row in rows]
     with planted() as canaries, ThreadPoolExecutor(max(workers, 1)) as pool:
         runs = []
         for name, body in probes.items():
-            for i, row_tests in enumerate(tests):
+            for i, cases in enumerate(tests):
                 token = str(secrets.randbelow(10**10)).zfill(10)  # digits: also a valid sleep time
-                runs.append(Run(name, i, probe_code(body, called_names(row_tests), canaries, token), token))
+                runs.append(Run(name, i, probe_code(body, called_names(cases), canaries, token), token))
         results = list(pool.map(lambda r: _run(r, tests[r.row], canaries, limits, mode), runs))
         for k, more in _late_traces(runs, canaries).items():
             results[k] = (results[k][0], results[k][1] + more)
@@ -475,6 +477,6 @@ def audit_code_reward(
         gold_max = sum(_score(g.result()) == 1.0 for g in gold)
     outcomes = [_outcome(name, [res for r, res in zip(runs, results, strict=True) if r.probe == name])
                 for name in probes]
-    graded = [t for row_tests in tests for t in row_tests if t.kind != "setup"]
+    graded = [t for cases in tests for t in cases if t.kind != "setup"]
     return CodeAuditReport(reward, mode, outcomes, len(graded), sum(t.kind == "opaque" for t in graded),
                            len(gold), gold_max)

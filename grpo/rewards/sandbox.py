@@ -308,13 +308,16 @@ def _environment(mode: str, work: Path) -> dict[str, str]:
 
 
 def _in_namespace(ns: int) -> bool:
-    """Is any process still in the PID namespace whose inode is ``ns``?"""
+    """Is a live process (not a zombie, which holds nothing but its PID) still in the PID namespace ``ns``?"""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == ns:
-                    return True
-            except OSError:
+                if os.stat(f"/proc/{entry.name}/ns/pid").st_ino != ns:
+                    continue
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                        return True
+            except (OSError, IndexError):
                 pass
     return False
 
