@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from unguarded import in_process_score
 
 from grpo.rewards.code import code_tests, evaluate, row_tests, split_tests
 from grpo.rewards.code_audit import _alive_with
@@ -33,33 +34,6 @@ GOOD = "def add(a, b):\n    return a + b\n"
 def score(code, tests=TESTS, mode="strict"):
     verdict = evaluate(code, split_tests(tests), FAST, mode=mode)
     return verdict.passed / verdict.total
-
-
-IN_PROCESS_HARNESS = """
-import io, os, sys
-_nonce = {nonce!r}
-sys.stdout = io.StringIO()
-_g = {{"__name__": "__main__"}}
-exec({code!r}, _g)
-for _i, _src in enumerate({tests!r}):
-    try:
-        exec(_src, _g)
-        os.write(1, f"{{_nonce}} pass {{_i}}\\n".encode())
-    except Exception:
-        pass
-os.write(1, f"{{_nonce}} done\\n".encode())
-"""
-
-
-def in_process_score(code, tests=TESTS):
-    """The previous design: the verdict comes from the solution's own process (the reference attacks beat)."""
-    nonce = secrets.token_hex(8)
-    asserts = tests.splitlines()
-    lines = run_python(IN_PROCESS_HARNESS.format(nonce=nonce, code=code, tests=asserts), FAST, mode="none").stdout.splitlines()
-    if f"{nonce} done" not in lines:
-        return 0.0
-    passed = {f"{nonce} pass {i}" for i in range(len(asserts))} & set(lines)
-    return len(passed) / len(asserts)
 
 
 @pytest.mark.parametrize("mode", ["strict", "weak"])
@@ -90,7 +64,7 @@ def add(a, b):
 
 
 def test_verdict_forging_with_the_harness_nonce_scores_zero():
-    assert in_process_score(NONCE_FORGER) == 1.0  # the attack works where the code's process says "pass"
+    assert in_process_score(NONCE_FORGER, TESTS) == 1.0  # the attack works where the code's process says "pass"
     assert score(NONCE_FORGER) == 0.0
     assert score(NONCE_FORGER, mode="weak") == 0.0
 
@@ -111,7 +85,7 @@ RICH_COMPARISON = {
 @pytest.mark.parametrize("name", list(RICH_COMPARISON))
 def test_rich_comparison_tricks_score_zero(name):
     code = RICH_COMPARISON[name]
-    assert in_process_score(code) == 1.0
+    assert in_process_score(code, TESTS) == 1.0
     assert score(code) == 0.0
 
 
@@ -129,7 +103,7 @@ def test_expected_values_never_enter_the_sandbox():
             "            for s in (v if isinstance(v, (list, tuple)) else [v]):\n"
             "                if isinstance(s, str) and f'add({a}, {b}) ==' in s:\n"
             "                    return ast.literal_eval(s.split('==')[1].strip())\n        f = f.f_back\n")
-    assert in_process_score(peek) == pytest.approx(2 / 3)  # reads its answers from the asserts beside it
+    assert in_process_score(peek, TESTS) == pytest.approx(2 / 3)  # reads its answers from the asserts beside it
     assert score(peek) == 0.0
 
 
