@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -225,12 +226,15 @@ for pid in (os.getppid(), {pid}):
 """,
     "fork bomb": """
 import os
+made = 0
 for _ in range(300):
     try:
         if os.fork() == 0:
             os.execv("/bin/sleep", ["sleep", "5.{token}"])
+        made += 1
     except Exception:
         break
+return f"forked {{made}} {token}"
 """,
     "memory bomb (2 GB)": """
 try:
@@ -318,15 +322,18 @@ def traces(run: Run, verdict: Verdict, canaries: Canaries, limits: Limits) -> li
         found.append(f"{len(alive)} processes outlived the run")
     if f"allocated {run.token}" in verdict.output:
         found.append("allocated 2 GB")
-    found += _disk_trace(verdict.output, run.token, limits)
+    written, forked = _reported(verdict.output, "wrote", run.token), _reported(verdict.output, "forked", run.token)
+    if written > 2 * limits.disk_mb * 1024**2:  # more than the two tmpfs hold: it wrote to the host
+        found.append(f"wrote {written // 1024**2} MB")
+    if forked >= limits.max_processes:
+        found.append(f"started {forked} processes")
     return found
 
 
-def _disk_trace(output: str, token: str, limits: Limits) -> list[str]:
-    for word in output.split(f" {token}")[0].split()[-1:]:
-        if word.isdigit() and int(word) > 2 * limits.disk_mb * 1024**2:
-            return [f"wrote {int(word) // 1024**2} MB"]
-    return []
+def _reported(output: str, word: str, token: str) -> int:
+    """The largest N of the "{word} N {token}" a probe returned (0 when none)."""
+    numbers = re.findall(rf"{word} (\d+) {token}", output)
+    return max(map(int, numbers), default=0)
 
 
 @contextlib.contextmanager
