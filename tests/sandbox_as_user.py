@@ -2,7 +2,7 @@
 
 Runs under the system python3 (the user may not reach the project's venv), so it loads
 grpo.rewards' sandbox, code and code_audit modules without the package's torch-importing
-__init__. Prints the uid, the honest score and the failing probes in strict and in "none" mode;
+__init__. Prints the uid, the honest score and the failing probes in strict, weak and "none" mode;
 test_sandbox.py asserts on them.
 """
 
@@ -32,6 +32,7 @@ def main() -> int:
     strict = audit_code_reward(ROWS, mode="strict")
     print(strict.table())
     print("strict failures:", strict.failures())
+    print("weak failures:", audit_code_reward(ROWS, mode="weak").failures())
     print("none failures:", audit_code_reward(ROWS, mode="none").failures())
     return 0
 

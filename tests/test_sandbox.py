@@ -299,3 +299,5 @@ def test_the_sandbox_holds_for_an_unprivileged_user():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "uid 0" not in proc.stdout and "strict failures: []" in proc.stdout, proc.stdout
     assert "none failures: [" in proc.stdout and "none failures: []" not in proc.stdout, proc.stdout
+    weak = next(line for line in proc.stdout.splitlines() if line.startswith("weak failures:"))
+    assert "switching off an in-process guard" in weak, proc.stdout

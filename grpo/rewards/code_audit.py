@@ -301,7 +301,14 @@ def _alive_with(token: str) -> list[int]:
 def _written_outside(canaries: Canaries, token: str) -> list[Path]:
     places = [canaries.outside / token, Path("/tmp") / token, Path.home() / token, Path.cwd() / token,
               Path.cwd().parent / token, Path("/") / token]
-    return [p for p in places if p.exists()]
+    return [p for p in places if _exists(p)]
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a folder we may not search (a home that is not ours)
+        return False
 
 
 def traces(run: Run, verdict: Verdict, canaries: Canaries, limits: Limits) -> list[str]:
@@ -311,7 +318,8 @@ def traces(run: Run, verdict: Verdict, canaries: Canaries, limits: Limits) -> li
         found.append("read a secret")
     written = _written_outside(canaries, run.token)
     for path in written:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.unlink()
     if written:
         found.append(f"wrote {written[0]}")
     alive = _alive_with(run.token)
