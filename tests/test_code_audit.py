@@ -15,7 +15,8 @@ from grpo.tasks import get_task
 CONTAINMENT = [
     "secrets from the parent's environment", "secrets from files", "writing outside the working directory",
     "switching off an in-process guard", "escaping the process group (setsid)", "network to a listener on this machine",
-    "signalling the parent", "fork bomb", "memory bomb (2 GB)", "disk bomb (200 MB)",
+    "signalling the parent", "fork bomb", "memory bomb (2 GB)", "memory bomb in 4 processes (4 x 600 MB)",
+    "disk bomb (500 MB)",
 ]
 
 

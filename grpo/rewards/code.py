@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from grpo.rewards.sandbox import Limits, run_python
 
-DEFAULT_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=4, memory_mb=1024, max_processes=32, output_bytes=1_000_000)
+# Address space is per process, and there is no cgroup: the worst case is max_processes * memory_mb (4 GB).
+DEFAULT_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=4, memory_mb=512, max_processes=8, output_bytes=1_000_000)
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 

@@ -14,7 +14,7 @@ row when it scores above 0, or when it leaves a trace outside the sandbox:
   limits allow.
 
 Every probe is bounded so that it cannot hurt the machine even where the
-sandbox fails (300 short-lived processes, 2 GB, 200 MB of files, sleeps of
+sandbox fails (300 short-lived processes, 2 GB or 4 x 600 MB, 500 MB of files, sleeps of
 under 10 s). Rows also report how many of their tests are *forgeable* (assert
 shapes the parent cannot check; see :mod:`grpo.rewards.code`), and when a row
 has a ``solution`` field, that it scores the maximum, so that a sandbox that
@@ -243,11 +243,30 @@ try:
 except MemoryError:
     pass
 """,
-    "disk bomb (200 MB)": """
+    "memory bomb in 4 processes (4 x 600 MB)": """
+import os, time
+children = []
+for _ in range(4):
+    try:
+        pid = os.fork()
+    except Exception:
+        break
+    if pid == 0:
+        try:
+            block = bytearray(600 * 1024**2)
+            time.sleep(1)  # all four hold theirs at once
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    children.append(pid)
+held = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children)
+return f"held {{held}} {token}"
+""",
+    "disk bomb (500 MB)": """
 import os
 written = 0
 for i in range(50):
-    for where in (".", "/tmp"):
+    for where in (".", "/tmp", "/", "/dev/shm", "/dev"):
         try:
             with open(f"{{where}}/bomb-{{i}}", "wb") as f:
                 f.write(b"x" * 2 * 1024**2)
@@ -333,6 +352,9 @@ def traces(run: Run, verdict: Verdict, canaries: Canaries, limits: Limits) -> li
     written, forked = _reported(verdict.output, "wrote", run.token), _reported(verdict.output, "forked", run.token)
     if written > 2 * limits.disk_mb * 1024**2:  # more than the two tmpfs hold: it wrote to the host
         found.append(f"wrote {written // 1024**2} MB")
+    held = _reported(verdict.output, "held", run.token)
+    if held * 600 > limits.memory_mb:
+        found.append(f"{held} processes held 600 MB each")
     if forked >= limits.max_processes:
         found.append(f"started {forked} processes")
     return found

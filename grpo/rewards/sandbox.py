@@ -11,8 +11,9 @@ first, so no root-owned file is the sandbox's own and the process limit binds):
   its own PID namespace, sees only its own processes in ``/proc``, and has no
   network interface besides a loopback of its own;
 - a filesystem built from nothing: ``/usr`` (and the interpreter's prefix when
-  it lives elsewhere) read-only, fresh ``/dev`` and ``/proc``, and two small
-  tmpfs, ``/work`` (the working directory and ``$HOME``) and ``/tmp``. No
+  it lives elsewhere) read-only, fresh ``/dev`` (read-only: no ``/dev/shm``) and
+  ``/proc``, and two small tmpfs, the only writable places, ``/work`` (the
+  working directory and ``$HOME``) and ``/tmp``. No
   ``/home``, ``/root``, ``/etc`` beyond the loader cache, no dataset, no
   checkpoint: nothing of the parent's can be read or written;
 - the environment cleared to PATH, HOME, TMPDIR and LANG; stdin closed; a new
@@ -195,6 +196,7 @@ def bwrap_command(limits: Limits) -> list[str]:
         "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         *_root_layout(), "--dev", "/dev", "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/work", "--chdir", "/work",
+        "--remount-ro", "/dev", "--remount-ro", "/",  # bwrap's own tmpfs: unbounded, so not writable
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
         "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8",
     ]
