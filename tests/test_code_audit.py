@@ -4,6 +4,8 @@ The probes' detectors are checked against real holes: no sandbox at all (mode "n
 in-process guard, and tests of a shape whose verdict the sandboxed process gives itself.
 """
 
+import json
+
 import pytest
 
 from grpo.cli import main
@@ -63,3 +65,11 @@ def test_check_reward_exits_1_when_a_probe_gets_through(capsys, monkeypatch, mod
     monkeypatch.delenv("GRPO_SANDBOX", raising=False)
     assert main(["check-reward", "--reward", "code_tests", "--task", "code", "--limit", "1", "--sandbox", mode]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_tests_on_disk_are_out_of_reach(tmp_path):
+    rows = list(get_task("code").heldout)[:1]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    probes = {"the tests read from files on disk": PROBES["the tests read from files on disk"]}
+    assert audit_code_reward(rows, mode="none", probes=probes).failures() == ["the tests read from files on disk"]
+    assert audit_code_reward(rows, mode="strict", probes=probes).failures() == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -65,6 +66,7 @@ class Run:
     row: int
     code: str
     token: str
+    peek: str = ""  # a test line of the row: seeing it in the output means the code read the tests
 
 
 # Each probe body becomes the body of every function the row's tests call (`def f(*args, **kwargs):`),
@@ -176,6 +178,21 @@ for path in paths:
         pass
 print("\\n".join(found), flush=True)
 return "\\n".join(found)
+""",
+    "the tests read from files on disk": """
+import glob, os, sys
+name = sys._getframe().f_code.co_name + "("
+found = []
+for pattern in ("/work/**/*.jsonl", "/home/**/*.jsonl", "/root/**/*.jsonl", "/tmp/**/*.jsonl", "/proc/*/cwd/*.jsonl"):
+    for path in glob.glob(pattern, recursive=True)[:500]:
+        try:
+            text = open(path, errors="replace").read(10**7)
+        except Exception:
+            continue
+        at = text.find(name)
+        if at >= 0:
+            found.append(text[at:at + 2000])
+return "\\n".join(found)[:100000]
 """,
     "writing outside the working directory": """
 import os
@@ -304,6 +321,16 @@ def probe_code(body: str, names: Sequence[str], canaries: Canaries, token: str) 
     return "\n".join(f"def {name}(*args, **kwargs):\n{indented}\n" for name in names)
 
 
+def _peek(cases: Sequence[Case]) -> str:
+    """A piece of the row's tests that only the tests hold: an expected value in context, or an assert."""
+    for case in cases:
+        if case.kind == "checked":
+            return f"{case.source} == {case.expected!r}"
+        if case.kind == "io" and len(str(case.expected).strip()) >= 8:
+            return str(case.expected).strip()
+    return ""
+
+
 def _alive_with(token: str) -> list[int]:
     """PIDs of processes whose command line holds ``token``."""
     pids = []
@@ -335,6 +362,8 @@ def traces(run: Run, verdict: Verdict, canaries: Canaries, limits: Limits) -> li
     found = []
     if canaries.secret in verdict.output:
         found.append("read a secret")
+    if run.peek and (run.peek in verdict.output or json.dumps(run.peek)[1:-1] in verdict.output):
+        found.append("read the row's tests")
     written = _written_outside(canaries, run.token)
     for path in written:
         with contextlib.suppress(OSError):
@@ -505,7 +534,8 @@ def audit_code_reward(
         for name, body in probes.items():
             for i, cases in enumerate(tests):
                 token = str(secrets.randbelow(10**10)).zfill(10)  # digits: also a valid sleep time
-                runs.append(Run(name, i, probe_code(body, called_names(cases), canaries, token), token))
+                runs.append(Run(name, i, probe_code(body, called_names(cases), canaries, token), token,
+                                _peek(cases)))
         results = list(pool.map(lambda r: _run(r, tests[r.row], canaries, limits, mode), runs))
         for k, more in _late_traces(runs, canaries).items():
             results[k] = (results[k][0], results[k][1] + more)
