@@ -5,7 +5,7 @@ Prints
   reward processes), in strict mode (bubblewrap);
 - the median, over the 64, of one completion's wall time in strict mode minus the same
   completion's run with no sandbox at all (mode "none": same harness, same verdicts), one at a
-  time; and the same for weak mode.
+  time, the modes taking turns; and the same for weak mode.
 
 The completions are the built-in ``code`` task's reference solutions, each row cut to its first
 three asserts; every other one is broken (returns None), so half score 1 and half 0.
@@ -48,12 +48,15 @@ def score_all(texts: list[str], rows: list[dict], workers: int) -> tuple[float, 
         scorer.close()
 
 
-def one_at_a_time(texts: list[str], rows: list[dict], mode: str) -> list[float]:
-    times = []
+def one_at_a_time(texts: list[str], rows: list[dict], modes: tuple[str, ...]) -> dict[str, list[float]]:
+    """Seconds per completion in each mode, the modes taking turns on each completion (so that load
+    from elsewhere on the machine falls on all of them alike)."""
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     for text, row in zip(texts, rows, strict=True):
-        start = time.perf_counter()
-        evaluate(extract_code(text), row_tests(row), mode=mode)
-        times.append(time.perf_counter() - start)
+        for mode in modes:
+            start = time.perf_counter()
+            evaluate(extract_code(text), row_tests(row), mode=mode)
+            times[mode].append(time.perf_counter() - start)
     return times
 
 
@@ -67,9 +70,10 @@ def main() -> None:
     seconds, mean = score_all(texts, rows, args.workers)
     print(f"{len(texts)} completions x 3 tests, strict sandbox, {args.workers} reward workers: "
           f"{seconds:.2f} s to score all (mean reward {mean:.2f})")
-    bare = one_at_a_time(texts, rows, "none")
+    times = one_at_a_time(texts, rows, ("none", "strict", "weak"))
+    bare = times["none"]
     for mode in ("strict", "weak"):
-        sandboxed = one_at_a_time(texts, rows, mode)
+        sandboxed = times[mode]
         overhead = statistics.median(s - b for s, b in zip(sandboxed, bare, strict=True))
         print(f"{mode}: median per-completion time {statistics.median(sandboxed) * 1000:.0f} ms, "
               f"unsandboxed {statistics.median(bare) * 1000:.0f} ms, median overhead {overhead * 1000:.0f} ms")
