@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from grpo.rewards.resolve import RewardError
 
@@ -145,14 +146,21 @@ def _world_executable(path: Path) -> bool:
         return False
 
 
-def sandbox_user() -> pwd.struct_passwd | None:
-    """The unprivileged user the sandbox runs as when we are root; None when we are not root."""
+class SandboxUser(NamedTuple):
+    uid: int
+    gid: int
+
+
+def sandbox_user() -> SandboxUser | None:
+    """The unprivileged user the sandbox runs as when we are root (``nobody``, or its usual ids
+    65534 where no such user is listed); None when we are not root."""
     if os.geteuid() != 0:
         return None
     try:
-        return pwd.getpwnam("nobody")
+        entry = pwd.getpwnam("nobody")
     except KeyError:
-        return None
+        return SandboxUser(65534, 65534)
+    return SandboxUser(entry.pw_uid, entry.pw_gid)
 
 
 @functools.cache
@@ -167,11 +175,11 @@ def interpreter() -> str:
     raise SandboxUnavailable("no Python interpreter is executable by the unprivileged user 'nobody'")
 
 
-def _drop_user(user: pwd.struct_passwd | None) -> None:
+def _drop_user(user: SandboxUser | None) -> None:
     if user is not None:
         os.setgroups([])
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
+        os.setgid(user.gid)
+        os.setuid(user.uid)
 
 
 def _root_layout() -> list[str]:
@@ -219,7 +227,7 @@ def bwrap_problem() -> str | None:
     return None
 
 
-def _enter_weak(user: pwd.struct_passwd | None) -> None:
+def _enter_weak(user: SandboxUser | None) -> None:
     """preexec_fn of weak mode: runs in the child after fork, before exec; root-only steps first."""
     import ctypes
 
@@ -294,7 +302,7 @@ def _command(mode: str, limits: Limits) -> tuple[list[str], Callable[[], None] |
     if mode == "strict":
         return [*bwrap_command(limits), *runner], lambda: _drop_user(user), work
     if user is not None and mode == "weak":
-        os.chown(work, user.pw_uid, user.pw_gid)
+        os.chown(work, user.uid, user.gid)
     os.chmod(work, 0o700)
     if mode == "weak":
         _warn_weak()
