@@ -106,7 +106,8 @@ def _add_check_reward(sub: argparse._SubParsersAction) -> None:
     check = sub.add_parser(
         "check-reward", help="audit a reward: gold answers must score the max, exploit probes the min",
         description="Audit a reward on a dataset: every gold answer in several surface forms must score "
-        "the maximum, and a bank of exploit probes must score the minimum. Exits 1 on failure.",
+        "the maximum, and a bank of exploit probes must score the minimum. For code rewards (code_tests), "
+        "a battery of hostile programs must score 0 and leave no trace outside the sandbox. Exits 1 on failure.",
     )
     check.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
     check.add_argument("--data", default="", help="dataset file or folder (default: the task's held-out rows)")
@@ -117,28 +118,37 @@ def _add_check_reward(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--max-gold-failure", type=float, default=0.005,
                        help="largest allowed share of rows where a gold form misses the maximum (default: 0.005)")
     check.add_argument("--workers", type=int, default=2, help="reward worker processes (default: 2)")
+    check.add_argument("--sandbox", default="strict", choices=("strict", "weak"),
+                       help="how code rewards run untrusted code (default: strict, under bubblewrap)")
 
 
 def cmd_check_reward(args: argparse.Namespace) -> int:
     from grpo.rewards import resolve_reward
     from grpo.rewards.audit import audit_reward
+    from grpo.rewards.code_audit import audit_code_reward
+    from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
     from grpo.tasks import get_task, load_rows
 
     if args.limit < 0 or args.workers < 0 or not 0 <= args.max_gold_failure <= 1:
         raise ConfigError("--limit and --workers must be >= 0 and --max-gold-failure in [0, 1]")
     reward = resolve_reward(args.reward)
+    if needs_sandbox([reward]):  # before reading data: a missing bwrap is the first thing to know
+        set_sandbox(check_sandbox(args.sandbox))
     if args.data:
         rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field)
     else:
         rows = list(get_task(args.task).heldout)
     rows = rows[: args.limit] if args.limit else rows
-    report = audit_reward(reward, rows, max_gold_failure=args.max_gold_failure, workers=args.workers)
+    if needs_sandbox([reward]):
+        report = audit_code_reward(rows, reward=args.reward, workers=args.workers)
+    else:
+        report = audit_reward(reward, rows, max_gold_failure=args.max_gold_failure, workers=args.workers)
     print(report.table())
     return 1 if report.failures() else 0
 
 
 # What --resume may change: how the run is kept and shown, or how long it goes on, not its maths.
-RESUMABLE = ("steps", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every",
+RESUMABLE = ("steps", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
              "eval_batch_size", "save_model", "device", "threads")
 
 
@@ -204,14 +214,16 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     from grpo.models import check_model
     from grpo.rewards import resolve_reward
+    from grpo.rewards.sandbox import check_sandbox, needs_sandbox
     from grpo.tasks import load_task
 
     check_model(config.model)
     task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
                      prompt_template=config.prompt_template)
-    for spec in config.rewards:
-        resolve_reward(spec)
+    reward_fns = [resolve_reward(spec) for spec in config.rewards] or [task.reward]
+    if needs_sandbox(reward_fns):  # refuse now, not at the first step, when code cannot be sandboxed
+        check_sandbox(config.sandbox)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks

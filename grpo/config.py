@@ -43,6 +43,7 @@ class TrainConfig:
     reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
     reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
     on_error: str = field(**_doc("a reward call that raises or times out: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
+    sandbox: str = field(**_doc("how code rewards run untrusted code: strict (bubblewrap: own namespaces, read-only system, no network, no parent's files) or weak (an in-process guard the code can defeat; for machines without bubblewrap, with a warning)", default="strict"))
     steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=20))
     seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
@@ -136,7 +137,8 @@ class TrainConfig:
     def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
-                   "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off")}
+                   "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
+                   "sandbox": ("strict", "weak")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

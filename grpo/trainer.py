@@ -64,6 +64,7 @@ from grpo.models import add_lora, load_policy, save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
+from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import make_sampler
 from grpo.tasks import Task, load_task
@@ -234,6 +235,8 @@ class GRPOTrainer:
         self.config = config = settle_config(config, self.task)
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
+        if needs_sandbox(self.reward_fns):  # process-wide, before the reward workers fork, so they inherit it
+            set_sandbox(check_sandbox(config.sandbox))
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
         self.score = combine_rewards(
             self.reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,

@@ -96,3 +96,22 @@ def test_existing_run_is_not_overwritten(place):
     assert result.returncode == 2
     assert "output run already holds a run; continue it with --resume run" in result.stderr
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+@pytest.mark.parametrize("command", [["train", "--model", "model", "--task", "code", "--output", "run"],
+                                     ["check-reward", "--reward", "code_tests", "--task", "code"]])
+def test_code_rewards_refuse_to_start_without_bubblewrap(place, command):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(place / "no-bwrap-here")}
+    result = subprocess.run([sys.executable, "-m", "grpo", *command], cwd=place, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "bwrap is not installed" in lines[0] and "`bubblewrap`" in lines[0] and "--sandbox weak" in lines[0]
+    assert not (place / "run").exists()
+
+
+def test_unknown_sandbox_mode_is_one_clear_line(place):
+    result = grpo("train", "--model", "model", "--task", "code", "--sandbox", "loose", "--output", "run", cwd=place)
+    assert result.returncode == 2
+    assert "sandbox must be one of strict, weak, got 'loose'" in result.stderr

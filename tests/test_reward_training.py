@@ -3,20 +3,52 @@
 from pathlib import Path
 
 import pytest
+from unguarded import in_process_score
 
 from grpo.config import TrainConfig
 from grpo.rewards.code import code_tests
 from grpo.tasks import get_task
 from grpo.trainer import GRPOTrainer
 
-HOSTILE = [
-    "import os\nwhile True:\n    pass",
-    "x = bytearray(50 * 10**9)",
-    "import os\nfor _ in range(300):\n    if os.fork() == 0:\n        import time; time.sleep(2); os._exit(0)",
-    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
-    "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)",
-    "import os\nos._exit(0)",
+NAMES = ("add_k", "scale", "count_letter", "above")  # every function the code task asks for
+
+
+def _as_every_function(body: str) -> str:
+    indented = "\n".join("    " + line for line in body.strip("\n").splitlines())
+    return "\n".join(f"def {name}(*args):\n{indented}\n" for name in NAMES)
+
+
+# Attacks on the verdict: each beats the previous, in-process harness (checked below), and must score 0 here.
+VERDICT_ATTACKS = [
+    _as_every_function("""
+import sys, os
+f = sys._getframe()
+while f is not None:
+    if "_nonce" in f.f_globals:
+        n = f.f_globals["_nonce"]
+        for i in range(8):
+            os.write(1, f"{n} pass {i}\\n".encode())
+        os.write(1, f"{n} done\\n".encode())
+        os._exit(0)
+    f = f.f_back
+"""),
+    "class A:\n    __eq__ = lambda s, o: True\n    __hash__ = object.__hash__\n" + _as_every_function("return A()"),
+    "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\n" + _as_every_function("return I(0)"),
 ]
+# Attacks on the machine: training must go on, and they score 0.
+BOMBS = [
+    "while True:\n    pass\n" + _as_every_function("return 0"),
+    "x = bytearray(50 * 10**9)\n" + _as_every_function("return 0"),
+    _as_every_function("import os\nfor _ in range(100):\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['sleep', '2'])"),
+    _as_every_function("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.killpg(0, signal.SIGKILL)"),
+]
+HOSTILE = VERDICT_ATTACKS + BOMBS
+
+
+def test_the_verdict_attacks_beat_an_in_process_harness():
+    row = get_task("code", heldout_size=2).heldout[0]
+    for attack in VERDICT_ATTACKS:
+        assert in_process_score(attack, row["tests"]) == 1.0, attack
 
 
 def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, monkeypatch):
@@ -24,8 +56,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     from grpo.rewards import code as code_module
     from grpo.rewards.sandbox import Limits
 
-    monkeypatch.setattr(code_module, "DEFAULT_LIMITS", Limits(wall_seconds=2.0, cpu_seconds=1, memory_mb=512))
-    monkeypatch.setattr(code_module.run_tests, "__defaults__", (code_module.DEFAULT_LIMITS,))
+    monkeypatch.setattr(code_module.evaluate, "__defaults__", (Limits(wall_seconds=2.0, cpu_seconds=1, memory_mb=512),))
     config = TrainConfig(preflight="off", temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=2,
                          sample_every=0, device="cpu", save_model=False, reward_workers=2, reward_timeout=10)
     trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, task=get_task("code", heldout_size=2),
@@ -36,7 +67,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     def with_hostile(texts, rows, lengths=None):
         texts = list(texts)
         texts[: len(HOSTILE)] = [f"```python\n{h}\n```" for h in HOSTILE]
-        texts[-1] = f"```python\n{_solution(rows[-1])}\n```"  # one honest, correct answer
+        texts[-1] = f"```python\n{rows[-1]['solution']}\n```"  # one honest, correct answer
         result = score(texts, rows, lengths)
         seen.append(result[0].tolist())
         return result
@@ -47,22 +78,6 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     for rewards in seen:
         assert rewards[: len(HOSTILE)] == [0.0] * len(HOSTILE)
         assert rewards[-1] == 1.0
-
-
-def _solution(row):
-    """A correct solution for a code-task row, read off its prompt."""
-    prompt = row["prompt"]
-    k = int(prompt.split("x + ")[1].split(".")[0]) if "add_k" in prompt else None
-    if k is not None:
-        return f"def add_k(x):\n    return x + {k}"
-    if "scale" in prompt:
-        k = int(prompt.split("multiplied by ")[1].split(".")[0])
-        return f"def scale(xs):\n    return [x * {k} for x in xs]"
-    if "count_letter" in prompt:
-        letter = prompt.split("times '")[1][0]
-        return f"def count_letter(s):\n    return s.count({letter!r})"
-    k = int(prompt.split("greater than ")[1].split(",")[0])
-    return f"def above(xs):\n    return [x for x in xs if x > {k}]"
 
 
 @pytest.mark.slow

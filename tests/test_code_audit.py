@@ -1,0 +1,77 @@
+"""`grpo check-reward` on code rewards: the probes find nothing under bwrap, and find each hole where there is one.
+
+The probes' detectors are checked against real holes: no sandbox at all (mode "none"), the weak
+in-process guard, and tests of a shape whose verdict the sandboxed process gives itself.
+"""
+
+import json
+
+import pytest
+
+from grpo.cli import main
+from grpo.rewards import sandbox
+from grpo.rewards.code_audit import PROBES, audit_code_reward
+from grpo.rewards.sandbox import Limits
+from grpo.tasks import get_task
+
+CONTAINMENT = [
+    "secrets from the parent's environment", "secrets from files", "writing outside the working directory",
+    "switching off an in-process guard", "escaping the process group (setsid)", "network to a listener on this machine",
+    "signalling the parent", "fork bomb", "memory bomb (2 GB)", "memory bomb in 4 processes (4 x 600 MB)",
+    "disk bomb (500 MB)",
+]
+
+
+def test_every_probe_finds_nothing_on_the_code_task_under_bwrap():
+    rows = list(get_task("code").heldout)[:2]
+    report = audit_code_reward(rows, mode="strict")
+    assert report.failures() == [], report.table()
+    assert [o.rows for o in report.outcomes] == [2] * len(PROBES)
+    assert (report.gold_rows, report.gold_max, report.forgeable) == (2, 2, 0)
+
+
+def test_without_a_sandbox_every_containment_probe_is_caught():
+    rows = list(get_task("code").heldout)[:1]
+    report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=15.0))
+    assert set(CONTAINMENT) <= set(report.failures()), report.table()
+
+
+def test_the_weak_guard_fails_the_audit():
+    rows = list(get_task("code").heldout)[:1]
+    assert "switching off an in-process guard" in audit_code_reward(rows, mode="weak").failures()
+
+
+def test_forgeable_tests_are_counted_and_forged():
+    rows = [{"tests": "expected = 3\nassert add(1, 2) == expected\nassert add(1, 2) == 3",
+             "solution": "def add(a, b):\n    return a + b\n"}]
+    report = audit_code_reward(rows, mode="strict")
+    assert (report.tests, report.forgeable) == (2, 1)
+    assert "verdict forging (harness nonce)" in report.failures()
+    assert "forgeable tests (assert shapes the parent cannot check): 1 of 2" in report.table()
+
+
+def test_check_reward_command_on_the_code_task(capsys, monkeypatch):
+    monkeypatch.setattr(sandbox, "_mode", None)
+    monkeypatch.delenv("GRPO_SANDBOX", raising=False)
+    assert main(["check-reward", "--reward", "code_tests", "--task", "code", "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"exploits tried: {len(PROBES)} on every row; scoring or leaving a trace: 0" in out
+    assert "gold solutions scoring the maximum: 2/2" in out
+
+
+@pytest.mark.parametrize("mode", ["weak"])
+def test_check_reward_exits_1_when_a_probe_gets_through(capsys, monkeypatch, mode):
+    monkeypatch.setattr(sandbox, "_mode", None)
+    monkeypatch.delenv("GRPO_SANDBOX", raising=False)
+    assert main(["check-reward", "--reward", "code_tests", "--task", "code", "--limit", "1", "--sandbox", mode]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_tests_on_disk_are_out_of_reach(tmp_path):
+    rows = list(get_task("code").heldout)[:1]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    probes = {"the tests read from files on disk": PROBES["the tests read from files on disk"]}
+    unhurried = Limits(wall_seconds=30.0)  # without a sandbox the search walks all of /tmp
+    assert audit_code_reward(rows, mode="none", probes=probes, limits=unhurried).failures() == [
+        "the tests read from files on disk"]
+    assert audit_code_reward(rows, mode="strict", probes=probes).failures() == []
