@@ -194,14 +194,16 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     from grpo.models import check_model
     from grpo.rewards import resolve_reward
+    from grpo.rewards.styles import check_style
     from grpo.tasks import load_task
 
     check_model(config.model)
     task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
-                     prompt_template=config.prompt_template)
+                     prompt_template=config.prompt_template, eval_data=config.eval_data,
+                     require_answer=not config.rewards)
     for spec in config.rewards:
-        resolve_reward(spec)
+        check_style(resolve_reward(spec), config.reward_style)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
