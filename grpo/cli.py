@@ -145,12 +145,19 @@ def _given_options(args: argparse.Namespace) -> dict:
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The config file's values, overridden by the options given on the command line."""
+    """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
+    given on the command line."""
+    from grpo.trl_config import translate
+
     given = _given_options(args)
-    values = load_config_file(args.config) if args.config else {}
+    values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    return TrainConfig.from_dict({**values, **given})
+    config = TrainConfig.from_dict({**values, **given})
+    if ignored:
+        print(f"grpo train: warning: {args.config}: TRL keys with no meaning in grpo, ignored: {', '.join(ignored)}",
+              file=sys.stderr)
+    return config
 
 
 def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
