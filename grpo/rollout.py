@@ -14,6 +14,8 @@ T completion tokens, H hidden size, V vocabulary.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,6 +173,24 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return n
 
 
+@functools.cache
+def _cache_arg(decoder_class: type) -> str:
+    """The decoder's name for the KV cache: ``cache`` since transformers renamed it, ``past_key_values``
+    before (5.16-5.2x). Passing the wrong one would not fail: forward's **kwargs would swallow it."""
+    params = inspect.signature(decoder_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def decode(decoder: nn.Module, cache: object = None, **inputs: object) -> object:
+    """``decoder(**inputs)`` with ``cache`` passed under the decoder's name for it; the output's
+    cache is ``.cache`` on the output whichever name the library uses."""
+    name = _cache_arg(type(decoder))
+    out = decoder(**inputs, **({name: cache} if cache is not None else {}))
+    if name != "cache":
+        out.cache = out.past_key_values
+    return out
+
+
 def encode_prompt_batch(
     decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None
 ) -> PromptState:
@@ -192,16 +212,16 @@ def encode_prompt_batch(
     shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
     if shared >= 8:
         prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
-        cache = decoder(**inputs(prefix), use_cache=True).cache
+        cache = decode(decoder, **inputs(prefix), use_cache=True).cache
         cache.batch_repeat_interleave(len(prompts))
         ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
         attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
         pos = (_positions(attn))[:, shared:]
-        out = decoder(**inputs(ids), attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+        out = decode(decoder, cache, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
     else:
         ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
         pos = _positions(attn)
-        out = decoder(**inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
+        out = decode(decoder, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
     cache = out.cache
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)
@@ -297,11 +317,12 @@ def generate(
             cache.batch_select_indices(keep)
             active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
         attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-        out = decoder(
+        out = decode(
+            decoder,
+            cache,
             input_ids=token.unsqueeze(1),
             attention_mask=attn,
             position_ids=next_pos.unsqueeze(1),
-            cache=cache,
             use_cache=True,
         )
         cache = out.cache
@@ -496,9 +517,10 @@ def completion_hidden(
         if width > 1:
             attn = torch.cat([state.attn[rows], state.attn.new_ones((len(rows), width - 1))], dim=1)
             cpos = state.next_pos[rows].unsqueeze(1) + torch.arange(width - 1, device=device)  # (r, w-1)
-            rest = decoder(
+            rest = decode(
+                decoder, _select_rows(state.cache, rows),
                 inputs_embeds=embed(completion_ids[rows, : width - 1]), attention_mask=attn, position_ids=cpos,
-                cache=_select_rows(state.cache, rows), use_cache=True,
+                use_cache=True,
             ).last_hidden_state  # (r, w-1, H)
             hidden = torch.cat([hidden, rest], dim=1)
         valid = torch.arange(width, device=device) < lengths[rows].unsqueeze(1)  # (r, w)
