@@ -261,6 +261,17 @@ def grouped_kv_attention(device: torch.device) -> Iterator[None]:
         os.environ.pop(key, None)
 
 
+def end_of_turn_ids(model: nn.Module, tokenizer: object) -> list[int]:
+    """Every token id that ends a turn: the tokenizer's EOS and each id of the model's
+    ``generation_config.eos_token_id``. Chat models often declare several (Qwen2.5: ``<|im_end|>``
+    and ``<|endoftext|>``; Gemma ends turns with ``<end_of_turn>``, Phi-3 with ``<|end|>``), and a
+    sampler that stops only on the tokenizer's EOS runs on past the end of the answer."""
+    ids = [tokenizer.eos_token_id]
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += list(declared) if isinstance(declared, (list, tuple)) else [declared]
+    return sorted({int(i) for i in ids if i is not None})
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -278,7 +289,8 @@ def generate(
 ) -> Rollout:
     """Sample group_size completions for each prompt, sharing each prompt's KV cache.
 
-    A completion ends at a stop token (the tokenizer's EOS by default), at
+    A completion ends at a stop token (by default every end-of-turn id, see
+    :func:`end_of_turn_ids`), at
     the token that completes one of ``stop_strings`` (kept in the completion,
     so its log-prob is trained like any other), or at max_new_tokens.
     """
@@ -287,7 +299,7 @@ def generate(
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
     stops = torch.tensor(
-        stop_token_ids if stop_token_ids is not None else [tokenizer.eos_token_id], device=device
+        stop_token_ids if stop_token_ids is not None else end_of_turn_ids(model, tokenizer), device=device
     )
     state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
     cache, attn, next_pos = state.cache, state.attn, state.next_pos
