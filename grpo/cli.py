@@ -16,6 +16,10 @@ from pathlib import Path
 
 from grpo.config import ConfigError, TrainConfig, load_config_file
 
+if typing.TYPE_CHECKING:
+    from grpo.rewards.resolve import RewardFn
+    from grpo.tasks import Task
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error on one line, without the usage block."""
@@ -79,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
     ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
+    _add_eval_data_options(ev)
     ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -90,6 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tasks", help="list the built-in tasks")
     _add_check_reward(sub)
     return parser
+
+
+def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
+    """grpo eval reads data, prompts and rewards as training does, so a held-out file is scored as trained."""
+    ev.add_argument("--data", default="", help="evaluate on this dataset file or folder (its first --eval-size rows) instead of a task's held-out split")
+    ev.add_argument("--prompt-field", default="", help="the data's prompt column")
+    ev.add_argument("--answer-field", default="", help="the data's answer column")
+    ev.add_argument("--system-prompt", default="", help="system message before every prompt")
+    ev.add_argument("--prompt-template", default="", help="format string over the row's fields making the user message")
+    ev.add_argument("--stop", nargs="+", default=[], metavar="STOP", help="stop strings, as in training")
+    ev.add_argument("--rewards", nargs="+", default=[], metavar="REWARD",
+                    help="score with these rewards (weighted sum; correct at >= 1.0) instead of the task's checker")
+    ev.add_argument("--reward-weights", type=float, nargs="+", default=[], metavar="WEIGHT", help="one weight per reward")
+    ev.add_argument("--reward-style", default="auto", help="auto, grpo, trl or verl (default: auto)")
 
 
 def _add_check_reward(sub: argparse._SubParsersAction) -> None:
@@ -240,32 +259,61 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _eval_task(args: argparse.Namespace) -> Task:
+    """The rows grpo eval scores: the first --eval-size rows of --data, or the task's held-out split."""
+    from grpo.rewards.math import math_answer
+    from grpo.tasks import Task, get_task, load_rows
+
+    if not args.data:
+        task = get_task(args.task, heldout_size=args.eval_size)
+        return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt)
+    rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
+                     prompt_template=args.prompt_template, require_answer=not args.rewards)
+    return Task(Path(args.data).stem, [], rows[: args.eval_size], math_answer, args.system_prompt or None)
+
+
+def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
+    """The task's checker, or the --rewards a run trained on, called in their own style."""
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.styles import check_style, weighted_reward
+
+    if not args.rewards:
+        return task.reward
+    if args.reward_weights and len(args.reward_weights) != len(args.rewards):
+        raise ConfigError(f"--reward-weights has {len(args.reward_weights)} entries but --rewards has {len(args.rewards)}")
+    fns = [resolve_reward(spec) for spec in args.rewards]
+    return weighted_reward(fns, [check_style(fn, args.reward_style) for fn in fns], args.reward_weights or None)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from grpo.evaluate import encode_prompts, evaluate
     from grpo.models import check_model, load_policy
-    from grpo.tasks import get_task
     from grpo.trainer import pick_device
 
     if args.eval_size <= 0 or args.max_new_tokens <= 0:
         raise ConfigError("--eval-size and --max-new-tokens must be positive")
     if args.samples < 0 or (args.samples and not all(0 < k <= args.samples for k in args.k)):
         raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
+    if args.temperature <= 0 and args.samples:
+        raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
     check_model(args.model)
-    task = get_task(args.task, heldout_size=args.eval_size)
+    task = _eval_task(args)
+    reward = _eval_reward(args, task)
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
-    result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, task.reward,
+    result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
                       max_new_tokens=args.max_new_tokens, samples=args.samples, ks=args.k,
-                      temperature=args.temperature,
+                      temperature=args.temperature, stop_strings=tuple(args.stop),
                       generator=torch.Generator(device=device).manual_seed(args.seed))
+    name = args.data or args.task
     if args.json:
-        print(json.dumps({"model": args.model, "task": args.task, "heldout_size": result.size,
+        print(json.dumps({"model": args.model, "task": name, "heldout_size": result.size,
                           "samples": result.samples, **result.metrics()}))
     else:
-        print(f"held-out {args.task}: {result.describe()}")
+        print(f"held-out {name}: {result.describe()}")
     return 0
 
 

@@ -83,10 +83,10 @@ def check_style(fn: Callable, style: str) -> Style:
         raise RewardError(f"reward style must be auto, {', '.join(STYLES)}, got {style!r}")
     if hasattr(fn, "score_batch") or _params(fn) is None:
         return style  # type: ignore[return-value]
-    probes = {
+    probes = {  # the arguments each style's call passes
         "grpo": (("completion", {}), {}),
         "trl": ((), {"prompts": [], "completions": [], "completion_ids": []}),
-        "verl": ((), {"solution_str": "text", "ground_truth": "truth"}),
+        "verl": ((), _verl_kwargs(fn, "completion", {"answer": "1"})),
     }
     args, kwargs = probes[style]
     try:
@@ -191,3 +191,17 @@ def call_batch(fn: Callable, style: str, texts: Sequence[str], rows: Sequence[Ma
         return call_trl(fn, texts, rows, ids)
     one = call_verl if style == "verl" else call_grpo
     return [one(fn, t, r) for t, r in zip(texts, rows, strict=True)]
+
+
+def weighted_reward(fns: Sequence[Callable], styles: Sequence[str],
+                    weights: Sequence[float] | None = None) -> Callable[[str, Mapping], float]:
+    """One ``(completion, example) -> float``: the weighted sum of several rewards, each called in its
+    style on a batch of one (for evaluation, which asks one completion at a time). A failed call or
+    None counts 0, as in training with on_error="zero"."""
+    weights = list(weights) if weights else [1.0] * len(fns)
+
+    def total(text: str, row: Mapping) -> float:
+        results = [call_batch(fn, style, [text], [row])[0] for fn, style in zip(fns, styles, strict=True)]
+        return sum(w * (r.value or 0.0) for w, r in zip(weights, results, strict=True) if r.error is None)
+
+    return total
