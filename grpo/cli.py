@@ -203,6 +203,18 @@ def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     return config, run_dir
 
 
+def check_run_dir(path: Path) -> None:
+    """An --output that cannot be a directory is refused before anything loads: not an existing file,
+    not below one, and writable where it would be created."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output {path} is a file, not a directory")
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise ConfigError(f"output {path} cannot be a directory: {parent} is a file")
+    if not os.access(path if path.exists() else parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {path} is not writable")
+
+
 def _without_nproc(argv: list[str]) -> list[str]:
     out, skip = [], False
     for arg in argv:
@@ -224,6 +236,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from grpo.tasks import load_task
 
     check_model(config.model)
+    if config.output and run_dir is None:
+        check_run_dir(Path(config.output))
     task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
                      prompt_template=config.prompt_template, eval_data=config.eval_data,
