@@ -70,3 +70,16 @@ def test_the_vocabularies_are_disjoint_where_they_must_be():
     assert not set(RENAMED) & IGNORED
     assert not set(NEUTRAL) & IGNORED
     assert set(RENAMED.values()) | set(TRL_DEFAULTS) <= {f for f in TrainConfig.__dataclass_fields__}
+
+
+def test_the_readme_trl_config_reads_with_its_warning():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```yaml\n(# trl_grpo\.yaml.*?)```", readme, re.DOTALL).group(1)
+    cfg, ignored = config(yaml.safe_load(block))
+    assert (cfg.output, cfg.steps, cfg.batch_size, cfg.group_size, cfg.lr) == ("Qwen2-0.5B-GRPO", 100, 8, 8, 1e-6)
+    assert ignored == ["bf16"]
