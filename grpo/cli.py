@@ -31,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _suggest_option(parser: argparse.ArgumentParser, given: list[str]) -> str:
-    """' (did you mean --x?)' for the first misspelt option, looking through the subcommands too."""
+    """' (did you mean --x?)' for the first misspelt option, looking through the subcommands and TRL's
+    names too."""
     import difflib
 
     known = list(parser._option_string_actions)
@@ -39,9 +40,14 @@ def _suggest_option(parser: argparse.ArgumentParser, given: list[str]) -> str:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 known += list(sub._option_string_actions)
+    from grpo.trl_config import RENAMED
+
+    trl = {_flag(key): _flag(option) for key, option in RENAMED.items()}  # TRL's names, as flags
     for word in given:
         if word.startswith("--"):
-            hint = difflib.get_close_matches(word.split("=")[0], known, n=1)
+            hint = difflib.get_close_matches(word.split("=")[0], known + list(trl), n=1)
+            if hint and hint[0] in trl:
+                return f" (TRL's {hint[0][2:].replace('-', '_')} is {trl[hint[0]]} here)"
             if hint:
                 return f" (did you mean {hint[0]}?)"
     return ""

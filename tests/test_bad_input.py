@@ -54,6 +54,8 @@ def place(tmp_path):
 CASES = {
     "unknown config key": (["--config", "typo.yaml"], "unknown config key 'grop_size' (did you mean 'group_size'?)"),
     "unknown option": (["--grop-size", "4"], "unrecognized arguments: --grop-size 4 (did you mean --group-size?)"),
+    "TRL's name as an option": (["--learning-rate", "1e-6"], "unrecognized arguments: --learning-rate 1e-6 (TRL's learning_rate is --lr here)"),
+    "misspelt TRL name as an option": (["--num-generation", "4"], "(TRL's num_generations is --group-size here)"),
     "wrong type in yaml": (["--config", "wrong-type.yaml"], "steps must be of type int, got 'ten'"),
     "wrong type in toml": (["--config", "wrong-type.toml"], "lr must be of type float, got 'fast'"),
     "wrong type on the command line": (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
