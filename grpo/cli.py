@@ -242,14 +242,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from grpo.tasks import load_task
 
     check_model(config.model)
-    if config.output and run_dir is None:
-        check_run_dir(Path(config.output))
     task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
                      prompt_template=config.prompt_template, eval_data=config.eval_data,
                      require_answer=not config.rewards)
     for spec in config.rewards:
         check_style(resolve_reward(spec), config.reward_style)
+    if config.output and run_dir is None:
+        check_run_dir(Path(config.output))
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
