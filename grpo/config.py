@@ -36,7 +36,7 @@ class TrainConfig:
     system_prompt: str = field(**_doc("system message before every prompt (empty: none, or the task's own)", default=""))
     prompt_template: str = field(**_doc("format string over the row's fields making the user message, e.g. '{question} Answer in \\boxed{{}}.' (empty: the prompt as is)", default=""))
     rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
-    reward_style: str = field(**_doc("how the rewards are called: auto (read from each signature), grpo (completion, example), trl (completions, **kwargs; per batch) or verl (data_source, solution_str, ground_truth, extra_info)", default="auto"))
+    reward_style: str = field(**_doc("how the rewards are called: auto (read from each signature), grpo (completion, example), trl (completions, **kwargs; per batch) or verl (data_source, solution_str, ground_truth, extra_info); a stated style applies to every reward", default="auto"))
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
     reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
     reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))

@@ -48,6 +48,7 @@ def test_a_function_of_no_accepted_form_is_refused_with_the_three_forms():
 
 def test_a_stated_style_must_fit_the_signature():
     assert check_style(trl("reward_len"), "trl") == "trl"
+    assert check_style(trl("accuracy_reward"), "trl") == "trl"  # `solution` is a column, known when called
     assert check_style(verl("compute_score"), "verl") == "verl"
     assert check_style(verl("gsm8k_only"), "verl") == "verl"
     assert check_style(resolve_reward("math_answer"), "grpo") == "grpo"

@@ -81,11 +81,15 @@ def check_style(fn: Callable, style: str) -> Style:
         return detect_style(fn)
     if style not in STYLES:
         raise RewardError(f"reward style must be auto, {', '.join(STYLES)}, got {style!r}")
-    if hasattr(fn, "score_batch") or _params(fn) is None:
+    params = _params(fn)
+    if hasattr(fn, "score_batch") or params is None:
         return style  # type: ignore[return-value]
+    if style == "trl":  # its other parameters name dataset columns, known only when called
+        if "completions" not in {p.name for p in params}:
+            raise RewardError(f"reward {_name(fn)} does not fit the trl style ({ACCEPTED_FORMS})")
+        return "trl"
     probes = {  # the arguments each style's call passes
         "grpo": (("completion", {}), {}),
-        "trl": ((), {"prompts": [], "completions": [], "completion_ids": []}),
         "verl": ((), _verl_kwargs(fn, "completion", {"answer": "1"})),
     }
     args, kwargs = probes[style]
