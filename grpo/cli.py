@@ -114,7 +114,8 @@ def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("--rewards", nargs="+", default=[], metavar="REWARD",
                     help="score with these rewards (weighted sum; correct at >= 1.0) instead of the task's checker")
     ev.add_argument("--reward-weights", type=float, nargs="+", default=[], metavar="WEIGHT", help="one weight per reward")
-    ev.add_argument("--reward-style", default="auto", help="auto, grpo, trl or verl (default: auto)")
+    ev.add_argument("--reward-style", default="auto", choices=("auto", "grpo", "trl", "verl"),
+                    help="how the rewards are called (default: auto, read from each signature)")
 
 
 def _add_check_reward(sub: argparse._SubParsersAction) -> None:
