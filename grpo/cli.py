@@ -16,6 +16,10 @@ from pathlib import Path
 
 from grpo.config import ConfigError, TrainConfig, load_config_file
 
+if typing.TYPE_CHECKING:
+    from grpo.rewards.resolve import RewardFn
+    from grpo.tasks import Task
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error on one line, without the usage block."""
@@ -27,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _suggest_option(parser: argparse.ArgumentParser, given: list[str]) -> str:
-    """' (did you mean --x?)' for the first misspelt option, looking through the subcommands too."""
+    """' (did you mean --x?)' for the first misspelt option, looking through the subcommands and TRL's
+    names too."""
     import difflib
 
     known = list(parser._option_string_actions)
@@ -35,9 +40,14 @@ def _suggest_option(parser: argparse.ArgumentParser, given: list[str]) -> str:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 known += list(sub._option_string_actions)
+    from grpo.trl_config import RENAMED
+
+    trl = {_flag(key): _flag(option) for key, option in RENAMED.items()}  # TRL's names, as flags
     for word in given:
         if word.startswith("--"):
-            hint = difflib.get_close_matches(word.split("=")[0], known, n=1)
+            hint = difflib.get_close_matches(word.split("=")[0], known + list(trl), n=1)
+            if hint and hint[0] in trl:
+                return f" (TRL's {hint[0][2:].replace('-', '_')} is {trl[hint[0]]} here)"
             if hint:
                 return f" (did you mean {hint[0]}?)"
     return ""
@@ -81,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
     ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
+    _add_eval_data_options(ev)
     ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -100,6 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(pre)
     _add_check_reward(sub)
     return parser
+
+
+def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
+    """grpo eval reads data, prompts and rewards as training does, so a held-out file is scored as trained."""
+    ev.add_argument("--data", default="", help="evaluate on this dataset file or folder (its first --eval-size rows) instead of a task's held-out split")
+    ev.add_argument("--prompt-field", default="", help="the data's prompt column")
+    ev.add_argument("--answer-field", default="", help="the data's answer column")
+    ev.add_argument("--system-prompt", default="", help="system message before every prompt")
+    ev.add_argument("--prompt-template", default="", help="format string over the row's fields making the user message")
+    ev.add_argument("--stop", nargs="+", default=[], metavar="STOP", help="stop strings, as in training")
+    ev.add_argument("--rewards", nargs="+", default=[], metavar="REWARD",
+                    help="score with these rewards (weighted sum; correct at >= 1.0) instead of the task's checker")
+    ev.add_argument("--reward-weights", type=float, nargs="+", default=[], metavar="WEIGHT", help="one weight per reward")
+    ev.add_argument("--reward-style", default="auto", choices=("auto", "grpo", "trl", "verl"),
+                    help="how the rewards are called (default: auto, read from each signature)")
 
 
 def _add_check_reward(sub: argparse._SubParsersAction) -> None:
@@ -165,12 +191,19 @@ def _given_options(args: argparse.Namespace) -> dict:
 
 
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The config file's values, overridden by the options given on the command line."""
+    """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
+    given on the command line."""
+    from grpo.trl_config import translate
+
     given = _given_options(args)
-    values = load_config_file(args.config) if args.config else {}
+    values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    return TrainConfig.from_dict({**values, **given})
+    config = TrainConfig.from_dict({**values, **given})
+    if ignored:
+        print(f"grpo train: warning: {args.config}: TRL keys with no meaning in grpo, ignored: {', '.join(ignored)}",
+              file=sys.stderr)
+    return config
 
 
 def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
@@ -197,6 +230,18 @@ def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     return config, run_dir
 
 
+def check_run_dir(path: Path) -> None:
+    """An --output that cannot be a directory is refused before anything loads: not an existing file,
+    not below one, and writable where it would be created."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output {path} is a file, not a directory")
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise ConfigError(f"output {path} cannot be a directory: {parent} is a file")
+    if not os.access(path if path.exists() else parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {path} is not writable")
+
+
 def _without_nproc(argv: list[str]) -> list[str]:
     out, skip = [], False
     for arg in argv:
@@ -215,15 +260,21 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from grpo.models import check_model
     from grpo.rewards import resolve_reward
     from grpo.rewards.sandbox import check_sandbox, needs_sandbox
+    from grpo.rewards.styles import check_style
     from grpo.tasks import load_task
 
     check_model(config.model)
     task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
-                     prompt_template=config.prompt_template)
+                     prompt_template=config.prompt_template, eval_data=config.eval_data,
+                     require_answer=not config.rewards)
     reward_fns = [resolve_reward(spec) for spec in config.rewards] or [task.reward]
+    for fn in reward_fns[: len(config.rewards)]:
+        check_style(fn, config.reward_style)
     if needs_sandbox(reward_fns):  # refuse now, not at the first step, when code cannot be sandboxed
         check_sandbox(config.sandbox)
+    if config.output and run_dir is None:
+        check_run_dir(Path(config.output))
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
@@ -271,32 +322,61 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 1 if report.stops("strict" if config.preflight == "strict" else "on") else 0
 
 
+def _eval_task(args: argparse.Namespace) -> Task:
+    """The rows grpo eval scores: the first --eval-size rows of --data, or the task's held-out split."""
+    from grpo.rewards.math import math_answer
+    from grpo.tasks import Task, get_task, load_rows
+
+    if not args.data:
+        task = get_task(args.task, heldout_size=args.eval_size)
+        return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt)
+    rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
+                     prompt_template=args.prompt_template, require_answer=not args.rewards)
+    return Task(Path(args.data).stem, [], rows[: args.eval_size], math_answer, args.system_prompt or None)
+
+
+def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
+    """The task's checker, or the --rewards a run trained on, called in their own style."""
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.styles import check_style, weighted_reward
+
+    if not args.rewards:
+        return task.reward
+    if args.reward_weights and len(args.reward_weights) != len(args.rewards):
+        raise ConfigError(f"--reward-weights has {len(args.reward_weights)} entries but --rewards has {len(args.rewards)}")
+    fns = [resolve_reward(spec) for spec in args.rewards]
+    return weighted_reward(fns, [check_style(fn, args.reward_style) for fn in fns], args.reward_weights or None)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from grpo.evaluate import encode_prompts, evaluate
     from grpo.models import check_model, load_policy
-    from grpo.tasks import get_task
     from grpo.trainer import pick_device
 
     if args.eval_size <= 0 or args.max_new_tokens <= 0:
         raise ConfigError("--eval-size and --max-new-tokens must be positive")
     if args.samples < 0 or (args.samples and not all(0 < k <= args.samples for k in args.k)):
         raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
+    if args.temperature <= 0 and args.samples:
+        raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
     check_model(args.model)
-    task = get_task(args.task, heldout_size=args.eval_size)
+    task = _eval_task(args)
+    reward = _eval_reward(args, task)
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
-    result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, task.reward,
+    result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
                       max_new_tokens=args.max_new_tokens, samples=args.samples, ks=args.k,
-                      temperature=args.temperature,
+                      temperature=args.temperature, stop_strings=tuple(args.stop),
                       generator=torch.Generator(device=device).manual_seed(args.seed))
+    name = args.data or args.task
     if args.json:
-        print(json.dumps({"model": args.model, "task": args.task, "heldout_size": result.size,
+        print(json.dumps({"model": args.model, "task": name, "heldout_size": result.size,
                           "samples": result.samples, **result.metrics()}))
     else:
-        print(f"held-out {args.task}: {result.describe()}")
+        print(f"held-out {name}: {result.describe()}")
     return 0
 
 

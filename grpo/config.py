@@ -34,11 +34,13 @@ class TrainConfig:
     model: str = field(**_doc("model: 'smollm2' (embedded), a Hugging Face folder, a .gguf file or a hub id", default="smollm2"))
     task: str = field(**_doc("built-in task name (see `grpo tasks`)", default="add"))
     data: str = field(**_doc("your dataset instead of the task: .jsonl/.csv/.parquet file, saved Hugging Face dataset folder or hub name (default reward: math_answer)", default=""))
+    eval_data: str = field(**_doc("held-out evaluation data (same formats and field options as data) instead of a split of the training data", default=""))
     prompt_field: str = field(**_doc("the data's prompt column (empty: prompt, question, problem or input)", default=""))
     answer_field: str = field(**_doc("the data's answer column (empty: answer, solution, output or target; GSM8K's '#### x' is recognised)", default=""))
     system_prompt: str = field(**_doc("system message before every prompt (empty: none, or the task's own)", default=""))
     prompt_template: str = field(**_doc("format string over the row's fields making the user message, e.g. '{question} Answer in \\boxed{{}}.' (empty: the prompt as is)", default=""))
     rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
+    reward_style: str = field(**_doc("how the rewards are called: auto (read from each signature), grpo (completion, example), trl (completions, **kwargs; per batch) or verl (data_source, solution_str, ground_truth, extra_info); a stated style applies to every reward", default="auto"))
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
     reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
     reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
@@ -138,7 +140,7 @@ class TrainConfig:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
                    "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
-                   "sandbox": ("strict", "weak")}
+                   "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -235,7 +235,8 @@ def _sample_round(
         )
     group_rows = [r for r in rows for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
-    rewards, metrics = trainer.score(rollout.texts, group_rows, lengths, truncated)
+    ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths, strict=True)]
+    rewards, metrics = trainer.score(rollout.texts, group_rows, lengths, ids, truncated=truncated)
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
     out.correct += [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
     out.texts += rollout.texts

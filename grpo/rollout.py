@@ -14,6 +14,8 @@ T completion tokens, H hidden size, V vocabulary.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -171,6 +173,24 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return n
 
 
+@functools.cache
+def _cache_arg(decoder_class: type) -> str:
+    """The decoder's name for the KV cache: ``cache`` since transformers renamed it, ``past_key_values``
+    before (5.16-5.2x). Passing the wrong one would not fail: forward's **kwargs would swallow it."""
+    params = inspect.signature(decoder_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def decode(decoder: nn.Module, cache: object = None, **inputs: object) -> object:
+    """``decoder(**inputs)`` with ``cache`` passed under the decoder's name for it; the output's
+    cache is ``.cache`` on the output whichever name the library uses."""
+    name = _cache_arg(type(decoder))
+    out = decoder(**inputs, **({name: cache} if cache is not None else {}))
+    if name != "cache":
+        out.cache = out.past_key_values
+    return out
+
+
 def encode_prompt_batch(
     decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None
 ) -> PromptState:
@@ -192,16 +212,16 @@ def encode_prompt_batch(
     shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
     if shared >= 8:
         prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
-        cache = decoder(**inputs(prefix), use_cache=True).cache
+        cache = decode(decoder, **inputs(prefix), use_cache=True).cache
         cache.batch_repeat_interleave(len(prompts))
         ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
         attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
         pos = (_positions(attn))[:, shared:]
-        out = decoder(**inputs(ids), attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+        out = decode(decoder, cache, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
     else:
         ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
         pos = _positions(attn)
-        out = decoder(**inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
+        out = decode(decoder, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
     cache = out.cache
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)
@@ -241,6 +261,17 @@ def grouped_kv_attention(device: torch.device) -> Iterator[None]:
         os.environ.pop(key, None)
 
 
+def end_of_turn_ids(model: nn.Module, tokenizer: object) -> list[int]:
+    """Every token id that ends a turn: the tokenizer's EOS and each id of the model's
+    ``generation_config.eos_token_id``. Chat models often declare several (Qwen2.5: ``<|im_end|>``
+    and ``<|endoftext|>``; Gemma ends turns with ``<end_of_turn>``, Phi-3 with ``<|end|>``), and a
+    sampler that stops only on the tokenizer's EOS runs on past the end of the answer."""
+    ids = [tokenizer.eos_token_id]
+    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += list(declared) if isinstance(declared, (list, tuple)) else [declared]
+    return sorted({int(i) for i in ids if i is not None})
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -259,7 +290,8 @@ def generate(
 ) -> Rollout:
     """Sample group_size completions for each prompt, sharing each prompt's KV cache.
 
-    A completion ends at a stop token (the tokenizer's EOS by default), at
+    A completion ends at a stop token (by default every end-of-turn id, see
+    :func:`end_of_turn_ids`), at
     the token that completes one of ``stop_strings`` (kept in the completion,
     so its log-prob is trained like any other), or at max_new_tokens.
     ``stop_early(tokens so far, rows still decoding)`` may end every row at
@@ -270,7 +302,7 @@ def generate(
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id
     stops = torch.tensor(
-        stop_token_ids if stop_token_ids is not None else [tokenizer.eos_token_id], device=device
+        stop_token_ids if stop_token_ids is not None else end_of_turn_ids(model, tokenizer), device=device
     )
     state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
     cache, attn, next_pos = state.cache, state.attn, state.next_pos
@@ -302,11 +334,12 @@ def generate(
             cache.batch_select_indices(keep)
             active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
         attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-        out = decoder(
+        out = decode(
+            decoder,
+            cache,
             input_ids=token.unsqueeze(1),
             attention_mask=attn,
             position_ids=next_pos.unsqueeze(1),
-            cache=cache,
             use_cache=True,
         )
         cache = out.cache
@@ -501,9 +534,10 @@ def completion_hidden(
         if width > 1:
             attn = torch.cat([state.attn[rows], state.attn.new_ones((len(rows), width - 1))], dim=1)
             cpos = state.next_pos[rows].unsqueeze(1) + torch.arange(width - 1, device=device)  # (r, w-1)
-            rest = decoder(
+            rest = decode(
+                decoder, _select_rows(state.cache, rows),
                 inputs_embeds=embed(completion_ids[rows, : width - 1]), attention_mask=attn, position_ids=cpos,
-                cache=_select_rows(state.cache, rows), use_cache=True,
+                use_cache=True,
             ).last_hidden_state  # (r, w-1, H)
             hidden = torch.cat([hidden, rest], dim=1)
         valid = torch.arange(width, device=device) < lengths[rows].unsqueeze(1)  # (r, w)

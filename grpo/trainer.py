@@ -65,6 +65,7 @@ from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
+from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import make_sampler
 from grpo.tasks import Task, load_task
@@ -228,7 +229,8 @@ class GRPOTrainer:
         self.task = task if task is not None else load_task(
             config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
             answer_field=config.answer_field, system_prompt=config.system_prompt,
-            prompt_template=config.prompt_template,
+            prompt_template=config.prompt_template, eval_data=config.eval_data,
+            require_answer=not (rewards or config.rewards),
         )
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
@@ -238,9 +240,11 @@ class GRPOTrainer:
         if needs_sandbox(self.reward_fns):  # process-wide, before the reward workers fork, so they inherit it
             set_sandbox(check_sandbox(config.sandbox))
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
+        style = config.reward_style if reward_specs else "auto"
         self.score = combine_rewards(
             self.reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,
             on_error=config.on_error, max_completion_tokens=config.max_new_tokens,
+            styles=[check_style(fn, style) for fn in self.reward_fns],
         )
 
         seed_everything(config.seed)
@@ -406,8 +410,9 @@ class GRPOTrainer:
             )
         t_gen = time.perf_counter()
         group_rows = [r for r in rows for _ in range(cfg.group_size)]
-        own_rewards, reward_means = self.score(
-            rollout.texts, group_rows, rollout.lengths.tolist(), rollout.truncated.tolist())  # (N/W,)
+        ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)]
+        own_rewards, reward_means = self.score(  # (N/W,)
+            rollout.texts, group_rows, rollout.lengths.tolist(), ids, truncated=rollout.truncated.tolist())
         rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole draw's
         means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
         return Round(

@@ -37,6 +37,15 @@ def place(tmp_path):
     (tmp_path / "wrong-type.yaml").write_text("steps: ten\n")
     (tmp_path / "wrong-type.toml").write_text('lr = "fast"\n')
     (tmp_path / "broken.yaml").write_text("steps: [3\n")
+    (tmp_path / "good.jsonl").write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
+    (tmp_path / "unrelated.jsonl").write_text('{"text": "hello", "label": 1}\n')
+    (tmp_path / "no_import.py").write_text("import no_such_module_xyz\n")
+    (tmp_path / "three_args.py").write_text("def score(a, b, c):\n    return 0.0\n")
+    (tmp_path / "trl_len.py").write_text("def reward_len(completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    (tmp_path / "trl-wrong-type.yaml").write_text("learning_rate: fast\nnum_generations: 4\n")
+    (tmp_path / "trl-loss.yaml").write_text("max_steps: 3\nloss_type: cispo\n")
+    (tmp_path / "trl-typo.yaml").write_text("max_steps: 3\nlerning_rate: 1.0e-6\n")
+    (tmp_path / "trl-epochs.yaml").write_text("num_train_epochs: 3\n")
     (tmp_path / "not-a-run").mkdir()
     (tmp_path / "not-a-run" / "notes.txt").write_text("hello")
     return tmp_path
@@ -45,6 +54,8 @@ def place(tmp_path):
 CASES = {
     "unknown config key": (["--config", "typo.yaml"], "unknown config key 'grop_size' (did you mean 'group_size'?)"),
     "unknown option": (["--grop-size", "4"], "unrecognized arguments: --grop-size 4 (did you mean --group-size?)"),
+    "TRL's name as an option": (["--learning-rate", "1e-6"], "unrecognized arguments: --learning-rate 1e-6 (TRL's learning_rate is --lr here)"),
+    "misspelt TRL name as an option": (["--num-generation", "4"], "(TRL's num_generations is --group-size here)"),
     "wrong type in yaml": (["--config", "wrong-type.yaml"], "steps must be of type int, got 'ten'"),
     "wrong type in toml": (["--config", "wrong-type.toml"], "lr must be of type float, got 'fast'"),
     "wrong type on the command line": (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
@@ -72,13 +83,26 @@ CASES = {
     "clip_low at 1": (["--clip-low", "1.0"], "clip_low must be below 1, got 1.0"),
     "more minibatches than prompts": (["--minibatches", "9", "--prompts-per-step", "8"], "minibatches (9) cannot exceed prompts_per_step (8)"),
     "batch size contradicts prompts": (["--batch-size", "16", "--prompts-per-step", "8", "--group-size", "4"], "batch_size (16) contradicts prompts_per_step (8)"),
+    "reward file does not import": (["--rewards", "no_import.py:score"], "cannot import reward file no_import.py: No module named 'no_such_module_xyz'"),
+    "reward of no accepted form": (["--rewards", "three_args.py:score"], "reward score fits no accepted signature (grpo: fn(completion, example)"),
+    "reward of another style than stated": (["--rewards", "trl_len.py:reward_len", "--reward-style", "verl"], "reward reward_len does not fit the verl style"),
+    "unknown reward style": (["--reward-style", "openrlhf"], "reward_style must be one of auto, grpo, trl, verl, got 'openrlhf'"),
+    "TRL key of the wrong type": (["--config", "trl-wrong-type.yaml"], "learning_rate must be of type float, got 'fast'"),
+    "TRL loss type grpo lacks": (["--config", "trl-loss.yaml"], "loss_type 'cispo' is not supported by grpo"),
+    "misspelt TRL key": (["--config", "trl-typo.yaml"], "unknown config key 'lerning_rate' (did you mean 'learning_rate'?)"),
+    "TRL epochs instead of steps": (["--config", "trl-epochs.yaml"], "num_train_epochs: grpo counts steps, not epochs; set max_steps instead"),
+    "eval data shares no field": (["--data", "good.jsonl", "--eval-data", "unrelated.jsonl"], "unrelated.jsonl: shares no field with the training data good.jsonl"),
+    "eval data missing": (["--data", "good.jsonl", "--eval-data", "nope.jsonl"], "data file not found: nope.jsonl"),
+    "output is a file": (["--output", "not-a-run/notes.txt"], "output not-a-run/notes.txt is a file, not a directory"),
+    "output below a file": (["--output", "not-a-run/notes.txt/run"], "output not-a-run/notes.txt/run cannot be a directory: not-a-run/notes.txt is a file"),
     "weights without rewards": (["--reward-weights", "1.0", "2.0"], "reward_weights has 2 entries but rewards has 0"),
 }
 
 
 @pytest.mark.parametrize("args, message", CASES.values(), ids=CASES.keys())
 def test_bad_input_is_one_clear_line(place, args, message):
-    result = grpo("train", "--model", "model", *args, "--output", "run", cwd=place)
+    output = [] if "--output" in args else ["--output", "run"]
+    result = grpo("train", "--model", "model", *args, *output, cwd=place)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -115,3 +139,24 @@ def test_unknown_sandbox_mode_is_one_clear_line(place):
     result = grpo("train", "--model", "model", "--task", "code", "--sandbox", "loose", "--output", "run", cwd=place)
     assert result.returncode == 2
     assert "sandbox must be one of strict, weak, got 'loose'" in result.stderr
+
+
+EVAL_CASES = {
+    "data missing": (["--data", "nope.jsonl"], "data file not found: nope.jsonl"),
+    "data without prompt": (["--data", "no-prompt.jsonl"], "no-prompt.jsonl:1: no prompt field"),
+    "reward file does not import": (["--rewards", "no_import.py:score"], "cannot import reward file no_import.py"),
+    "reward of no accepted form": (["--rewards", "three_args.py:score"], "fits no accepted signature"),
+    "weights of the wrong count": (["--rewards", "trl_len.py:reward_len", "--reward-weights", "1", "2"],
+                                   "--reward-weights has 2 entries but --rewards has 1"),
+    "greedy temperature with samples": (["--temperature", "0"], "--temperature must be > 0 to sample"),
+}
+
+
+@pytest.mark.parametrize("args, message", EVAL_CASES.values(), ids=EVAL_CASES.keys())
+def test_bad_eval_input_is_one_clear_line(place, args, message):
+    result = grpo("eval", "--model", "model", *args, cwd=place)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout

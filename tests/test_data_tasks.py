@@ -1,11 +1,12 @@
 """Dataset loading, the Countdown and code tasks, and `grpo check-reward`."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from grpo.cli import main
-from grpo.tasks import DataError, get_task, load_rows, load_task
+from grpo.tasks import DataError, Task, get_task, load_rows, load_task
 from grpo.tasks.countdown import countdown_reward, evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -104,3 +105,38 @@ def test_arith_mix_spans_one_to_three_digits_with_correct_answers():
     digits = {(len(r["prompt"].split()[2]), len(r["prompt"].split()[4].rstrip("?"))) for r in rows}
     assert (1, 1) in digits and (3, 3) in digits and len(digits) == 9
     assert task.reward("7 + 2 = 9", {"answer": "9"}) == 1.0 and task.reward("9 or 10", {"answer": "9"}) == 0.0
+
+
+def test_conversational_prompts_stay_messages(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "solution": "4"}) + "\n")
+    (row,) = load_rows(str(path), prompt_template="ignored {prompt}")
+    assert row["prompt"] == [{"role": "user", "content": "2+2?"}] and row["answer"] == "4"
+    task = Task("chat", [row], [row], lambda c, r: 0.0, "Be brief.")
+    assert task.messages(row) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+
+
+def test_answers_are_optional_only_when_the_rewards_do_not_need_them(tmp_path):
+    path = tmp_path / "tldr.jsonl"
+    path.write_text(json.dumps({"prompt": "Summarize this."}) + "\n")
+    with pytest.raises(DataError, match="no answer field"):
+        load_rows(str(path))
+    (row,) = load_rows(str(path), require_answer=False)
+    assert "answer" not in row
+
+
+def test_verl_rows_take_their_ground_truth_as_the_answer(tmp_path):
+    path = tmp_path / "verl.jsonl"
+    row = {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "q"}],
+           "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"index": 0}}
+    path.write_text(json.dumps(row) + "\n")
+    assert load_rows(str(path))[0]["answer"] == "72"
+
+
+def test_eval_data_is_the_held_out_set_and_training_keeps_every_row(tmp_path):
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(6)))
+    test.write_text("".join(json.dumps({"question": f"t{i}", "answer": str(i)}) + "\n" for i in range(4)))
+    task = load_task("", data=str(train), eval_data=str(test), heldout_size=3)
+    assert [r["prompt"] for r in task.train] == [f"q{i}" for i in range(6)]
+    assert [r["prompt"] for r in task.heldout] == ["t0", "t1", "t2"]

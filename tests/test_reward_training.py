@@ -64,11 +64,11 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     assert trainer.reward_fns == [code_tests]
     score, seen = trainer.score, []
 
-    def with_hostile(texts, rows, lengths=None):
+    def with_hostile(texts, rows, lengths=None, completion_ids=None, **kwargs):
         texts = list(texts)
         texts[: len(HOSTILE)] = [f"```python\n{h}\n```" for h in HOSTILE]
         texts[-1] = f"```python\n{rows[-1]['solution']}\n```"  # one honest, correct answer
-        result = score(texts, rows, lengths)
+        result = score(texts, rows, lengths, completion_ids, **kwargs)
         seen.append(result[0].tolist())
         return result
 

@@ -15,13 +15,13 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 import torch
 from torch import Tensor
 
 from grpo.rewards.resolve import RewardError
+from grpo.rewards.styles import CallResult, call_batch, detect_style
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -30,33 +30,17 @@ class RewardCallError(RewardError):
     """A reward failed and on_error is "raise"."""
 
 
-@dataclass(frozen=True)
-class CallResult:
-    """One reward call: its value, or the error (traceback text) that replaced it."""
-
-    value: float
-    error: str | None = None
-    timed_out: bool = False
+# A job for a worker: (reward index, texts, rows, completion token ids or None).
+Job = tuple[int, Sequence[str], Sequence[Mapping], "Sequence[Sequence[int]] | None"]
 
 
-def call_reward(fn: RewardFn, text: str, row: Mapping) -> CallResult:
-    """Call one reward, turning exceptions and non-finite values into errors."""
-    try:
-        value = float(fn(text, row))
-    except BaseException:  # a reward's own sys.exit() must not end the worker silently either
-        return CallResult(0.0, traceback.format_exc())
-    if not math.isfinite(value):
-        return CallResult(0.0, f"reward returned a non-finite value: {value}")
-    return CallResult(value)
-
-
-def _worker_loop(conn: Connection, fns: Sequence[RewardFn]) -> None:
+def _worker_loop(conn: Connection, fns: Sequence[RewardFn], styles: Sequence[str]) -> None:
     while True:
         job = conn.recv()
         if job is None:
             return
-        job_id, k, text, row = job
-        conn.send((job_id, call_reward(fns[k], text, row)))
+        job_id, k, texts, rows, ids = job
+        conn.send((job_id, call_batch(fns[k], styles[k], texts, rows, ids)))
 
 
 class WorkerPool:
@@ -66,14 +50,16 @@ class WorkerPool:
     the workers never touch torch or the GPU.
     """
 
-    def __init__(self, fns: Sequence[RewardFn], workers: int, timeout: float) -> None:
+    def __init__(self, fns: Sequence[RewardFn], workers: int, timeout: float,
+                 styles: Sequence[str] | None = None) -> None:
         self.fns, self.timeout = list(fns), timeout
+        self.styles = list(styles) if styles is not None else ["grpo"] * len(self.fns)
         self.ctx = mp.get_context("fork")
         self.workers = [self._start() for _ in range(workers)]
 
     def _start(self) -> tuple[mp.Process, Connection]:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker_loop, args=(child, self.fns), daemon=True)
+        proc = self.ctx.Process(target=_worker_loop, args=(child, self.fns, self.styles), daemon=True)
         proc.start()
         child.close()
         return proc, parent
@@ -85,9 +71,12 @@ class WorkerPool:
         conn.close()
         self.workers[i] = self._start()
 
-    def map(self, jobs: Sequence[tuple[int, str, Mapping]]) -> list[CallResult]:
-        """Run (reward index, text, row) jobs; results in job order."""
-        results: list[CallResult | None] = [None] * len(jobs)
+    def map(self, jobs: Sequence[Job]) -> list[list[CallResult]]:
+        """Run jobs, each a call on a batch of one or more completions; each job's results, in job order.
+
+        The timeout is per job: a job that runs past it fails every completion it holds.
+        """
+        results: list[list[CallResult] | None] = [None] * len(jobs)
         todo = list(range(len(jobs)))[::-1]
         busy: dict[int, tuple[int, float]] = {}  # worker -> (job, deadline)
         while todo or busy:
@@ -103,14 +92,16 @@ class WorkerPool:
                 try:
                     j, result = conn.recv()
                 except (EOFError, OSError):  # the worker died mid-call (a reward killed it)
-                    j, result = busy[i][0], CallResult(0.0, "reward worker process died during the call")
+                    j = busy[i][0]
+                    result = [CallResult(0.0, "reward worker process died during the call")] * len(jobs[j][1])
                     self._replace(i)
                 results[j] = result
                 del busy[i]
             now = time.monotonic()
             for i, (j, deadline) in list(busy.items()):
                 if now >= deadline:
-                    results[j] = CallResult(0.0, f"reward call timed out after {self.timeout:g} s", timed_out=True)
+                    failed = CallResult(0.0, f"reward call timed out after {self.timeout:g} s", timed_out=True)
+                    results[j] = [failed] * len(jobs[j][1])
                     self._replace(i)
                     del busy[i]
         return results  # type: ignore[return-value]
@@ -139,8 +130,13 @@ def _unique_names(fns: Sequence[RewardFn]) -> list[str]:
 
 
 class RewardScorer:
-    """``score(texts, rows, lengths=None, truncated=None) -> (rewards (N,), metrics)``: the trainer's view.
+    """``score(texts, rows, lengths=None, completion_ids=None, truncated=None) -> (rewards (N,), metrics)``:
+    the trainer's view of the rewards.
 
+    Each function is called in its style (``styles``; default: read from its signature, see
+    grpo.rewards.styles): trl-style ones once per batch, split into one chunk per worker, the
+    others once per completion. A None value (trl style) adds nothing to the total and is left
+    out of that function's mean and std; ``reward_none/<name>`` counts them.
     ``lengths`` (completion tokens) are added to each row as ``completion_tokens``
     with ``max_completion_tokens``, for length-aware rewards such as ``overlong_penalty``;
     ``truncated`` (hit the token limit) as ``truncated``, for answer rewards, which give a cut
@@ -157,18 +153,31 @@ class RewardScorer:
         timeout: float = 30.0,
         on_error: str = "zero",
         max_completion_tokens: int | None = None,
+        styles: Sequence[str] | None = None,
     ) -> None:
         if on_error not in ("zero", "raise"):
             raise RewardError(f"on_error must be 'zero' or 'raise', got {on_error!r}")
         self.fns, self.names = list(fns), _unique_names(fns)
         self.weights = list(weights) if weights else [1.0] * len(self.fns)
+        self.styles = list(styles) if styles is not None else [detect_style(fn) for fn in self.fns]
+        self.workers = workers
         self.on_error, self.max_completion_tokens = on_error, max_completion_tokens
         self.errors = dict.fromkeys(self.names, 0)
         self._warned: set[str] = set()
+        self._extra_keys: dict[str, list[str]] = {name: [] for name in self.names}
         pooled = [fn for fn in self.fns if not hasattr(fn, "score_batch")]
-        self.pool = WorkerPool(self.fns, workers, timeout) if workers > 0 and pooled else None
+        self.pool = WorkerPool(self.fns, workers, timeout, self.styles) if workers > 0 and pooled else None
 
-    def _raw(self, k: int, texts: Sequence[str], rows: Sequence[Mapping]) -> list[CallResult]:
+    def _jobs(self, k: int, texts: Sequence[str], rows: Sequence[Mapping],
+              ids: Sequence[Sequence[int]] | None) -> list[Job]:
+        """A trl-style function gets one contiguous chunk per worker; the others one completion per job."""
+        n = len(texts)
+        size = -(-n // max(self.workers, 1)) if self.styles[k] == "trl" else 1
+        return [(k, texts[i : i + size], rows[i : i + size], ids[i : i + size] if ids is not None else None)
+                for i in range(0, n, max(size, 1))]
+
+    def _raw(self, k: int, texts: Sequence[str], rows: Sequence[Mapping],
+             ids: Sequence[Sequence[int]] | None = None) -> list[CallResult]:
         fn = self.fns[k]
         if hasattr(fn, "score_batch"):
             try:
@@ -176,8 +185,8 @@ class RewardScorer:
             except Exception:
                 return [CallResult(0.0, traceback.format_exc())] * len(texts)
         if self.pool is not None:
-            return self.pool.map([(k, t, r) for t, r in zip(texts, rows, strict=True)])
-        return [call_reward(fn, t, r) for t, r in zip(texts, rows, strict=True)]
+            return [r for chunk in self.pool.map(self._jobs(k, texts, rows, ids)) for r in chunk]
+        return call_batch(fn, self.styles[k], texts, rows, ids)
 
     def _report(self, name: str, results: Sequence[CallResult]) -> None:
         failed = [r for r in results if r.error is not None]
@@ -200,6 +209,7 @@ class RewardScorer:
 
     def __call__(
         self, texts: Sequence[str], rows: Sequence[Mapping], lengths: Sequence[int] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
         truncated: Sequence[bool] | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         if truncated is not None:
@@ -210,15 +220,40 @@ class RewardScorer:
         total = torch.zeros(len(texts))  # (N,)
         metrics: dict[str, float] = {}
         for k, (name, weight) in enumerate(zip(self.names, self.weights, strict=True)):
-            results = self._raw(k, texts, rows)
+            results = self._raw(k, texts, rows, completion_ids)
             self._report(name, results)
-            raw = torch.tensor([r.value for r in results], dtype=torch.float32)  # (N,)
-            total += weight * raw
-            metrics[f"reward/{name}"] = raw.mean().item() if len(raw) else 0.0
-            metrics[f"reward/{name}_std"] = raw.std().item() if len(raw) > 1 else 0.0
-            metrics[f"reward_errors/{name}"] = float(sum(r.error is not None for r in results))
-            metrics[f"reward_timeouts/{name}"] = float(sum(r.timed_out for r in results))
+            raw = torch.tensor([math.nan if r.value is None else r.value for r in results],
+                               dtype=torch.float32)  # (N,) NaN: no reward from this function
+            total += weight * torch.nan_to_num(raw, nan=0.0)
+            metrics.update(self._metrics(k, raw, results))
         return total, metrics
+
+    def _metrics(self, k: int, raw: Tensor, results: Sequence[CallResult]) -> dict[str, float]:
+        """One function's mean and std over the samples it scored, its error and timeout counts,
+        None counts (trl style) and the means of the extra numbers a verl-style dict returned.
+
+        The keys stay the same from batch to batch (an extra key once seen is always logged),
+        because the trainer sums these values across processes and rounds key by key.
+        """
+        name = self.names[k]
+        scored = raw[~raw.isnan()]  # (M,) M <= N: the samples this function scored
+        out = {
+            f"reward/{name}": scored.mean().item() if len(scored) else 0.0,
+            f"reward/{name}_std": scored.std().item() if len(scored) > 1 else 0.0,
+            f"reward_errors/{name}": float(sum(r.error is not None for r in results)),
+            f"reward_timeouts/{name}": float(sum(r.timed_out for r in results)),
+        }
+        if self.styles[k] == "trl":
+            out[f"reward_none/{name}"] = float(len(raw) - len(scored))
+        extras: dict[str, list[float]] = {}
+        for r in results:
+            for key, value in r.extras.items():
+                extras.setdefault(key, []).append(value)
+        seen = self._extra_keys[name]
+        seen += [key for key in extras if key not in seen]
+        out.update({f"reward/{name}/{key}": sum(extras.get(key, [0.0])) / max(len(extras.get(key, [])), 1)
+                    for key in seen})
+        return out
 
     def close(self) -> None:
         if self.pool is not None:

@@ -1,7 +1,7 @@
 """Tasks: prompts with verifiable answers, split into disjoint train and held-out sets."""
 
 from grpo.tasks.base import Task, TaskError, describe_tasks, get_task, list_tasks
-from grpo.tasks.data import DataError, dataset_task, load_rows
+from grpo.tasks.data import DataError, dataset_task, heldout_rows, load_rows
 
 
 def load_task(
@@ -13,16 +13,25 @@ def load_task(
     answer_field: str = "",
     system_prompt: str = "",
     prompt_template: str = "",
+    eval_data: str = "",
+    require_answer: bool = True,
 ) -> Task:
-    """The built-in ``task``, or the user's ``data`` (scored by math_answer unless rewards are given)."""
+    """The built-in ``task``, or the user's ``data`` (scored by math_answer unless rewards are given);
+    held out: ``eval_data``'s rows if given, else a split of the training rows."""
     if not data:
         built = get_task(task, heldout_size=heldout_size)
-        return Task(built.name, built.train, built.heldout, built.reward, system_prompt or built.system_prompt,
+        heldout = built.heldout
+        if eval_data:
+            heldout = heldout_rows(eval_data, "", heldout_size, prompt_field=prompt_field, answer_field=answer_field,
+                                   prompt_template=prompt_template, require_answer=require_answer)
+        return Task(built.name, built.train, heldout, built.reward, system_prompt or built.system_prompt,
                     built.defaults)
     from grpo.rewards.math import math_answer
 
     return dataset_task(data, reward=math_answer, heldout_size=heldout_size, prompt_field=prompt_field,
-                        answer_field=answer_field, system_prompt=system_prompt, prompt_template=prompt_template)
+                        answer_field=answer_field, system_prompt=system_prompt, prompt_template=prompt_template,
+                        eval_source=eval_data, require_answer=require_answer)
 
 
-__all__ = ["DataError", "Task", "TaskError", "dataset_task", "describe_tasks", "get_task", "list_tasks", "load_rows", "load_task"]
+__all__ = ["DataError", "Task", "TaskError", "dataset_task", "describe_tasks", "get_task", "heldout_rows", "list_tasks",
+           "load_rows", "load_task"]

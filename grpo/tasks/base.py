@@ -25,8 +25,12 @@ class Task:
     defaults: Mapping[str, object] = field(default_factory=dict)
 
     def messages(self, row: Mapping) -> list[dict[str, str]]:
-        """The chat messages for a row (the tokenizer's chat template renders them)."""
+        """The chat messages for a row (the tokenizer's chat template renders them); a conversational
+        row's prompt is its messages already."""
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        if isinstance(row["prompt"], list):
+            given = [dict(m) for m in row["prompt"]]
+            return given if given and given[0]["role"] == "system" else [*msgs, *given]
         return [*msgs, {"role": "user", "content": str(row["prompt"])}]
 
 

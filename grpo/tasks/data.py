@@ -88,28 +88,64 @@ def _field(record: Mapping, wanted: str, defaults: tuple[str, ...], where: str, 
     raise DataError(f"{where}: no {role} field (looked for {', '.join(defaults)}; set --{role}-field)")
 
 
+def _is_messages(value: object) -> bool:
+    """A conversational prompt: a list of {"role", "content"} messages (TRL's conversational format)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, Mapping) and "role" in m and "content" in m for m in value
+    )
+
+
+def _answer(record: Mapping, wanted: str, where: str, required: bool) -> str | None:
+    """The answer's text: the named or detected field, or verl's ``reward_model.ground_truth``;
+    None where there is none and none is required (rewards that read other fields)."""
+    model = record.get("reward_model")
+    detected = wanted or any(f in record for f in ANSWER_FIELDS)
+    if not detected and isinstance(model, Mapping) and "ground_truth" in model:
+        name, value = "reward_model.ground_truth", model["ground_truth"]
+    elif required or detected:
+        name = _field(record, wanted, ANSWER_FIELDS, where, "answer")
+        value = record[name]
+    else:
+        return None
+    if value is None or not str(value).strip():
+        raise DataError(f"{where}: field {name!r} is empty")
+    return str(value)
+
+
+def _prompt(record: Mapping, field: str, where: str) -> str | list:
+    value = record[field]
+    if _is_messages(value):
+        return list(value)
+    if value is None or not str(value).strip():
+        raise DataError(f"{where}: field {field!r} is empty")
+    return str(value)
+
+
 def gsm8k_answer(text: str) -> str:
     """GSM8K's final answer: what follows the last ``####``, without thousands separators."""
     return re.sub(r"(?<=\d),(?=\d{3})", "", text.rsplit("####", 1)[1]).strip()
 
 
 def load_rows(
-    source: str, *, prompt_field: str = "", answer_field: str = "", prompt_template: str = ""
+    source: str, *, prompt_field: str = "", answer_field: str = "", prompt_template: str = "",
+    require_answer: bool = True,
 ) -> list[dict]:
-    """Rows ``{"prompt", "answer", ...}`` from a data source; field names default to common ones."""
+    """Rows ``{"prompt", "answer", ...}`` from a data source; field names default to common ones.
+
+    A prompt that is a list of chat messages is kept as is (conversational data); the template
+    then does not apply. Without ``require_answer`` (the rewards read other fields) a row may
+    have no answer, and then has no ``answer`` key.
+    """
     rows = []
     for where, record in _records(source):
-        p = _field(record, prompt_field, PROMPT_FIELDS, where, "prompt")
-        a = _field(record, answer_field, ANSWER_FIELDS, where, "answer")
-        prompt, answer = record[p], record[a]
-        if prompt is None or not str(prompt).strip():
-            raise DataError(f"{where}: field {p!r} is empty")
-        if answer is None or not str(answer).strip():
-            raise DataError(f"{where}: field {a!r} is empty")
-        row = {**record, "prompt": str(prompt), "answer": str(answer)}
-        if "####" in row["answer"]:
+        prompt = _prompt(record, _field(record, prompt_field, PROMPT_FIELDS, where, "prompt"), where)
+        answer = _answer(record, answer_field, where, require_answer)
+        row = {**record, "prompt": prompt}
+        if answer is not None:
+            row["answer"] = answer
+        if "####" in row.get("answer", ""):
             row["solution"], row["answer"] = row["answer"], gsm8k_answer(row["answer"])
-        if prompt_template:
+        if prompt_template and isinstance(prompt, str):
             try:
                 row["prompt"] = prompt_template.format_map(row)
             except (KeyError, IndexError, ValueError) as err:
@@ -120,12 +156,30 @@ def load_rows(
     return rows
 
 
+def columns(source: str) -> set[str]:
+    """The field names of a data source's first row."""
+    for _, record in _records(source):
+        return set(record)
+    return set()
+
+
 def split_rows(rows: list[dict], heldout_size: int) -> tuple[list[dict], list[dict]]:
     """Disjoint (train, held-out) by a fixed-seed shuffle; held-out at most half the rows."""
     order = list(range(len(rows)))
     random.Random(_SPLIT_SEED).shuffle(order)
     n = min(heldout_size, len(rows) // 2)
     return [rows[i] for i in order[n:]], [rows[i] for i in order[:n]]
+
+
+def heldout_rows(source: str, train_source: str, heldout_size: int, **fields: object) -> list[dict]:
+    """The first ``heldout_size`` rows of a separate evaluation file, read like the training data;
+    a file that shares no field with the training data is an error, not an empty score."""
+    if train_source:
+        shared = columns(source) & columns(train_source)
+        if not shared:
+            raise DataError(f"{source}: shares no field with the training data {train_source} "
+                            f"(it has {', '.join(sorted(columns(source))) or 'none'})")
+    return load_rows(source, **fields)[:heldout_size]  # type: ignore[arg-type]
 
 
 def dataset_task(
@@ -137,8 +191,16 @@ def dataset_task(
     answer_field: str = "",
     system_prompt: str = "",
     prompt_template: str = "",
+    eval_source: str = "",
+    require_answer: bool = True,
 ) -> Task:
-    rows = load_rows(source, prompt_field=prompt_field, answer_field=answer_field, prompt_template=prompt_template)
+    """The user's data as a task; held out: ``eval_source``'s rows, or else a split of ``source``."""
+    fields = {"prompt_field": prompt_field, "answer_field": answer_field, "prompt_template": prompt_template,
+              "require_answer": require_answer}
+    rows = load_rows(source, **fields)
+    if eval_source:
+        return Task(Path(source).stem or source, rows, heldout_rows(eval_source, source, heldout_size, **fields),
+                    reward, system_prompt or None)
     if len(rows) < 2:
         raise DataError(f"{source}: needs at least 2 rows (train and held-out), has {len(rows)}")
     train, heldout = split_rows(rows, heldout_size)

@@ -1,0 +1,240 @@
+"""TRL ``GRPOConfig`` files: each TRL key becomes the ``grpo`` option that does the same thing.
+
+A config file may use either vocabulary. When it holds a key that only TRL uses,
+it is read as a TRL config: the keys it does not set take TRL's defaults (its
+learning rate, temperature, completion length, clipping and batch, and TRL's
+algorithm: no dynamic sampling, prompts drawn uniformly), so the run is the one
+TRL would make. Then:
+
+- a renamed key (``learning_rate`` -> ``lr``) is renamed, its type checked under its TRL name;
+- a key whose value ``grpo`` cannot honour and that changes results (a loss type it
+  lacks, ``mask_truncated_completions: true``) is an error;
+- a key that has no meaning here (``bf16``, ``push_to_hub``, vLLM settings) is
+  returned so the caller lists it once in a warning;
+- a key in neither vocabulary is an error suggesting the nearest key of both.
+
+The table in the README ("Coming from TRL / verl") is this module in prose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Mapping
+
+from grpo.config import ConfigError, TrainConfig, _coerce
+
+RENAMED: dict[str, str] = {
+    "learning_rate": "lr",
+    "num_generations": "group_size",
+    "max_completion_length": "max_new_tokens",
+    "epsilon": "clip_low",
+    "epsilon_high": "clip_high",
+    "num_iterations": "epochs",
+    "max_steps": "steps",
+    "output_dir": "output",
+    "logging_steps": "log_every",
+    "save_steps": "save_every",
+    "save_total_limit": "keep_checkpoints",
+    "eval_steps": "eval_every",
+    "model_name_or_path": "model",
+    "dataset_name": "data",
+    "lora_r": "lora_rank",
+}
+
+# TRL's defaults (GRPOConfig, TrainingArguments) for the options a TRL config leaves unset.
+TRL_DEFAULTS: dict[str, object] = {
+    "lr": 1e-6, "group_size": 8, "max_new_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+    "beta": 0.0, "clip_low": 0.2, "epochs": 1, "scale": "group", "aggregate": "token", "ratio_level": "token",
+    "batch_size": 8, "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": 42,
+    "log_every": 10, "save_every": 500, "filter_groups": False, "sampler": "uniform",
+}
+
+LOSS_TYPES = {"dapo": "token", "grpo": "sequence", "dr_grpo": "fixed"}
+SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
+
+# Keys accepted only at the value that leaves results as grpo computes them.
+NEUTRAL: dict[str, tuple[object, ...]] = {
+    "delta": (None,), "mask_truncated_completions": (False,), "sync_ref_model": (False,),
+    "top_entropy_quantile": (1.0, 1), "entropy_coef": (0.0, 0), "use_adaptive_entropy": (False,),
+    "repetition_penalty": (1.0, 1), "min_p": (None, 0.0, 0), "multi_objective_aggregation": ("sum_then_normalize",),
+    "generation_batch_size": (None,), "steps_per_generation": (None,), "use_bias_correction_kl": (False,),
+    "off_policy_mask_threshold": (None,), "lr_scheduler_type": ("constant", "constant_with_warmup"),
+    "warmup_ratio": (0.0, 0, None), "lora_dropout": (0.0, 0), "use_dora": (False,), "use_rslora": (False,),
+    "load_in_4bit": (False,), "load_in_8bit": (False,), "neftune_noise_alpha": (None,),
+}
+
+# GRPOConfig, TrainingArguments, ModelConfig and the TRL scripts' ScriptArguments keys that change
+# nothing grpo computes (precision, logging back-ends, the hub, vLLM, data loaders): warned, ignored.
+IGNORED = frozenset("""
+model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32 remove_unused_columns
+num_generations_eval ds3_gather_for_generation shuffle_dataset pad_to_multiple_of generation_kwargs
+chat_template_kwargs cache_implementation use_vllm vllm_mode vllm_model_impl vllm_enable_sleep_mode
+vllm_structured_outputs_regex vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout
+vllm_group_port vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size
+vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
+vllm_importance_sampling_clip_min vllm_importance_sampling_cap sapo_temperature_neg sapo_temperature_pos
+vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg ref_model_mixup_alpha ref_model_sync_steps
+entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations log_completions
+log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo
+use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged
+max_prompt_length vllm_device vllm_dtype vllm_guided_decoding_regex wandb_log_unique_prompts
+accelerator_config activation_checkpointing activation_checkpointing_kwargs adam_beta1 adam_beta2 adam_epsilon
+auto_find_batch_size average_tokens_across_devices batch_eval_metrics bf16 bf16_full_eval data_seed
+dataloader_drop_last dataloader_in_order dataloader_multiprocessing_context dataloader_num_workers
+dataloader_persistent_workers dataloader_pin_memory dataloader_prefetch_factor ddp_backend ddp_broadcast_buffers
+ddp_bucket_cap_mb ddp_find_unused_parameters ddp_static_graph ddp_timeout debug deepspeed disable_tqdm do_eval
+do_predict do_train enable_jit_checkpoint eval_accumulation_steps eval_delay eval_do_concat_batches eval_on_start
+eval_strategy eval_use_gather_object fp16 fp16_full_eval fsdp_config full_determinism gradient_checkpointing
+gradient_checkpointing_kwargs greater_is_better hub_always_push hub_model_id hub_private_repo hub_revision
+hub_strategy hub_token ignore_data_skip include_for_metrics include_num_input_tokens_seen label_names
+label_smoothing_factor length_column_name liger_kernel_config load_best_model_at_end local_rank log_level
+log_level_replica log_on_each_node logging_first_step logging_nan_inf_filter logging_strategy logging_dir
+lr_scheduler_kwargs metric_for_best_model optim optim_args optim_target_modules overwrite_output_dir
+parallelism_config per_device_eval_batch_size prediction_loss_only project push_to_hub resume_from_checkpoint
+restore_callback_states_from_checkpoint run_name save_on_each_node save_only_model save_strategy
+skip_memory_metrics tf32 torch_compile torch_compile_backend torch_compile_mode torch_empty_cache_steps
+trackio_bucket_id trackio_space_id trackio_static_space_id train_sampling_strategy use_cache use_cpu
+use_liger_kernel use_liger_loss model_revision dtype torch_dtype attn_implementation lora_target_modules
+lora_target_parameters lora_modules_to_save lora_task_type bnb_4bit_quant_type use_bnb_nested_quant
+bnb_4bit_quant_storage dataset_config dataset_train_split dataset_test_split dataset_streaming
+gradient_checkpointing_use_reentrant ignore_bias_buffers
+""".split())
+
+# Keys translated by their own rule below rather than by renaming.
+CONVERTED = ("loss_type", "scale_rewards", "importance_sampling_level", "per_device_train_batch_size",
+             "gradient_accumulation_steps", "use_peft", "report_to", "num_train_epochs", "reward_weights")
+
+_GRPO_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+TRL_KEYS = frozenset(RENAMED) | frozenset(NEUTRAL) | IGNORED | frozenset(CONVERTED) | {
+    "beta", "temperature", "top_p", "top_k", "seed", "warmup_steps", "weight_decay", "max_grad_norm", "lora_alpha",
+}
+
+
+def is_trl_config(values: Mapping) -> bool:
+    """Whether a config uses TRL's vocabulary: it holds a key that only TRL has."""
+    return any(key in TRL_KEYS and key not in _GRPO_KEYS for key in values)
+
+
+def check_keys(values: Mapping) -> None:
+    """A key in neither vocabulary is an error that suggests the nearest key of both."""
+    for key in values:
+        if key not in _GRPO_KEYS and key not in TRL_KEYS:
+            hint = difflib.get_close_matches(str(key), sorted(_GRPO_KEYS | TRL_KEYS), n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"unknown config key {key!r}{extra}")
+
+
+def _typed(trl_key: str, value: object, grpo_key: str) -> object:
+    """A TRL value checked against the grpo option's type, under its TRL name; numbers written
+    as strings ("1e-6", which YAML reads as text) are read as numbers, as TRL's parser does."""
+    kind = typing.get_type_hints(TrainConfig)[grpo_key]
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            value = kind(float(value)) if kind is int and float(value).is_integer() else kind(value)
+        except ValueError:
+            pass
+    return _coerce(trl_key, value, kind)
+
+
+def _choice(key: str, value: object, table: Mapping) -> object:
+    if value not in table:
+        allowed = ", ".join(str(k) for k in table if isinstance(k, str))
+        raise ConfigError(f"{key} {value!r} is not supported by grpo (it supports {allowed})")
+    return table[value]
+
+
+def _int(key: str, values: Mapping, default: int) -> int:
+    value = values.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{key} must be a positive int, got {value!r}")
+    return value
+
+
+def _converted(values: Mapping) -> dict[str, object]:
+    """The options made from TRL keys that are not plain renames."""
+    out: dict[str, object] = {}
+    if "loss_type" in values:
+        out["aggregate"] = _choice("loss_type", values["loss_type"], LOSS_TYPES)
+    if "scale_rewards" in values:
+        out["scale"] = _choice("scale_rewards", values["scale_rewards"], SCALE_REWARDS)
+    if "importance_sampling_level" in values:
+        out["ratio_level"] = _choice("importance_sampling_level", values["importance_sampling_level"],
+                                     {"token": "token", "sequence": "sequence"})
+    if {"per_device_train_batch_size", "gradient_accumulation_steps"} & set(values):
+        # One optimiser step per generation batch, as TRL does when steps_per_generation is unset.
+        per_device = _int("per_device_train_batch_size", values, 8)
+        out["batch_size"] = per_device * _int("gradient_accumulation_steps", values, 1)
+    if values.get("use_peft"):
+        out["lora_rank"] = _typed("lora_r", values.get("lora_r", 16), "lora_rank")
+        out["lora_alpha"] = _typed("lora_alpha", values.get("lora_alpha", 32), "lora_alpha")
+    report_to = values.get("report_to", [])
+    if report_to == "wandb" or (isinstance(report_to, list) and "wandb" in report_to):
+        out["wandb"] = True
+    if "reward_weights" in values and values["reward_weights"] is not None:
+        out["reward_weights"] = values["reward_weights"]
+    return out
+
+
+def _check_neutral(values: Mapping) -> None:
+    for key, allowed in NEUTRAL.items():
+        if key in values and values[key] not in allowed:
+            raise ConfigError(
+                f"{key}: {values[key]!r} would change results and grpo does not support it "
+                f"(accepted: {', '.join(repr(a) for a in allowed)})"
+            )
+    if "num_train_epochs" in values and "max_steps" not in values:
+        raise ConfigError("num_train_epochs: grpo counts steps, not epochs; set max_steps instead")
+
+
+def _renamed(values: Mapping) -> dict[str, object]:
+    """The TRL keys that are a grpo option under another name (or the same), type-checked.
+    LoRA's lora_r and lora_alpha count only with use_peft, as in TRL (see _converted)."""
+    same = {k: k for k in ("beta", "temperature", "top_p", "top_k", "seed", "warmup_steps", "weight_decay",
+                           "max_grad_norm")}
+    return {grpo_key: _typed(trl_key, values[trl_key], grpo_key)
+            for trl_key, grpo_key in {**RENAMED, **same}.items()
+            if trl_key in values and values[trl_key] is not None and trl_key != "lora_r"}
+
+
+def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
+    """A TRL config as grpo options (TRL's defaults for what it leaves unset), and the keys ignored."""
+    check_keys(values)
+    _check_neutral(values)
+    both = [(t, g) for t, g in RENAMED.items() if t in values and g in values]
+    if both:
+        raise ConfigError(f"config gives both {both[0][0]!r} (TRL) and {both[0][1]!r} (grpo): give one")
+    out: dict[str, object] = dict(TRL_DEFAULTS)
+    out.update({key: value for key, value in values.items() if key in _GRPO_KEYS and key not in CONVERTED})
+    out.update(_renamed(values))
+    if "epsilon_high" not in values and "clip_high" not in values:
+        out["clip_high"] = out["clip_low"]  # TRL: epsilon_high defaults to epsilon
+    out.update(_converted(values))
+    if "batch_size" in out and "prompts_per_step" in values:
+        del out["batch_size"]
+    if out.get("batch_size") and out["batch_size"] % out["group_size"]:
+        raise ConfigError(
+            f"per_device_train_batch_size x gradient_accumulation_steps ({out['batch_size']}) must be a "
+            f"multiple of num_generations ({out['group_size']})"
+        )
+    return out, _ignored(values)
+
+
+def _ignored(values: Mapping) -> list[str]:
+    """The keys that change nothing here: IGNORED ones, num_train_epochs beside max_steps (which wins,
+    as in TRL), report_to other than wandb, and LoRA settings without use_peft."""
+    ignored = [k for k in values if k in IGNORED or k == "num_train_epochs"]
+    if "report_to" in values and "wandb" not in (values["report_to"] or ()):
+        ignored.append("report_to")
+    if not values.get("use_peft"):
+        ignored += [k for k in ("lora_r", "lora_alpha") if k in values]
+    return sorted(ignored)
+
+
+def translate(values: Mapping) -> tuple[dict[str, object], list[str]]:
+    """A config file's values as grpo options, and the TRL keys ignored (to warn about once)."""
+    if is_trl_config(values):
+        return from_trl(values)
+    check_keys(values)
+    return dict(values), []

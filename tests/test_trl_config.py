@@ -1,0 +1,85 @@
+"""TRL GRPOConfig files read as grpo options: renames, TRL's defaults, conversions, errors."""
+
+import pytest
+
+from grpo.config import ConfigError, TrainConfig
+from grpo.trl_config import IGNORED, NEUTRAL, RENAMED, TRL_DEFAULTS, translate
+
+
+def config(values: dict) -> tuple[TrainConfig, list[str]]:
+    options, ignored = translate(values)
+    return TrainConfig.from_dict(options), ignored
+
+
+def test_trl_keys_map_to_grpo_options():
+    cfg, ignored = config({
+        "learning_rate": "2e-6",  # YAML reads 1e-6 without a dot as text; TRL's parser takes it
+        "num_generations": 4, "max_completion_length": 32, "beta": 0.04, "epsilon": 0.1, "epsilon_high": 0.3,
+        "loss_type": "grpo", "scale_rewards": False, "num_iterations": 2, "temperature": 0.9, "top_p": 0.95,
+        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 7, "seed": 3,
+        "output_dir": "out", "logging_steps": 1, "save_steps": 5, "use_peft": True, "lora_r": 8,
+        "importance_sampling_level": "sequence", "bf16": True, "push_to_hub": False,
+    })
+    assert (cfg.lr, cfg.group_size, cfg.max_new_tokens, cfg.beta) == (2e-6, 4, 32, 0.04)
+    assert (cfg.clip_low, cfg.clip_high, cfg.aggregate, cfg.scale, cfg.epochs) == (0.1, 0.3, "sequence", "none", 2)
+    assert (cfg.temperature, cfg.top_p, cfg.steps, cfg.seed, cfg.output) == (0.9, 0.95, 7, 3, "out")
+    assert (cfg.batch_size, cfg.prompts_per_step) == (8, 2)  # 4 per device x 2 accumulation steps = N
+    assert (cfg.log_every, cfg.save_every, cfg.lora_rank, cfg.lora_alpha) == (1, 5, 8, 32.0)
+    assert cfg.ratio_level == "sequence"
+    assert ignored == ["bf16", "push_to_hub"]
+
+
+def test_a_trl_config_takes_trl_defaults_for_what_it_leaves_out():
+    cfg, _ = config({"output_dir": "out", "max_steps": 3})
+    assert (cfg.lr, cfg.temperature, cfg.max_new_tokens, cfg.group_size, cfg.seed) == (1e-6, 1.0, 256, 8, 42)
+    assert cfg.clip_high == cfg.clip_low == 0.2  # TRL: epsilon_high defaults to epsilon
+    assert (cfg.filter_groups, cfg.sampler, cfg.aggregate) == (False, "uniform", "token")  # loss_type dapo
+
+
+def test_epsilon_alone_sets_both_clip_bounds():
+    cfg, _ = config({"epsilon": 0.15, "max_steps": 2})
+    assert cfg.clip_low == cfg.clip_high == 0.15
+
+
+def test_a_grpo_config_is_left_alone():
+    cfg, ignored = config({"lr": 1e-5, "steps": 4})
+    assert (cfg.lr, cfg.steps, cfg.temperature, cfg.filter_groups) == (1e-5, 4, 0.7, True)
+    assert ignored == []
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"loss_type": "cispo"}, "loss_type 'cispo' is not supported by grpo (it supports dapo, grpo, dr_grpo)"),
+    ({"mask_truncated_completions": True}, "mask_truncated_completions: True would change results"),
+    ({"learning_rate": "fast"}, "learning_rate must be of type float, got 'fast'"),
+    ({"num_generations": 2.5}, "num_generations must be of type int, got 2.5"),
+    ({"per_device_train_batch_size": "four"}, "per_device_train_batch_size must be a positive int, got 'four'"),
+    ({"per_device_train_batch_size": 6, "num_generations": 4}, "(6) must be a multiple of num_generations (4)"),
+    ({"num_train_epochs": 3}, "num_train_epochs: grpo counts steps, not epochs; set max_steps instead"),
+    ({"learning_rate": 1e-6, "lr": 1e-5}, "config gives both 'learning_rate' (TRL) and 'lr' (grpo): give one"),
+    ({"lerning_rate": 1e-6}, "unknown config key 'lerning_rate' (did you mean 'learning_rate'?)"),
+    ({"max_steps": 3, "grop_size": 4}, "unknown config key 'grop_size' (did you mean 'group_size'?)"),
+    ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type: 'cosine' would change results"),
+])
+def test_bad_trl_values_are_errors_that_name_the_trl_key(values, message):
+    with pytest.raises(ConfigError) as err:
+        config(values)
+    assert message in str(err.value)
+
+
+def test_the_vocabularies_are_disjoint_where_they_must_be():
+    assert not set(RENAMED) & IGNORED
+    assert not set(NEUTRAL) & IGNORED
+    assert set(RENAMED.values()) | set(TRL_DEFAULTS) <= {f for f in TrainConfig.__dataclass_fields__}
+
+
+def test_the_readme_trl_config_reads_with_its_warning():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```yaml\n(# trl_grpo\.yaml.*?)```", readme, re.DOTALL).group(1)
+    cfg, ignored = config(yaml.safe_load(block))
+    assert (cfg.output, cfg.steps, cfg.batch_size, cfg.group_size, cfg.lr) == ("Qwen2-0.5B-GRPO", 100, 8, 8, 1e-6)
+    assert ignored == ["bf16"]
