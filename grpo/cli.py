@@ -14,7 +14,7 @@ import sys
 import typing
 from pathlib import Path
 
-from grpo.config import ConfigError, TrainConfig, load_config_file
+from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig, load_config_file
 
 if typing.TYPE_CHECKING:
     from grpo.rewards.resolve import RewardFn
@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default="add", help="built-in task (default: add)")
     ev.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
-    ev.add_argument("--max-new-tokens", type=int, default=8, help="tokens per answer (default: 8)")
+    ev.add_argument("--max-new-tokens", type=int, default=0,
+                    help="tokens per answer (default 0: the task's own setting, or 256 for --data; "
+                         "give a run's max_new_tokens from its config.json to score as it trained)")
     ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
     ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
@@ -329,7 +331,8 @@ def _eval_task(args: argparse.Namespace) -> Task:
 
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
-        return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt)
+        return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt,
+                    task.defaults)
     rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
                      prompt_template=args.prompt_template, require_answer=not args.rewards)
     return Task(Path(args.data).stem, [], rows[: args.eval_size], math_answer, args.system_prompt or None)
@@ -355,8 +358,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.models import check_model, load_policy
     from grpo.trainer import pick_device
 
-    if args.eval_size <= 0 or args.max_new_tokens <= 0:
-        raise ConfigError("--eval-size and --max-new-tokens must be positive")
+    if args.eval_size <= 0 or args.max_new_tokens < 0:
+        raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
     if args.samples < 0 or (args.samples and not all(0 < k <= args.samples for k in args.k)):
         raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
     if args.temperature <= 0 and args.samples:
@@ -367,8 +370,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
+    limit = args.max_new_tokens or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS))
     result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
-                      max_new_tokens=args.max_new_tokens, samples=args.samples, ks=args.k,
+                      max_new_tokens=limit, samples=args.samples, ks=args.k,
                       temperature=args.temperature, stop_strings=tuple(args.stop),
                       generator=torch.Generator(device=device).manual_seed(args.seed))
     name = args.data or args.task

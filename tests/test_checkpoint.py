@@ -122,8 +122,8 @@ def _nan_on_steps(bad_steps, **kw):
     trainer = tiny_trainer(**kw)
     score, step = trainer.score, trainer.step
 
-    def score_nan(texts, rows, *args):
-        rewards, means = score(texts, rows, *args)
+    def score_nan(texts, rows, *args, **kwargs):
+        rewards, means = score(texts, rows, *args, **kwargs)
         return (torch.full_like(rewards, math.nan) if now["step"] in bad_steps else rewards), means
 
     def step_and_note(n):

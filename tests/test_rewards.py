@@ -198,3 +198,30 @@ def test_a_marked_answer_wins_over_numbers_in_passing():
     assert math_answer("The answer is 18. Check: 9 * 2 = 18, and 3 more is 21", row) == 1.0
     assert math_answer("\\boxed{18} since 20 - 2", row) == 1.0
     assert math_answer("#### 17\nor 18", row) == 0.0
+
+
+@pytest.mark.parametrize("reward", [math_answer, final_number])
+@pytest.mark.parametrize("completion", [
+    "Step 1: 76 - 38",  # a stray number does not turn an echoed operand into an answer
+    "Step 1: 76 - 38 equals",
+    "76 - 038", "76.0 - 38",  # operands compared as values, not strings
+    "\u0667\u0666 - \u0663\u0668",  # Arabic-Indic digits are no number
+    "69 or 38", "Either 37 or 38", "x = 37 or x = 38",  # hedges on the final line
+])
+def test_echo_and_hedge_variants_score_nothing(reward, completion):
+    assert reward(completion, SUB) == 0.0
+
+
+@pytest.mark.parametrize("reward", [math_answer, final_number])
+@pytest.mark.parametrize("prompt, answer, completion", [
+    ("What is the largest of 3, 17, 9?", "17", "The largest is 17."),
+    ("What is gcd(12, 4)?", "4", "gcd(12, 4) is 4"),
+    ("What is 17 mod 20?", "17", "Since 17 < 20, the remainder is 17."),
+    ("What is 7 + 0?", "7", "It is 7."),
+    ("Multiply 6 by 1.", "6", "Multiplying 6 by 1 gives 6"),
+    ("What is 1 * 236?", "236", "\\boxed{236}"),
+    ("What is 1 * 236?", "236", "Working.\n#### 236"),
+    ("What is 23 + 45?", "68", "Adding 23 and 45 gives 68"),
+])
+def test_an_answer_that_is_one_of_the_prompts_numbers_counts_when_marked(reward, prompt, answer, completion):
+    assert reward(completion, {"prompt": prompt, "answer": answer}) == 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 
 _INT = re.compile(r"[+-]?\d+")
 
@@ -47,31 +48,47 @@ def answer_only(completion: str, example: Mapping) -> float:
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 MAX_ANSWER_CHARS = 32_000
 """Longer completions score 0 with the answer checkers: no real answer needs 100 kB, a spray of guesses might."""
-ENDS_EQUALS = re.compile(r"(?:=|\bequals|\banswer is|\banswer:)\s*\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\s*\.?\s*$", re.IGNORECASE)
-"""A reply ending "= x", "equals x" or "the answer is x": x is marked as the result."""
+ENDS_EQUALS = re.compile(r"(?:=|\bequals|\bis|\bgives|\bmakes|\banswer:)\s*\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\s*\.?\s*$",
+                         re.IGNORECASE | re.ASCII)
+"""A reply ending "= x", "equals x", "is x" or "gives x": x is marked as the result."""
 
 
 def final_number(completion: str, example: Mapping) -> float:
-    """1.0 when the last number in the completion equals the numeric answer.
+    """1.0 when the completion's final answer equals the numeric ``example['answer']`` (as numbers).
 
-    Thousands separators are ignored ("1,234" is 1234). A completion with no
-    number scores 0. Only the final number counts, so "23 + 45 = 68" is right
-    and "68, or maybe 69" is wrong. Not an answer, so 0: a completion cut off
-    by the token limit, and one whose numbers are all the prompt's own unless
-    it is only a number ("23 + 45 =" echoes the operands).
+    The answer is found as ``math_answer`` finds it: a marked answer first
+    (``\\boxed{}``, ``#### x``, "the answer is x", a reply that is only the
+    number, "= x" / "is x" at the end), else the last number, so "23 + 45 = 68"
+    is right and "68, or maybe 69" is not. Thousands separators are ignored.
+    Not an answer, so 0: a completion cut off by the token limit, an unmarked
+    last number that is one of the prompt's own ("23 + 45" echoes an operand),
+    several answers that disagree, and anything over 32,000 characters.
     """
-    found = _NUMBER.findall(completion)
-    if not found or was_truncated(example) or len(completion) > MAX_ANSWER_CHARS:
+    if was_truncated(example) or len(completion) > MAX_ANSWER_CHARS:
         return 0.0
-    own = {n.replace(",", "").lstrip("-") for n in found}  # the echo rule, as in math_answer
-    asked = {n.replace(",", "").lstrip("-") for n in _NUMBER.findall(str(example.get("prompt", "")))}
-    marked = _NUMBER.fullmatch(completion.strip().rstrip(".")) or ENDS_EQUALS.search(completion.replace(",", ""))
-    if own <= asked and not marked:
-        return 0.0
+    from grpo.rewards.math import final_answers  # math builds on this module
+
+    prompt = str(example.get("prompt", "")).strip()
+    answers = final_answers(completion.replace(prompt, " ") if prompt else completion, prompt)
+    gold = _leading_number(str(example["answer"]))
+    values = [_leading_number(a) for a in answers]
+    return float(bool(values) and gold is not None and all(v == gold for v in values))
+
+
+_LEADING = re.compile(r"\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?(?:/[0-9]+)?)", re.ASCII)
+
+
+def _leading_number(text: str) -> Fraction | None:
+    """The number a short answer starts with ("$1,234.00 dollars" is 1234); None when it starts with none."""
+    m = _LEADING.match(text)
+    if m is None:
+        return None
     try:
-        return float(float(found[-1].replace(",", "")) == float(str(example["answer"]).replace(",", "")))
-    except ValueError:
-        return 0.0
+        return Fraction(m.group(1).replace(",", ""))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 def regex_match(completion: str, example: Mapping) -> float:
     """1.0 when the whole stripped completion matches the regular expression ``example['pattern']``."""
     return float(re.fullmatch(str(example["pattern"]), completion.strip(), flags=re.DOTALL) is not None)

@@ -6,10 +6,11 @@ answer: "To add 31 and 2" cut inside "29" is not the answer 2, so it scores 0.
 
 Extraction finds where the completion commits to an answer, in this order:
 ``\\boxed{...}``, ``#### x``, "the answer is x", ``<answer>...</answer>``, a
-reply that is only the answer, a reply that ends "= x" or "equals x", and
-otherwise the last number of the text. That last, unmarked case is not an
-answer when every number in the completion is one of the prompt's own
-("76 - 38 equals" echoes operands, it does not answer). Equivalence is
+reply that is only the answer, a reply that ends "= x", "equals x", "is x" or
+"gives x", and otherwise the last number of the text. That last, unmarked
+number is no answer when it is one of the prompt's own numbers (compared as
+values: "038" and "38.0" are 38): "Step 1: 76 - 38" restates the question,
+it does not answer 38. Digits are ASCII only. Equivalence is
 decided by math-verify (Hugging Face's checker: LaTeX, fractions, decimals,
 percentages).
 
@@ -23,19 +24,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 
 from grpo.rewards.basic import ENDS_EQUALS, MAX_ANSWER_CHARS, was_truncated
 
 MAX_CHARS = MAX_ANSWER_CHARS
 
-_THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+# re.ASCII: only 0-9 are digits, so "٧٦" (Arabic-Indic) is no number to match an operand or an answer
+_THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])", re.ASCII)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?", re.ASCII)
+_OR_HEDGE = re.compile(r"\d\s*\)?\s*(?:,\s*)?or\b", re.IGNORECASE | re.ASCII)
 _HASHES = re.compile(r"####\s*([^\n]+)")
 _ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _HEDGE = re.compile(r"\d\s*(?:\\text\{\s*)?\b(?:or|and|to)\b", re.IGNORECASE)
 _LIST_ONLY = re.compile(r"^[\s\d.,;:/\-+()\[\]$%]*$")
-_ONLY_NUMBER = re.compile(r"\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\.?")
+_ONLY_NUMBER = re.compile(r"\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\.?", re.ASCII)
 
 
 
@@ -56,10 +60,19 @@ def _unthousand(text: str) -> str:
     return _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), text)
 
 
-def numbers_in(text: str) -> set[str]:
-    """The unsigned numbers written in ``text`` ("1,234" -> "1234"; "2/3" gives 2/3, 2 and 3)."""
-    found = {n.lstrip("-") for n in _NUMBER.findall(_unthousand(text))}
-    return found | {part for n in found for part in n.split("/")}
+def number_value(text: str) -> Fraction | None:
+    """The unsigned value of a plain number ("038", "38.0" and "-38" are all 38); None for anything else."""
+    try:
+        return abs(Fraction(_unthousand(text.strip().strip("$").rstrip(".").strip())))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numbers_in(text: str) -> set[Fraction]:
+    """The unsigned values of the numbers written in ``text`` ("1,234" is 1234; "2/3" gives 2/3, 2 and 3)."""
+    found = _NUMBER.findall(_unthousand(text))
+    parts = [p for n in found for p in (n, *n.lstrip("-").split("/"))]
+    return {v for v in map(number_value, parts) if v is not None}
 
 
 def marked_answers(completion: str) -> list[str]:
@@ -79,14 +92,20 @@ def marked_answers(completion: str) -> list[str]:
 def final_answers(completion: str, prompt: str = "") -> list[str]:
     """Every final answer the completion commits to, from the first format it uses (may be empty).
 
-    An unmarked last number is no answer when all the completion's numbers are the prompt's.
+    An unmarked answer that is one of the prompt's own numbers is no answer: "Step 1: 76 - 38"
+    restates the question, it does not answer 38. A final line offering "a or b" gives both.
     """
     marked = marked_answers(completion)
+    last_line = _unthousand(completion.strip().splitlines()[-1]) if completion.strip() else ""
+    if _OR_HEDGE.search(last_line) and len(_NUMBER.findall(last_line)) > 1:
+        return _NUMBER.findall(last_line)  # "67 or 68", "x = 69 or x = 68": several answers
     if marked:
         return marked
-    if prompt and numbers_in(completion) <= numbers_in(prompt):
-        return []  # only the question's own numbers, nothing marked: an echo, not an answer
-    return _unmarked_answers(completion)
+    unmarked = _unmarked_answers(completion)
+    asked = numbers_in(prompt)
+    if prompt and unmarked and all(number_value(a) in asked for a in unmarked):
+        return []  # only the question's own number, nothing marked: an echo, not an answer
+    return unmarked
 
 
 def _unmarked_answers(completion: str) -> list[str]:
