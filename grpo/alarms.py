@@ -31,6 +31,7 @@ import numpy as np
 ALARMS = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down", "length_without_reward",
           "repetition_rising", "entropy_collapse")
 STOPPING = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down")
+CONFIRM = 2  # a trend alarm stops the run once it has held at this many held-out evaluations in a row
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,10 @@ def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
 
 def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
     """Training reward rising while held-out accuracy (the task's checker) does not follow it."""
-    if len(reward) < cfg.window or len(accuracy) < 2:
+    if len(reward) < cfg.window or len(accuracy) < 3:
         return None
+    # the held-out subset is noisy (128 prompts: +-4 points): the trend over 3+ evaluations, and the stop
+    # needs the alarm to hold at two evaluations in a row (AlarmMonitor.stopping)
     d_reward, d_acc = fitted_change(reward), fitted_change(accuracy)
     if d_reward > cfg.checker_rise and d_acc < max(cfg.accuracy_flat, cfg.checker_follow * d_reward):
         return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
@@ -160,6 +163,7 @@ class AlarmMonitor:
         self.heldout: list[tuple[int, float]] = []  # (step, accuracy)
         self.active: dict[str, bool] = dict.fromkeys(ALARMS, False)
         self.messages: dict[str, str] = {}
+        self.confirmed: dict[str, int] = dict.fromkeys(ALARMS, 0)  # held-out evaluations in a row it held at
 
     def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings."""
@@ -174,12 +178,32 @@ class AlarmMonitor:
         messages = self._check(step)
         warnings = {name: msg for name, msg in messages.items() if msg and not self.active[name]}
         self.messages = {name: msg for name, msg in messages.items() if msg}
+        for name, msg in messages.items():
+            self.confirmed[name] = 0 if msg is None else self.confirmed[name] + (watched is not None)
         self.active = {name: msg is not None for name, msg in messages.items()}
         return {f"alarm/{name}": float(on) for name, on in self.active.items()}, warnings
 
+    def state(self) -> dict:
+        """What a checkpoint keeps, so that a resumed run's alarms see the steps before it."""
+        return {"series": self.series, "heldout": self.heldout, "active": self.active, "confirmed": self.confirmed}
+
+    def load_state(self, state: dict | None) -> None:
+        if state:
+            self.series = {k: list(v) for k, v in state["series"].items()}
+            self.heldout = [tuple(x) for x in state["heldout"]]
+            self.active.update(state["active"])
+            self.confirmed.update(state["confirmed"])
+
     def stopping(self) -> str | None:
-        """The message of the first active alarm that means the run will not learn, if any."""
-        return next((self.messages[name] for name in STOPPING if name in self.messages), None)
+        """The message of the first active alarm that means the run will not learn, if any.
+
+        no_signal counts its own steps; a trend alarm must have held at CONFIRM held-out
+        evaluations in a row, so one noisy evaluation does not end a run that is learning.
+        """
+        for name in STOPPING:
+            if name in self.messages and (name == "no_signal" or self.confirmed[name] >= CONFIRM):
+                return self.messages[name]
+        return None
 
     def _recent(self, key: str) -> list[float]:
         return self.series.get(key, [])[-self.config.window :]

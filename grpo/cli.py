@@ -321,7 +321,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     finally:
         trainer.score.close()
     print(report.describe())
-    return 1 if report.stops("strict" if config.preflight == "strict" else "on") else 0
+    return 1 if report.stops("on" if config.preflight == "off" else config.preflight) else 0
 
 
 def _eval_task(args: argparse.Namespace) -> Task:

@@ -88,7 +88,7 @@ class TrainConfig:
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
     log_every: int = field(**_doc("print a one-line summary of the metrics every K steps (0: never)", default=10))
     alarm_window: int = field(**_doc("steps over which the stall and reward-hacking alarms measure trends (0: half the run, between 6 and 20)", default=0))
-    early_stop: bool = field(**_doc("end the run early, with the final evaluation, when an alarm shows it is not learning: no signal for no_signal_steps steps, training reward rising while held-out accuracy does not (checker suspected), or a stall", default=True))
+    early_stop: bool = field(**_doc("end the run early, with the final evaluation, when an alarm shows it is not learning: no signal for no_signal_steps steps, or, held at two held-out evaluations in a row, training reward rising while held-out accuracy does not follow (checker suspected) or falls, or a stall", default=True))
     no_signal_steps: int = field(**_doc("steps in a row in which under a quarter of the batch had rewards that vary before the no-signal alarm fires", default=5))
     preflight: str = field(**_doc("before the first step, sample the starting model on a few training prompts and report pass rate, groups that vary, truncation, lengths and reward errors: on (stop when no group varies, warn otherwise), warn (never stop), strict (stop on any problem), off", default="on"))
     preflight_prompts: int = field(**_doc("training prompts the pre-flight check samples (a group of group_size each)", default=16))

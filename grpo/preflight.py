@@ -38,6 +38,7 @@ from grpo.rollout import generate
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
 FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
+FIT_FLOOR = 48  # never below: a model that starts terse must still have room to learn to show its work
 FIT_QUANTILE = 0.95  # the fitted limit is 1.5 x this quantile of the lengths of completions that ended
 
 
@@ -114,7 +115,7 @@ def draw_prompts(n_train: int, count: int, seed: int) -> list[int]:
 
 def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], probe_limit: int) -> int | None:
     """1.5 x the 95th percentile of the lengths of completions that ended on their own, rounded up to a
-    multiple of 8, in [16, probe_limit]; None when too many hit the probe's limit to tell."""
+    multiple of 8, in [FIT_FLOOR, probe_limit]; None when too many hit the probe's limit to tell."""
     natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
     if not natural or 1 - len(natural) / len(lengths) > FIT_CUT:
         return None
@@ -202,8 +203,8 @@ class _Samples:
 
 
 def _rounded_limit(tokens: float, probe_limit: int) -> int:
-    """1.5 x tokens, rounded up to a multiple of 8, in [16, probe_limit]."""
-    return int(min(probe_limit, max(16, 8 * math.ceil(1.5 * tokens / 8))))
+    """1.5 x tokens, rounded up to a multiple of 8, in [FIT_FLOOR, probe_limit]."""
+    return int(min(probe_limit, max(FIT_FLOOR, 8 * math.ceil(1.5 * tokens / 8))))
 
 
 def stop_at_fitted_limit(rows: int, probe_limit: int) -> Callable[[int, int], bool]:

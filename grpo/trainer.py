@@ -132,9 +132,14 @@ class Batch:
     def texts(self) -> list[str]:
         return [t for r in self.rounds for t in r.rollout.texts]  # this process's
 
-    def group_rows(self) -> list[Mapping]:
+    def group_rows(self, *, truncated: bool = False) -> list[Mapping]:
+        """This process's rows, one per completion; with ``truncated``, marked as the rewards saw them."""
         g = self.rounds[0].rollout.group_size
-        return [row for r in self.rounds for row in r.rows for _ in range(g)]  # one per completion
+        rows = [row for r in self.rounds for row in r.rows for _ in range(g)]
+        if not truncated:
+            return rows
+        cut = [bool(c) for r in self.rounds for c in r.rollout.truncated.tolist()]
+        return [{**row, "truncated": c} for row, c in zip(rows, cut, strict=True)]
 
     def reward_means(self) -> dict[str, float]:
         """Each reward function's mean over every completion generated."""
@@ -172,7 +177,8 @@ def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
     """Fill the fields left at 0 ("automatic"): the task's tuned settings, else general defaults."""
     values: dict[str, object] = {}
     for name, value in task.defaults.items():
-        if getattr(config, name) in (0, 0.0, ""):
+        current = getattr(config, name)
+        if not isinstance(current, bool) and current in (0, ""):
             values[name] = value
     if not values.get("max_new_tokens", config.max_new_tokens):
         values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
@@ -329,7 +335,7 @@ class GRPOTrainer:
             "reward_std": generated.std().item(),
             **batch.reward_means(),
             **self._group_metrics(batch, advantages, t_gen),
-            "accuracy": self._accuracy(batch.texts(), batch.group_rows(), generated),
+            "accuracy": self._accuracy(batch.texts(), batch.group_rows(truncated=True), generated),
             "completion_len": batch.generated_lengths().float().mean().item(),
             "completion_len_max": batch.generated_lengths().max().item(),
             "truncated_frac": torch.cat([r.truncated for r in batch.rounds]).float().mean().item(),
@@ -679,6 +685,7 @@ class GRPOTrainer:
         alarms = AlarmConfig(window=cfg.alarm_window, no_signal_steps=cfg.no_signal_steps)
         log = RunLog(AlarmMonitor(cfg.steps, alarms), logger, bar, explain={"checker_suspected": self._top_completions})
         history, bad_in_a_row = saved["history"], saved["bad_in_a_row"]
+        log.monitor.load_state(saved.get("alarms"))  # a resumed run's alarms see the steps before it
         stop = StopRequests() if run_dir is not None else None
         metrics: dict[str, float] = {}
         stopped, step = None, saved["step"]
@@ -707,7 +714,8 @@ class GRPOTrainer:
                 if cfg.log_every and step % cfg.log_every == 0:
                     bar.print(summary_line(step, cfg.steps, metrics))
                 stopped = log.monitor.stopping() if cfg.early_stop else None
-                self._checkpoint_or_stop(step, history, bad_in_a_row, stop, final=stopped is not None)
+                extra = {"history": history, "bad_in_a_row": bad_in_a_row, "alarms": log.monitor.state()}
+                self._checkpoint_or_stop(step, extra, stop, final=stopped is not None)
                 if stopped:
                     bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}")
                     break
@@ -744,6 +752,9 @@ class GRPOTrainer:
     def _preflight(self) -> PreflightReport:
         """Run the pre-flight check; adopt a fitted token limit; stop when the mode says so."""
         report = run_preflight(self, fit=self.fit_token_limit)
+        # every rank sampled the same draws; rank 0's verdict and limit bind all, so none can diverge
+        report.problems, report.fitted_max_new_tokens = self.world.broadcast_object(
+            (report.problems, report.fitted_max_new_tokens))
         if self.world.is_main:
             print(report.describe(), flush=True)
             if self.run_dir is not None:
@@ -768,10 +779,12 @@ class GRPOTrainer:
 
     def _fix_eval_every(self, eval_seconds: float, step_seconds: float) -> TrainConfig:
         """eval_every = 0: every steps/10 steps, or less often when an evaluation costs more than a tenth
-        of that many steps. Decided on rank 0 after the first step, kept in the config (and checkpoints)."""
+        of that many steps, but at least every steps/4 steps (then evaluations may take more than a tenth).
+        Decided on rank 0 after the first step, kept in the config (and checkpoints)."""
         cfg = self.config
         every = max(math.ceil(cfg.steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
-        every = int(self.world.broadcast_object(min(every, cfg.steps)))
+        # at most steps/4, so that the alarms see at least three evaluations during the run
+        every = int(self.world.broadcast_object(min(every, max(1, cfg.steps // 4))))
         self.config = replace(cfg, eval_every=every)
         if self.run_dir is not None:
             (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
@@ -794,14 +807,12 @@ class GRPOTrainer:
 
     # ---- checkpoints and stopping ----
 
-    def _checkpoint_or_stop(
-        self, step: int, history: list, bad_in_a_row: int, stop: StopRequests | None, *, final: bool = False
-    ) -> None:
+    def _checkpoint_or_stop(self, step: int, extra: dict, stop: StopRequests | None, *, final: bool = False) -> None:
         """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
 
         No checkpoint is written after a bad step, so the latest one is the last good state.
         """
-        cfg = self.config
+        cfg, bad_in_a_row = self.config, extra["bad_in_a_row"]
         if bad_in_a_row >= cfg.max_bad_steps:
             raise RunStopped(
                 f"loss or gradient was NaN/inf in {bad_in_a_row} consecutive steps (the last at step {step}); "
@@ -814,7 +825,7 @@ class GRPOTrainer:
             try:
                 checkpoint.save(
                     self.run_dir, step, model=self.model, owner=self, config=cfg.to_dict(),
-                    extra={"history": history, "bad_in_a_row": bad_in_a_row}, keep=cfg.keep_checkpoints,
+                    extra=extra, keep=cfg.keep_checkpoints,
                 )
             except checkpoint.CheckpointError as err:
                 raise RunStopped(f"{err}; the run stopped at step {step}") from err

@@ -148,3 +148,32 @@ def test_checker_suspected_stays_quiet_when_heldout_follows_a_slower_rise():
         if "heldout_accuracy" in m:
             m["heldout_accuracy"] = 0.3 + 0.15 * stream.index(m) / STEPS
     assert "checker_suspected" not in run(stream, heldout_start=0.3)
+
+
+def noisy_learning_run(seed: int, steps: int = 20, gain: float = 0.25, rise: float = 0.3) -> AlarmMonitor:
+    """A run that learns slowly, seen as the trainer sees it: reward noise 0.06 a step, held-out accuracy
+    on a 128-prompt subset (binomial noise) every 2 steps, the automatic window of half the run."""
+    rng = np.random.default_rng(seed)
+    monitor = AlarmMonitor(steps, AlarmConfig(window=max(6, steps // 2)))
+    monitor.observe(0, {"heldout_subset_accuracy": rng.binomial(128, 0.1) / 128})
+    for step in range(1, steps + 1):
+        m = {"reward_mean": 0.1 + rise * step / steps + rng.normal(0, 0.06), "adv_nonzero_frac": 0.6,
+             "signal_frac": 0.8, "completion_len": 10.0, "repeat_ngram_frac": 0.0, "entropy": 0.5}
+        if step % 2 == 0:
+            m["heldout_subset_accuracy"] = rng.binomial(128, 0.1 + gain * step / steps) / 128
+        monitor.observe(step, m)
+        if monitor.stopping():
+            return monitor
+    return monitor
+
+
+def test_a_noisy_run_that_learns_is_not_stopped():
+    # held-out rises 25 points while reward rises 30: learning, however noisy its measurement
+    stopped = [seed for seed in range(40) if noisy_learning_run(seed).stopping()]
+    assert len(stopped) <= 2, stopped
+
+
+def test_a_noisy_run_whose_heldout_stays_flat_is_stopped():
+    # the same reward rise with held-out accuracy flat: the checker-suspected alarm ends most such runs
+    stopped = [seed for seed in range(40) if noisy_learning_run(seed, gain=0.0).stopping()]
+    assert len(stopped) >= 30, stopped

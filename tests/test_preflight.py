@@ -139,11 +139,11 @@ def test_task_settings_fill_what_the_run_leaves_automatic():
 
 
 def test_token_limit_fit_by_hand():
-    # 19 completions end on their own, one is cut: p95 of [10..28] is 27 -> 1.5 * 27 = 40.5 -> 48
-    lengths = list(range(10, 29)) + [256]
+    # 19 completions end on their own, one is cut: p95 of [30..48] is 47 -> 1.5 * 47 = 70.5 -> 72
+    lengths = list(range(30, 49)) + [256]
     cut = [False] * 19 + [True]
-    assert fit_token_limit(lengths, cut, 256) == 48
-    assert fit_token_limit([3] * 10, [False] * 10, 256) == 16  # never below 16
+    assert fit_token_limit(lengths, cut, 256) == 72
+    assert fit_token_limit([3] * 10, [False] * 10, 256) == 48  # never below 48: room to learn to show work
     assert fit_token_limit([100] * 10, [False] * 8 + [True] * 2, 256) is None  # 20% cut: cannot tell
 
 
@@ -169,9 +169,9 @@ def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):
 
 
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
-    # 20 rows: 19 have ended by token 10 (95%), so sampling stops at 1.5 x 10 -> 16 tokens
+    # 20 rows: 19 have ended by token 10 (95%), so sampling stops at 1.5 x 10 -> 15, at least 48 tokens
     stop = stop_at_fitted_limit(20, 256)
-    assert not stop(9, 2) and not stop(10, 1) and not stop(15, 1) and stop(16, 1)
+    assert not stop(9, 2) and not stop(10, 1) and not stop(47, 1) and stop(48, 1)
     late = stop_at_fitted_limit(20, 256)
     assert not late(100, 2) and not late(120, 1) and not late(175, 1) and late(184, 1)  # 1.5 x 120 -> 184
 
@@ -180,6 +180,15 @@ def test_automatic_evaluation_interval_bounds_its_share_of_the_run():
     trainer = tiny_trainer(steps=40)
     assert trainer._fix_eval_every(eval_seconds=0.1, step_seconds=1.0).eval_every == 4  # steps / 10
     trainer = tiny_trainer(steps=40)
-    assert trainer._fix_eval_every(eval_seconds=2.0, step_seconds=1.0).eval_every == 20  # 2 s every 20 s
+    assert trainer._fix_eval_every(eval_seconds=0.8, step_seconds=1.0).eval_every == 8  # 0.8 s every 8 s
     trainer = tiny_trainer(steps=40)
-    assert trainer._fix_eval_every(eval_seconds=60.0, step_seconds=1.0).eval_every == 40  # at most once
+    assert trainer._fix_eval_every(eval_seconds=60.0, step_seconds=1.0).eval_every == 10  # still 3 during the run
+
+
+def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):
+    # the alarms' history travels in the checkpoint: the no-signal count goes on across the resume
+    straight = tiny_trainer(reward=never, steps=8, no_signal_steps=3, early_stop=True).train(tmp_path / "a")
+    tiny_trainer(reward=never, steps=2, no_signal_steps=3, early_stop=True).train(tmp_path / "b")
+    resumed = tiny_trainer(reward=never, steps=8, no_signal_steps=3, early_stop=True).train(tmp_path / "b", resume=True)
+    assert straight["steps"] == resumed["steps"] == 3
+    assert straight["stopped_early"] == resumed["stopped_early"]
