@@ -303,6 +303,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
             f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
         )
+        if summary.get("stopped_early"):
+            print(f"stopped early after step {summary['steps']} of {summary['steps_planned']}: {summary['stopped_early']}")
     return 0
 
 

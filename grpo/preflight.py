@@ -68,6 +68,7 @@ class PreflightReport:
     examples: dict[str, str]  # outcome -> one completion
     seconds: float
     fitted_max_new_tokens: int | None = None
+    step_seconds: float | None = None  # generation time a training step can expect, from the check's pace
     problems: list[Problem] = field(default_factory=list)
 
     def stops(self, mode: str) -> list[Problem]:
@@ -93,6 +94,8 @@ class PreflightReport:
             lines.append(f"  example ({outcome}): {_short(text)}")
         if self.fitted_max_new_tokens is not None:
             lines.append(f"  token limit fitted to the data: max_new_tokens = {self.fitted_max_new_tokens}")
+        if self.step_seconds is not None:
+            lines.append(f"  expected generation time: about {self.step_seconds:.0f} s a step at this pace")
         for p in self.problems:
             lines.append(f"  {'PROBLEM' if p.fatal else 'warning'} ({p.kind}): {p.message}")
         return "\n".join(lines)
@@ -133,8 +136,8 @@ def find_problems(report: PreflightReport, reward_names: Sequence[str], constant
         problems.append(Problem("few groups vary", (
             f"only {report.varying_frac:.0%} of groups had rewards that differ (pass rate {report.pass_rate:.1%}); "
             "every other group teaches nothing, so each step generates extra rounds to find informative ones "
-            "(filter_groups) and learning will be slow. Try easier prompts, a larger group_size, or a reward "
-            "with partial credit.")))
+            "(filter_groups) and learning will be slow. Try a stronger model, easier prompts, a larger "
+            "group_size, or a reward with partial credit.")))
     if report.truncated_frac > MOSTLY_CUT:
         problems.append(Problem("truncation", (
             f"{report.truncated_frac:.0%} of completions hit the {report.max_new_tokens}-token limit; a cut "
@@ -256,6 +259,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     runs the same draws with the same generator, so under torchrun all reach the same verdict.
     """
     cfg, start, g = trainer.config, time.perf_counter(), trainer.config.group_size
+    if trainer.world.is_main:
+        print(f"pre-flight: sampling {g} completions for each of {cfg.preflight_prompts} training prompts at "
+              f"<= {cfg.max_new_tokens} tokens (--no-preflight skips this)", flush=True)
     order = draw_prompts(len(trainer.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
     generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
@@ -284,7 +290,19 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
     report.problems = find_problems(report, names, constant)
     report.seconds = time.perf_counter() - start
+    report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
+                                                dynamic=cfg.filter_groups)
     return report
+
+
+def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_rounds: int, *,
+                          dynamic: bool) -> float:
+    """Generation seconds a training step can expect: a round of B prompts at the check's pace per prompt,
+    times the rounds dynamic sampling needs to find B varying groups at the check's share (at most
+    max_rounds). Sampling at the fitted limit is cheaper; the estimate ignores that."""
+    per_prompt = report.seconds / max(report.prompts, 1)
+    needed = 1 if not dynamic else min(max_rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else max_rounds
+    return per_prompt * prompts_per_step * needed
 
 
 def preflight_summary(report: PreflightReport | None) -> Mapping[str, object] | None:
