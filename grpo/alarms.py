@@ -156,8 +156,11 @@ def entropy_collapse(entropy: Sequence[float], step: int, total_steps: int, cfg:
 class AlarmMonitor:
     """Feeds each step's metrics to the checks; flags every alarm, reports each when it turns on."""
 
-    def __init__(self, total_steps: int, config: AlarmConfig | None = None) -> None:
+    def __init__(self, total_steps: int, config: AlarmConfig | None = None, *, watch_heldout: bool = True) -> None:
+        """``watch_heldout=False``: the held-out checker cannot score these rows (they have no answer, as
+        with a TRL length reward on prompts alone), so the alarms that compare with it stay off."""
         self.total_steps = total_steps
+        self.watch_heldout = watch_heldout
         self.config = config or AlarmConfig()
         self.series: dict[str, list[float]] = {}
         self.heldout: list[tuple[int, float]] = []  # (step, accuracy)
@@ -172,7 +175,7 @@ class AlarmMonitor:
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
-        watched = metrics.get("heldout_subset_accuracy", metrics.get("heldout_accuracy"))
+        watched = metrics.get("heldout_subset_accuracy", metrics.get("heldout_accuracy")) if self.watch_heldout else None
         if watched is not None:
             self.heldout.append((step, float(watched)))
         messages = self._check(step)

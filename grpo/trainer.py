@@ -683,7 +683,9 @@ class GRPOTrainer:
             logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
         bar = StepProgress(cfg.steps, enabled=self.progress and main)
         alarms = AlarmConfig(window=cfg.alarm_window, no_signal_steps=cfg.no_signal_steps)
-        log = RunLog(AlarmMonitor(cfg.steps, alarms), logger, bar, explain={"checker_suspected": self._top_completions})
+        answered = all(str(row.get("answer") or "").strip() for row in self.task.heldout)
+        monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
+        log = RunLog(monitor, logger, bar, explain={"checker_suspected": self._top_completions})
         history, bad_in_a_row = saved["history"], saved["bad_in_a_row"]
         log.monitor.load_state(saved.get("alarms"))  # a resumed run's alarms see the steps before it
         stop = StopRequests() if run_dir is not None else None

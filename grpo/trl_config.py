@@ -56,7 +56,7 @@ SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "grou
 
 # Keys accepted only at the value that leaves results as grpo computes them.
 NEUTRAL: dict[str, tuple[object, ...]] = {
-    "delta": (None,), "mask_truncated_completions": (False,), "sync_ref_model": (False,),
+    "delta": (None,), "mask_truncated_completions": (False, True), "sync_ref_model": (False,),
     "top_entropy_quantile": (1.0, 1), "entropy_coef": (0.0, 0), "use_adaptive_entropy": (False,),
     "repetition_penalty": (1.0, 1), "min_p": (None, 0.0, 0), "multi_objective_aggregation": ("sum_then_normalize",),
     "generation_batch_size": (None,), "steps_per_generation": (None,), "use_bias_correction_kl": (False,),
@@ -113,8 +113,9 @@ TRL_KEYS = frozenset(RENAMED) | frozenset(NEUTRAL) | IGNORED | frozenset(CONVERT
 
 
 def is_trl_config(values: Mapping) -> bool:
-    """Whether a config uses TRL's vocabulary: it holds a key that only TRL has."""
-    return any(key in TRL_KEYS and key not in _GRPO_KEYS for key in values)
+    """Whether a config uses TRL's vocabulary: it holds a key that only TRL has and that means something
+    (a grpo config with a stray ``bf16`` stays a grpo config, with grpo's defaults)."""
+    return any(key in TRL_KEYS and key not in _GRPO_KEYS and key not in IGNORED for key in values)
 
 
 def check_keys(values: Mapping) -> None:
@@ -174,6 +175,8 @@ def _converted(values: Mapping) -> dict[str, object]:
         out["wandb"] = True
     if "reward_weights" in values and values["reward_weights"] is not None:
         out["reward_weights"] = values["reward_weights"]
+    if values.get("mask_truncated_completions") is True:
+        out["mask_truncated"] = True  # the same as DAPO's overlong filtering here
     return out
 
 
@@ -199,7 +202,15 @@ def _renamed(values: Mapping) -> dict[str, object]:
 
 
 def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
-    """A TRL config as grpo options (TRL's defaults for what it leaves unset), and the keys ignored."""
+    """A TRL config as grpo options (TRL's defaults for what it leaves unset), and the keys ignored.
+
+    A key set to null, and ``max_steps`` <= 0 (TRL's "not set"), count as unset. TRL's max_steps,
+    logging_steps, save_steps and warmup_steps count optimiser steps, and each generation batch is
+    reused num_iterations (mu) times, one optimiser step each; grpo counts generation steps, each
+    with mu passes, so those step counts are divided by mu.
+    """
+    values = {k: v for k, v in values.items()
+              if v is not None and not (k == "max_steps" and isinstance(v, int) and v <= 0)}
     check_keys(values)
     _check_neutral(values)
     both = [(t, g) for t, g in RENAMED.items() if t in values and g in values]
@@ -211,6 +222,7 @@ def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
     if "epsilon_high" not in values and "clip_high" not in values:
         out["clip_high"] = out["clip_low"]  # TRL: epsilon_high defaults to epsilon
     out.update(_converted(values))
+    _per_generation(out)
     if "batch_size" in out and "prompts_per_step" in values:
         del out["batch_size"]
     if out.get("batch_size") and out["batch_size"] % out["group_size"]:
@@ -219,6 +231,17 @@ def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
             f"multiple of num_generations ({out['group_size']})"
         )
     return out, _ignored(values)
+
+
+def _per_generation(out: dict[str, object]) -> None:
+    """TRL's optimiser-step counts as grpo's generation-step counts: divided by mu = num_iterations."""
+    mu = out.get("epochs", 1)
+    if not isinstance(mu, int) or mu <= 1:
+        return
+    for key in ("steps", "log_every", "save_every", "eval_every", "warmup_steps"):
+        value = out.get(key)
+        if isinstance(value, int) and value > 0:
+            out[key] = max(1, -(-value // mu))
 
 
 def _ignored(values: Mapping) -> list[str]:

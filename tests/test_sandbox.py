@@ -301,3 +301,16 @@ def test_the_sandbox_holds_for_an_unprivileged_user():
     assert "none failures: [" in proc.stdout and "none failures: []" not in proc.stdout, proc.stdout
     weak = next(line for line in proc.stdout.splitlines() if line.startswith("weak failures:"))
     assert "switching off an in-process guard" in weak, proc.stdout
+
+
+def test_a_comparison_inside_a_checked_expression_makes_the_test_forgeable():
+    # "(add(1, 2) == 4) == True" would compare the code's own object: counted forgeable, not checked
+    from grpo.rewards.code import split_tests
+
+    kinds = [case.kind for case in split_tests("assert (add(1, 2) == 4) == True\nassert add(1, 2) == 3")]
+    assert kinds == ["opaque", "checked"]
+
+
+def test_honest_stdin_stdout_programs_using_buffers_and_exit_score():
+    honest = "import sys\nn = int(sys.stdin.buffer.readline())\nsys.stdout.buffer.write(str(2 * n).encode())\nexit()\n"
+    assert code_tests(f"```python\n{honest}```", {"tests": "", "inputs": ["3"], "outputs": ["6"]}) == 1.0

@@ -101,13 +101,18 @@ def _value(i, compute):
     except BaseException:
         _emit({"i": i, "error": 1})
 def _run_io(stdin):
-    sys.stdin, sys.stdout = io.StringIO(stdin), io.StringIO()
-    buf = sys.stdout
+    # text streams with a .buffer, as real stdin/stdout have (sys.stdin.buffer.readline(), .buffer.write())
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
+    raw = io.BytesIO()
+    sys.stdout = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
     try:
         exec(_program, {"__name__": "__main__"})
     except SystemExit:
         pass
-    return buf.getvalue()
+    sys.stdout.flush()
+    return raw.getvalue().decode("utf-8", errors="replace")
+import builtins
+builtins.exit = builtins.quit = sys.exit  # python -S leaves them out; honest scripts call exit()
 _nonce, _code, _steps = NONCE, CODE, STEPS
 _g = {"__name__": "__main__"}
 try:
@@ -171,7 +176,9 @@ def _classify(node: ast.stmt, source: str) -> Case:
         left, right = check.left, check.comparators[0]
         for expr, lit in ((left, right), (right, left)):
             ok, expected = _literal(lit)
-            if ok:
+            # a comparison inside the expression ("(f(1) == 4) == True") would run on the code's own
+            # objects, whose __eq__ may lie: such a test is the sandbox's verdict, so forgeable
+            if ok and not any(isinstance(n, ast.Compare) for n in ast.walk(expr)):
                 return Case("checked", ast.get_source_segment(source, expr) or "", expected)
     return Case("opaque", text)
 
