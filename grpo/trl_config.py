@@ -260,4 +260,5 @@ def translate(values: Mapping) -> tuple[dict[str, object], list[str]]:
     if is_trl_config(values):
         return from_trl(values)
     check_keys(values)
-    return dict(values), []
+    ignored = sorted(k for k in values if k in IGNORED)
+    return {k: v for k, v in values.items() if k not in IGNORED}, ignored
