@@ -84,9 +84,9 @@ def test_first_use_converts_the_gguf_into_a_fresh_cache(tmp_path, monkeypatch):
 
 def test_preflight_on_a_users_short_answer_data_fits_the_token_limit(tmp_path):
     # the user's path: their file, no options; the check must not keep the 256-token probe for short answers
-    data = tmp_path / "sums.jsonl"
-    data.write_text("".join(json.dumps({"question": f"How much is {a} plus {b}? Give only the number.",
-                                        "answer": a + b}) + "\n" for a in range(1, 10) for b in range(1, 10)))
+    data = tmp_path / "differences.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} - {b}? Reply with only the number.",
+                                        "answer": a - b}) + "\n" for a in range(50, 99, 3) for b in range(10, 49, 4)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "grpo", "preflight", "--data", str(data), "--preflight-prompts", "8"],
                             capture_output=True, text=True, env=env, timeout=900)
