@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import os
 import string
 
 import pytest
@@ -51,3 +53,16 @@ def tokenizer():
 @pytest.fixture
 def tiny_model(tokenizer):
     return make_model(len(tokenizer))
+
+
+@pytest.fixture(autouse=True)
+def _no_bomb_files_left_behind():
+    """The containment tests run the disk-bomb probe with no sandbox (mode "none") to show that it would
+    work; without a sandbox it really writes into /tmp, / and /dev/shm, so those files are removed."""
+    yield
+    for pattern in ("/tmp/bomb-*", "/bomb-*", "/dev/shm/bomb-*"):
+        for path in glob.glob(pattern):
+            try:
+                os.remove(path)
+            except OSError:
+                pass

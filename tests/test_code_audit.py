@@ -67,9 +67,12 @@ def test_check_reward_exits_1_when_a_probe_gets_through(capsys, monkeypatch, mod
     assert "FAIL" in capsys.readouterr().out
 
 
-def test_the_tests_on_disk_are_out_of_reach(tmp_path):
+def test_the_tests_on_disk_are_out_of_reach(tmp_path, monkeypatch):
     rows = list(get_task("code").heldout)[:1]
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    # the dataset in the trainer's working directory, where the probe looks first (/proc/*/cwd), so the
+    # unsandboxed run finds it however much else /tmp holds
+    monkeypatch.chdir(tmp_path)
     probes = {"the tests read from files on disk": PROBES["the tests read from files on disk"]}
     unhurried = Limits(wall_seconds=30.0)  # without a sandbox the search walks all of /tmp
     assert audit_code_reward(rows, mode="none", probes=probes, limits=unhurried).failures() == [
