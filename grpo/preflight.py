@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpo.rollout import generate
-
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
 FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
@@ -229,18 +227,9 @@ def _sample_round(
     """Sample a group for each chosen training prompt and score it, as a training round would."""
     cfg, g = trainer.config, trainer.config.group_size
     stop_early = stop_at_fitted_limit(len(chosen) * g, cfg.max_new_tokens) if fit else None
-    rows = [trainer.task.train[i] for i in chosen]
-    trainer.model.eval()
-    with trainer.autocast:
-        rollout = trainer.policy.without_grad(
-            generate, trainer.tokenizer, [trainer.train_prompts[i] for i in chosen], group_size=g,
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            stop_strings=cfg.stop, generator=generator, stop_early=stop_early,
-        )
-    group_rows = [r for r in rows for _ in range(g)]
+    rollout, rewards, metrics, _ = trainer.sample_and_score(chosen, generator, stop_early)
+    group_rows = [trainer.task.train[i] for i in chosen for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
-    ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, lengths, strict=True)]
-    rewards, metrics = trainer.score(rollout.texts, group_rows, lengths, ids, truncated=truncated)
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
     out.correct += [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
     out.texts += rollout.texts

@@ -402,31 +402,40 @@ class GRPOTrainer:
 
     def _generate_round(self, drawn: list[int]) -> Round:
         """Generate and score the groups of the global draw that are this process's."""
-        cfg = self.config
-        t0 = time.perf_counter()
         rows_idx = [drawn[i] for i in self.world.shard(len(drawn))]  # this process's groups
         rows = [self.task.train[i] for i in rows_idx]
-        self.model.eval()
-        with self.autocast:
-            rollout = self.policy.without_grad(
-                generate, self.tokenizer, [self.train_prompts[i] for i in rows_idx],
-                group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                stop_strings=cfg.stop, generator=self.generator,
-            )
-        t_gen = time.perf_counter()
-        group_rows = [r for r in rows for _ in range(cfg.group_size)]
-        ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)]
-        own_rewards, reward_means = self.score(  # (N/W,)
-            rollout.texts, group_rows, rollout.lengths.tolist(), ids, truncated=rollout.truncated.tolist())
+        rollout, own_rewards, reward_means, seconds = self.sample_and_score(rows_idx, self.generator)  # (N/W,)
         rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole draw's
         means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
         return Round(
             prompts=drawn, rows=rows, rollout=rollout, rewards=rewards,
             lengths=self.world.gather(rollout.lengths), truncated=self.world.gather(rollout.truncated),
             reward_means=dict(zip(reward_means, means.tolist(), strict=True)),  # equal shares per process
-            explored=getattr(self.sampler, "explored", 0), seconds_generate=t_gen - t0,
+            explored=getattr(self.sampler, "explored", 0), seconds_generate=seconds,
         )
+
+    def sample_and_score(
+        self, prompts: Sequence[int], generator: torch.Generator,
+        stop_early: Callable[[int, int], bool] | None = None,
+    ) -> tuple[Rollout, Tensor, dict[str, float], float]:
+        """A group for each of these training prompts, scored: the rollout, its rewards (n*G,), the
+        scorer's metrics and the seconds generation took. Training rounds and the pre-flight check share it."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        self.model.eval()
+        with self.autocast:
+            rollout = self.policy.without_grad(
+                generate, self.tokenizer, [self.train_prompts[i] for i in prompts],
+                group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                stop_strings=cfg.stop, generator=generator, stop_early=stop_early,
+            )
+        seconds = time.perf_counter() - t0
+        group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
+        ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)]
+        rewards, metrics = self.score(
+            rollout.texts, group_rows, rollout.lengths.tolist(), ids, truncated=rollout.truncated.tolist())
+        return rollout, rewards, metrics, seconds
 
     def _group_metrics(self, batch: Batch, advantages: Tensor, seconds_generate: float) -> dict[str, float]:
         """Where the step's compute went: groups by outcome, and what the uninformative ones cost.
