@@ -88,12 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task", default="add", help="built-in task (default: add)")
     ev.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
     ev.add_argument("--max-new-tokens", type=int, default=0,
-                    help="tokens per answer (default 0: the task's own setting, or 256 for --data; "
-                         "give a run's max_new_tokens from its config.json to score as it trained)")
+                    help="tokens per answer (default 0: for a model saved by grpo train, its run's limit from "
+                         "config.json, so it scores as it trained; else the task's own setting, or 256 for --data)")
     ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
     ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
     _add_eval_data_options(ev)
+    ev.add_argument("--rows", choices=("heldout", "first"), default="heldout",
+                    help="with --data: the held-out split grpo train --data makes of the file with the same "
+                         "--eval-size (default; prompts the run did not train on), or the file's first "
+                         "--eval-size rows (a separate test file)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -176,7 +180,7 @@ def cmd_check_reward(args: argparse.Namespace) -> int:
 
 
 # What --resume may change: how the run is kept and shown, or how long it goes on, not its maths.
-RESUMABLE = ("steps", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
+RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
              "eval_batch_size", "save_model", "device", "threads")
 
 
@@ -330,9 +334,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _eval_task(args: argparse.Namespace) -> Task:
-    """The rows grpo eval scores: the first --eval-size rows of --data, or the task's held-out split."""
+    """The rows grpo eval scores: the task's held-out split, or --data's (--rows heldout: the split
+    training makes, --rows first: the file's first --eval-size rows)."""
     from grpo.rewards.math import math_answer
-    from grpo.tasks import Task, get_task, load_rows
+    from grpo.tasks import Task, get_task, load_rows, split_rows
 
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
@@ -340,7 +345,22 @@ def _eval_task(args: argparse.Namespace) -> Task:
                     task.defaults)
     rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
                      prompt_template=args.prompt_template, require_answer=not args.rewards)
-    return Task(Path(args.data).stem, [], rows[: args.eval_size], math_answer, args.system_prompt or None)
+    if len(rows) < 2 and args.rows == "heldout":
+        raise ConfigError(f"{args.data}: a held-out split needs at least 2 rows; give --rows first to score it whole")
+    heldout = split_rows(rows, args.eval_size)[1] if args.rows == "heldout" else rows[: args.eval_size]
+    return Task(Path(args.data).stem, [], heldout, math_answer, args.system_prompt or None)
+
+
+def _run_token_limit(model: str) -> int:
+    """The max_new_tokens of the run that saved ``model`` (runs/<run>/model beside runs/<run>/config.json),
+    or 0 when it is not a grpo run's model."""
+    config = Path(model).parent / "config.json"
+    if Path(model).name != "model" or not config.is_file():
+        return 0
+    try:
+        return int(json.loads(config.read_text()).get("max_new_tokens", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
@@ -375,7 +395,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
-    limit = args.max_new_tokens or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS))
+    limit = (args.max_new_tokens or _run_token_limit(args.model)
+             or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
     result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
                       max_new_tokens=limit, samples=args.samples, ks=args.k,
                       temperature=args.temperature, stop_strings=tuple(args.stop),

@@ -17,6 +17,7 @@ import yaml
 DATA_MAX_NEW_TOKENS = 256
 """The token limit of a run on the user's data when none is given and no pre-flight check fits one
 (TRL's default max_completion_length is 256 too): room for short reasoning, not the demo's 8."""
+DEFAULT_STEPS = 20  # steps for a task that sets none
 
 
 class ConfigError(ValueError):
@@ -46,7 +47,8 @@ class TrainConfig:
     reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
     on_error: str = field(**_doc("a reward call that raises or times out: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
     sandbox: str = field(**_doc("how code rewards run untrusted code: strict (bubblewrap: own namespaces, read-only system, no network, no parent's files) or weak (an in-process guard the code can defeat; for machines without bubblewrap, with a warning)", default="strict"))
-    steps: int = field(**_doc("number of GRPO steps (one batch of prompts each)", default=20))
+    steps: int = field(**_doc("number of GRPO steps, one batch of prompts each (0: the task's setting, see `grpo tasks`; 20 for a task without one)", default=0))
+    minutes: float = field(**_doc("end training before a step that would end past this many minutes of training; the final evaluation still runs (0: no limit; for --data without --steps, the data's setting: 10)", default=0.0))
     seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
     prompts_per_step: int = field(**_doc("B: distinct prompts per step", default=8))
@@ -111,13 +113,13 @@ class TrainConfig:
         self._check_consistency()
 
     def _check_ranges(self) -> None:
-        positive = ("steps", "prompts_per_step", "epochs", "minibatches",
+        positive = ("prompts_per_step", "epochs", "minibatches",
                     "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
                     "reward_timeout", "max_gen_rounds", "sampler_half_life", "no_signal_steps", "preflight_prompts")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        non_negative = ("top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
+        non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers")

@@ -76,6 +76,7 @@ class EvalResult:
     samples: int = 0
     pass_at: dict[int, float] = field(default_factory=dict)
     maj_at: dict[int, float] = field(default_factory=dict)
+    solved: tuple[bool, ...] = ()  # greedy pass@1 per prompt, in the order given (this process's prompts)
 
     def metrics(self) -> dict[str, float]:
         """The metric keys logged to metrics.jsonl: heldout_accuracy, heldout_pass@k, heldout_maj@k."""
@@ -143,15 +144,16 @@ def greedy_accuracy(
     batch_size: int = 128,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
-) -> tuple[float, list[str]]:
-    """Fraction of prompts whose greedy completion earns the checker's full reward (1.0)."""
+) -> tuple[float, list[str], list[bool]]:
+    """Fraction of prompts whose greedy completion earns the checker's full reward (1.0); the completions;
+    which prompts earned it."""
     texts, truncated = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
                                    temperature=0.0, batch_size=batch_size, on_batch=on_batch,
                                    stop_strings=stop_strings)
     if not texts:
-        return 0.0, texts
-    correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, scored_rows(rows, truncated), strict=True))
-    return correct / len(texts), texts
+        return 0.0, texts, []
+    solved = [reward(t, row) >= 1.0 for t, row in zip(texts, scored_rows(rows, truncated), strict=True)]
+    return sum(solved) / len(texts), texts, solved
 
 
 def evaluate(
@@ -174,10 +176,10 @@ def evaluate(
     bad = [k for k in ks if not 0 < k <= samples] if samples else []
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
-    acc, _ = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
+    acc, _, solved = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
                              batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
     if not samples or not prompts:
-        return EvalResult(acc, len(prompts))
+        return EvalResult(acc, len(prompts), solved=tuple(solved))
     texts, truncated = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
                                    temperature=temperature, batch_size=batch_size, generator=generator,
                                    on_batch=on_batch, stop_strings=stop_strings)
@@ -193,4 +195,4 @@ def evaluate(
             maj_sums[k] += majority_at_k(answers, correct, k)
     n = len(prompts)
     return EvalResult(acc, n, samples, {k: v / n for k, v in pass_sums.items()},
-                      {k: v / n for k, v in maj_sums.items()})
+                      {k: v / n for k, v in maj_sums.items()}, tuple(solved))

@@ -16,7 +16,8 @@ per outcome. Problems are said in plain words with what to try:
 ``strict`` stops on any of them, ``warn`` on none. For a user's data with no
 token limit given, the check samples at 256 tokens and fits the limit to
 the lengths the model writes (1.5 times the 95th percentile of completions
-that ended on their own), so a run on short answers does not pay for 256;
+that ended on their own, or of the correct ones' median when that is lower),
+so a run on short answers does not pay for 256;
 its sampling stops at that limit once 95% of the completions have ended,
 so the check does not pay for 256 either.
 The check draws with its own random generator: the run that follows samples
@@ -37,7 +38,8 @@ FEW_VARY = 0.25  # below this share of varying groups, most of each step's gener
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
 FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
 FIT_FLOOR = 48  # never below: a model that starts terse must still have room to learn to show its work
-FIT_QUANTILE = 0.95  # the fitted limit is 1.5 x this quantile of the lengths of completions that ended
+FIT_QUANTILE = 0.95  # the fitted limit is 1.5 x this quantile of the lengths of completions that ended ...
+FIT_MIN_CORRECT = 5  # ... or, with at least this many correct completions, 1.5 x their median length if lower
 
 
 @dataclass(frozen=True)
@@ -114,14 +116,26 @@ def draw_prompts(n_train: int, count: int, seed: int) -> list[int]:
     return random.Random(seed).sample(range(n_train), min(count, n_train))
 
 
-def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], probe_limit: int) -> int | None:
-    """1.5 x the 95th percentile of the lengths of completions that ended on their own, rounded up to a
-    multiple of 8, in [FIT_FLOOR, probe_limit]; None when too many hit the probe's limit to tell."""
+def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], correct: Sequence[bool],
+                    probe_limit: int) -> int | None:
+    """The token limit a run on this data needs, rounded up to a multiple of 8, in [FIT_FLOOR, probe_limit];
+    None when too many completions hit the probe's limit to tell.
+
+    1.5 x the 95th percentile of the lengths of completions that ended on their own; lower, 1.5 x the
+    median length of the correct ones, when at least FIT_MIN_CORRECT were correct. A model asked for a
+    short answer often explains at length instead: the answers that score need less room, and since the
+    longest completion sets a batch's generation time, a run pays for the rambling on every step. On a
+    file of "Compute 9 times 84. Answer with just the number." the 95th percentile was 165 tokens, the
+    correct completions' median 41 (most of them 5 to 18 tokens, a few explanations up to 111). A cut
+    completion scores 0, which teaches the policy to answer within the limit.
+    """
     natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
     if not natural or 1 - len(natural) / len(lengths) > FIT_CUT:
         return None
     p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
-    return _rounded_limit(p95, probe_limit)
+    solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
+    median = solved[(len(solved) - 1) // 2] if solved else p95
+    return _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
 
 
 def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str]) -> list[Problem]:
@@ -275,7 +289,8 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
     )
     if fit:
-        report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, cfg.max_new_tokens)
+        report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,
+                                                       cfg.max_new_tokens)
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
     report.problems = find_problems(report, names, constant)
     report.seconds = time.perf_counter() - start

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 from grpo import checkpoint
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages, policy_loss
-from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
+from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_STEPS, ConfigError, TrainConfig
 from grpo.distributed import World, full_state_dict, init_world, pad_micro_batches, shard_policy, to_float
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
@@ -174,17 +174,28 @@ class RunLog:
 
 
 def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
-    """Fill the fields left at 0 ("automatic"): the task's tuned settings, else general defaults."""
+    """Fill the fields left at 0 ("automatic"): the task's tuned settings, else general defaults.
+
+    A task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
+    """
     values: dict[str, object] = {}
     for name, value in task.defaults.items():
         current = getattr(config, name)
         if not isinstance(current, bool) and current in (0, ""):
             values[name] = value
+    if config.steps:
+        values.pop("minutes", None)
     if not values.get("max_new_tokens", config.max_new_tokens):
         values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
+    steps = values.setdefault("steps", config.steps or DEFAULT_STEPS)
     if config.alarm_window == 0:
-        values["alarm_window"] = min(20, max(6, config.steps // 2))
+        values["alarm_window"] = alarm_window_for(steps)
     return replace(config, **values)
+
+
+def alarm_window_for(steps: int) -> int:
+    """The automatic trend window: half the run, between 6 and 20 steps."""
+    return min(20, max(6, steps // 2))
 
 
 def seed_everything(seed: int) -> None:
@@ -240,6 +251,7 @@ class GRPOTrainer:
         )
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
+        self.auto_alarm_window = config.alarm_window == 0
         self.config = config = settle_config(config, self.task)
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
@@ -652,7 +664,7 @@ class GRPOTrainer:
         return EvalResult(
             accuracy=means[0], size=int(totals[0]), samples=mine.samples,
             pass_at=dict(zip(keys_p, means[1 : 1 + len(keys_p)], strict=True)),
-            maj_at=dict(zip(keys_m, means[1 + len(keys_p) :], strict=True)),
+            maj_at=dict(zip(keys_m, means[1 + len(keys_p) :], strict=True)), solved=mine.solved,
         )
 
     def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
@@ -699,22 +711,24 @@ class GRPOTrainer:
         log.monitor.load_state(saved.get("alarms"))  # a resumed run's alarms see the steps before it
         stop = StopRequests() if run_dir is not None else None
         metrics: dict[str, float] = {}
-        stopped, step = None, saved["step"]
-        subset, seconds = {}, 0.0
+        stopped, out_of_time, step = None, False, saved["step"]
+        seconds = 0.0
         with bar, stop or nullcontext():
             if history:  # resumed: the start accuracy comes from the checkpoint
                 first = EvalResult(accuracy=history[0][1], size=len(self.heldout_prompts))
             else:
                 first, seconds = self._evaluate_with(bar)
                 history.append((0, first.accuracy))
-                subset = self._subset_accuracy(bar, first)
+                subset = self._subset_accuracy(first)
                 log.record(0, {**first.metrics(), **subset, "time_eval": seconds})
                 bar.print(f"step 0 held-out: {first.describe()}")
-            train_start = time.perf_counter()
+            train_start, trained_before = time.perf_counter(), saved.get("train_seconds", 0.0)
+            trained = lambda: trained_before + time.perf_counter() - train_start  # noqa: E731
             for step in range(saved["step"] + 1, cfg.steps + 1):
                 metrics = self.step(step)
                 if cfg.eval_every == 0:  # automatic: fixed now, from what an evaluation and a step cost
-                    cfg = self._fix_eval_every(subset.get("time_eval", seconds), metrics["time_step"])
+                    subset_seconds = seconds * self._subset_size() / max(len(self.heldout_prompts), 1)
+                    cfg = self._fix_eval_every(subset_seconds, metrics["time_step"], log.monitor)
                 if cfg.eval_every > 0 and step % cfg.eval_every == 0 and step < cfg.steps:
                     metrics.update(self._interim_evaluation(bar))
                     history.append((step, metrics["heldout_subset_accuracy"]))
@@ -725,14 +739,20 @@ class GRPOTrainer:
                 if cfg.log_every and step % cfg.log_every == 0:
                     bar.print(summary_line(step, cfg.steps, metrics))
                 stopped = log.monitor.stopping() if cfg.early_stop else None
-                extra = {"history": history, "bad_in_a_row": bad_in_a_row, "alarms": log.monitor.state()}
-                self._checkpoint_or_stop(step, extra, stop, final=stopped is not None)
-                if stopped:
-                    bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}")
+                # the time budget: stop where the next step, at the mean pace so far, would end past it
+                out_of_time = bool(cfg.minutes) and step < cfg.steps and self.world.broadcast_object(
+                    trained() + (trained() - trained_before) / (step - saved["step"]) > 60 * cfg.minutes)
+                extra = {"history": history, "bad_in_a_row": bad_in_a_row, "alarms": log.monitor.state(),
+                         "train_seconds": trained()}
+                self._checkpoint_or_stop(step, extra, stop, final=stopped is not None or out_of_time)
+                if stopped or out_of_time:
+                    bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}" if stopped
+                              else f"time budget of {cfg.minutes:g} minutes of training reached after step {step} "
+                                   f"(of at most {cfg.steps}; --minutes sets it, 0 for none)")
                     break
             train_seconds = time.perf_counter() - train_start
             last, seconds = self._evaluate_with(bar)
-            log.record(step, {**last.metrics(), **self._subset_accuracy(bar, last), "time_eval": seconds})
+            log.record(step, {**last.metrics(), **self._subset_accuracy(last), "time_eval": seconds})
             bar.print(f"step {step} held-out: {last.describe()}")
         if logger is not None:
             logger.close()
@@ -744,6 +764,8 @@ class GRPOTrainer:
             "heldout_end": last.metrics(),
             "steps": step,
             "steps_planned": cfg.steps,
+            "minutes": cfg.minutes,
+            "out_of_time": out_of_time,
             "stopped_early": stopped,
             "train_seconds": round(train_seconds, 2),
             "wall_seconds": round(time.perf_counter() - start, 2),
@@ -780,22 +802,30 @@ class GRPOTrainer:
             self.score.max_completion_tokens = report.fitted_max_new_tokens
         return report
 
-    def _subset_accuracy(self, bar: StepProgress, full: EvalResult) -> dict[str, float]:
-        """The accuracy on the alarms' fixed subset at a full evaluation (the full one when they are the same),
-        and what the subset's evaluation took (``time_eval``, absent when it is the full one)."""
-        if self._subset_size() >= len(self.heldout_prompts):
-            return {"heldout_subset_accuracy": full.accuracy}
-        result, seconds = self._evaluate_with(bar, subset=True)
-        return {"heldout_subset_accuracy": result.accuracy, "time_eval": seconds}
+    def _subset_accuracy(self, full: EvalResult) -> dict[str, float]:
+        """The accuracy on the alarms' fixed subset (the first eval_subset held-out prompts), read from a
+        full evaluation's greedy results: the same deterministic completions, so no second pass."""
+        n, rank, size = self._subset_size(), self.world.rank, self.world.size
+        mine = [ok for i, ok in zip(range(rank, len(self.heldout_prompts), size), full.solved, strict=False) if i < n]
+        solved = self.world.sum(torch.tensor([float(sum(mine))], dtype=torch.float64)) if size > 1 else sum(mine)
+        return {"heldout_subset_accuracy": float(solved) / max(n, 1)}
 
-    def _fix_eval_every(self, eval_seconds: float, step_seconds: float) -> TrainConfig:
+    def _fix_eval_every(self, eval_seconds: float, step_seconds: float, monitor: AlarmMonitor) -> TrainConfig:
         """eval_every = 0: every steps/10 steps, or less often when an evaluation costs more than a tenth
         of that many steps, but at least every steps/4 steps (then evaluations may take more than a tenth).
-        Decided on rank 0 after the first step, kept in the config (and checkpoints)."""
+        Under a time budget (``minutes``) "steps" are those that fit in it at the first step's pace, and an
+        automatic alarm window is refitted to them. Decided on rank 0 after the first step, kept in the
+        config (and checkpoints)."""
         cfg = self.config
-        every = max(math.ceil(cfg.steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
+        steps = cfg.steps
+        if cfg.minutes:
+            steps = int(min(steps, max(1, 60 * cfg.minutes // max(step_seconds * (1 + EVAL_SHARE), 1e-6))))
+            if self.auto_alarm_window:
+                self.config = cfg = replace(cfg, alarm_window=alarm_window_for(steps))
+                monitor.config = replace(monitor.config, window=cfg.alarm_window)
+        every = max(math.ceil(steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
         # at most steps/4, so that the alarms see at least three evaluations during the run
-        every = int(self.world.broadcast_object(min(every, max(1, cfg.steps // 4))))
+        every = int(self.world.broadcast_object(min(every, max(1, steps // 4))))
         self.config = replace(cfg, eval_every=every)
         if self.run_dir is not None:
             (self.run_dir / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")

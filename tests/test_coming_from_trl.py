@@ -76,7 +76,7 @@ def test_trl_quick_start_runs_as_grpo_train(place):
 
 
 def test_grpo_eval_scores_a_held_out_file_with_a_given_reward(place):
-    base = ["eval", "--model", "tiny", "--data", "tldr_test.jsonl", "--samples", "0", "--max-new-tokens", "4",
+    base = ["eval", "--model", "tiny", "--data", "tldr_test.jsonl", "--rows", "first", "--samples", "0", "--max-new-tokens", "4",
             "--device", "cpu", "--json", "--stop", "\n\n", "--system-prompt", "Be brief."]
     full = grpo(*base, "--rewards", "always_one.py:full_marks", cwd=place)
     assert full.returncode == 0, full.stderr[-2000:]

@@ -82,3 +82,30 @@ def test_config_rejects_eval_k_above_eval_samples():
     with pytest.raises(ConfigError, match=r"eval_k must lie in 1..eval_samples \(2\)"):
         TrainConfig(eval_samples=2, eval_k=(1, 4))
     TrainConfig(eval_samples=0, eval_k=(1, 4))  # greedy only: k unused
+
+
+def test_cli_eval_on_a_users_file_scores_the_split_training_held_out(tmp_path):
+    """grpo eval --data FILE scores the prompts grpo train --data FILE kept out of training (not the
+    file's first rows, which a run mostly trained on); --rows first scores a separate test file's head;
+    a model saved by a run is scored at the run's token limit."""
+    import json
+
+    from grpo.cli import _eval_task, _run_token_limit, build_parser
+    from grpo.tasks import load_task
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 2?", "answer": str(i + 2)}) + "\n"
+                            for i in range(60)))
+    args = build_parser().parse_args(["eval", "--data", str(data), "--eval-size", "8"])
+    heldout = [r["prompt"] for r in _eval_task(args).heldout]
+    trained = load_task("", data=str(data), heldout_size=8)
+    assert heldout == [r["prompt"] for r in trained.heldout]
+    assert not set(heldout) & {r["prompt"] for r in trained.train}
+    assert heldout != [f"What is {i} + 2?" for i in range(8)]
+    first = build_parser().parse_args(["eval", "--data", str(data), "--eval-size", "8", "--rows", "first"])
+    assert [r["prompt"] for r in _eval_task(first).heldout] == [f"What is {i} + 2?" for i in range(8)]
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"max_new_tokens": 72}))
+    assert _run_token_limit(str(run / "model")) == 72
+    assert _run_token_limit(str(tmp_path)) == 0  # not a run's model folder

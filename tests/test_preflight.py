@@ -11,10 +11,11 @@ import torch
 from conftest import make_model, make_tokenizer
 from tiny_run import count_a, params, tiny_task, tiny_trainer
 
+from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
 from grpo.interrupt import RunStopped
 from grpo.preflight import fit_token_limit, stop_at_fitted_limit
-from grpo.tasks import Task
+from grpo.tasks import Task, load_task
 from grpo.trainer import settle_config
 
 
@@ -136,15 +137,48 @@ def test_task_settings_fill_what_the_run_leaves_automatic():
     settled = settle_config(TrainConfig(steps=50), task)
     assert settled.eval_every == 0 and settled.alarm_window == 20  # eval_every is fixed after step 1
     assert settle_config(TrainConfig(steps=8, eval_every=-1), task).eval_every == -1
+    assert settle_config(TrainConfig(), task).steps == 20  # a task without a step count: the general default
+
+
+def test_a_users_file_gets_a_time_budget_unless_the_run_names_its_steps(tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} - 1?", "answer": str(i - 1)}) + "\n"
+                            for i in range(40)))
+    task = load_task("", data=str(data), heldout_size=8)
+    first = settle_config(TrainConfig(), task)
+    assert (first.steps, first.minutes, first.max_new_tokens) == (100, 10.0, DATA_MAX_NEW_TOKENS)
+    named = settle_config(TrainConfig(steps=30), task)
+    assert (named.steps, named.minutes) == (30, 0.0)  # the user's steps all run
+    assert settle_config(TrainConfig(minutes=2), task).minutes == 2  # the user's budget wins
+
+
+def test_time_budget_ends_the_run_before_a_step_would_pass_it(tmp_path):
+    # 0.01 minutes = 0.6 s: far less than the tiny run's first steps take together, so it stops after one
+    # or a few steps, with the final evaluation, a checkpoint and the reason in the summary
+    trainer = tiny_trainer(steps=50, minutes=0.01, eval_every=0)
+    summary = trainer.train(tmp_path / "run")
+    assert summary["out_of_time"] and summary["stopped_early"] is None
+    assert 1 <= summary["steps"] < 50 and summary["steps_planned"] == 50
+    assert summary["heldout_accuracy_end"] is not None
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    unlimited = tiny_trainer(steps=3, minutes=0).train(tmp_path / "plain")
+    assert unlimited["steps"] == 3 and not unlimited["out_of_time"]
 
 
 def test_token_limit_fit_by_hand():
     # 19 completions end on their own, one is cut: p95 of [30..48] is 47 -> 1.5 * 47 = 70.5 -> 72
     lengths = list(range(30, 49)) + [256]
     cut = [False] * 19 + [True]
-    assert fit_token_limit(lengths, cut, 256) == 72
-    assert fit_token_limit([3] * 10, [False] * 10, 256) == 48  # never below 48: room to learn to show work
-    assert fit_token_limit([100] * 10, [False] * 8 + [True] * 2, 256) is None  # 20% cut: cannot tell
+    wrong = [False] * 20
+    assert fit_token_limit(lengths, cut, wrong, 256) == 72
+    assert fit_token_limit([3] * 10, [False] * 10, wrong[:10], 256) == 48  # never below 48: room to show work
+    assert fit_token_limit([100] * 10, [False] * 8 + [True] * 2, wrong[:10], 256) is None  # 20% cut: cannot tell
+    # five correct completions with median 35 tokens: 1.5 * 35 = 52.5 -> 56, under the p95 rule's 72
+    solved = [n in (30, 32, 35, 38, 48) for n in lengths]
+    assert fit_token_limit(lengths, cut, solved, 256) == 56
+    assert fit_token_limit(lengths, cut, [n in (30, 32, 35, 38) for n in lengths], 256) == 72  # four: too few
+    # correct completions longer than the p95 rule allows do not raise the limit past it; the cut one is no answer
+    assert fit_token_limit(lengths, cut, [n >= 44 for n in lengths[:19]] + [True], 256) == 72
 
 
 def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):
@@ -177,12 +211,19 @@ def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
 
 
 def test_automatic_evaluation_interval_bounds_its_share_of_the_run():
-    trainer = tiny_trainer(steps=40)
-    assert trainer._fix_eval_every(eval_seconds=0.1, step_seconds=1.0).eval_every == 4  # steps / 10
-    trainer = tiny_trainer(steps=40)
-    assert trainer._fix_eval_every(eval_seconds=0.8, step_seconds=1.0).eval_every == 8  # 0.8 s every 8 s
-    trainer = tiny_trainer(steps=40)
-    assert trainer._fix_eval_every(eval_seconds=60.0, step_seconds=1.0).eval_every == 10  # still 3 during the run
+    def fixed(eval_seconds, step_seconds, **kw):
+        trainer = tiny_trainer(**{"steps": 40, **kw})
+        monitor = AlarmMonitor(trainer.config.steps, AlarmConfig(window=trainer.config.alarm_window))
+        return trainer._fix_eval_every(eval_seconds, step_seconds, monitor), monitor
+
+    assert fixed(0.1, 1.0)[0].eval_every == 4  # steps / 10
+    assert fixed(0.8, 1.0)[0].eval_every == 8  # 0.8 s every 8 s
+    assert fixed(60.0, 1.0)[0].eval_every == 10  # still 3 during the run
+    # a 1-minute budget at 5.5 s a step (5 s and a tenth for evaluations) fits 10 steps, not the 40 allowed:
+    # evaluations every 10/4 -> 2 steps, and the automatic alarm window shrinks to fit them
+    config, monitor = fixed(60.0, 5.0, minutes=1.0, alarm_window=0)
+    assert config.eval_every == 2 and config.alarm_window == monitor.config.window == 6
+    assert fixed(60.0, 5.0, minutes=1.0, alarm_window=15)[0].alarm_window == 15  # the user's window stays
 
 
 def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):

@@ -1,7 +1,7 @@
 """Tasks: prompts with verifiable answers, split into disjoint train and held-out sets."""
 
 from grpo.tasks.base import Task, TaskError, describe_tasks, get_task, list_tasks
-from grpo.tasks.data import DataError, dataset_task, heldout_rows, load_rows
+from grpo.tasks.data import DataError, dataset_task, heldout_rows, load_rows, split_rows
 
 
 def load_task(
@@ -34,4 +34,4 @@ def load_task(
 
 
 __all__ = ["DataError", "Task", "TaskError", "dataset_task", "describe_tasks", "get_task", "heldout_rows", "list_tasks",
-           "load_rows", "load_task"]
+           "load_rows", "load_task", "split_rows"]

@@ -20,6 +20,10 @@ from grpo.tasks.base import RewardFn, Task, TaskError
 PROMPT_FIELDS = ("prompt", "question", "problem", "input")
 ANSWER_FIELDS = ("answer", "solution", "output", "target")
 _SPLIT_SEED = 1234
+# A first run on a user's file, with no --steps given: up to 100 steps, but no more than 10 minutes of
+# training, so that it learns or says why (alarms, pre-flight) in about the time `make train` takes.
+# A run that names its steps runs them all; the token limit is fitted by the pre-flight check.
+DATA_DEFAULTS = {"steps": 100, "minutes": 10.0}
 
 
 class DataError(TaskError):
@@ -200,8 +204,8 @@ def dataset_task(
     rows = load_rows(source, **fields)
     if eval_source:
         return Task(Path(source).stem or source, rows, heldout_rows(eval_source, source, heldout_size, **fields),
-                    reward, system_prompt or None)
+                    reward, system_prompt or None, DATA_DEFAULTS)
     if len(rows) < 2:
         raise DataError(f"{source}: needs at least 2 rows (train and held-out), has {len(rows)}")
     train, heldout = split_rows(rows, heldout_size)
-    return Task(Path(source).stem or source, train, heldout, reward, system_prompt or None)
+    return Task(Path(source).stem or source, train, heldout, reward, system_prompt or None, DATA_DEFAULTS)
