@@ -71,13 +71,34 @@ class World:
         per = n // self.size
         return range(self.rank * per, (self.rank + 1) * per)
 
+    def split(self, n: int) -> range:
+        """This rank's contiguous share of n items, the first n % size ranks taking one more (may be empty)."""
+        per, extra = divmod(n, self.size)
+        start = self.rank * per + min(self.rank, extra)
+        return range(start, start + per + (self.rank < extra))
+
     def gather(self, local: Tensor) -> Tensor:
-        """Concatenate every rank's equal-sized ``local`` along dim 0, in rank order."""
+        """Concatenate every rank's ``local`` along dim 0, in rank order (the ranks' lengths may differ)."""
         if self.size == 1:
             return local
-        parts = [torch.empty_like(local, device=self.device) for _ in range(self.size)]
-        dist.all_gather(parts, local.to(self.device).contiguous())
-        return torch.cat(parts).to(local.device)
+        sizes = torch.tensor([local.shape[0]], device=self.device)
+        counts = [torch.empty_like(sizes) for _ in range(self.size)]
+        dist.all_gather(counts, sizes)
+        counts = [int(c) for c in counts]
+        longest = max(counts)
+        padded = local.new_zeros((longest, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded, device=self.device) for _ in range(self.size)]
+        dist.all_gather(parts, padded.to(self.device).contiguous())
+        return torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)]).to(local.device)
+
+    def gather_objects(self, value: object) -> list[object]:
+        """Every rank's picklable ``value``, in rank order."""
+        if self.size == 1:
+            return [value]
+        out: list[object] = [None] * self.size
+        dist.all_gather_object(out, value)
+        return out
 
     def sum(self, values: Tensor) -> Tensor:
         """Element-wise sum over ranks (a copy; ``values`` is left alone)."""
@@ -215,13 +236,12 @@ def pad_micro_batches(batches: list[Tensor], world: World) -> list[tuple[Tensor,
 
     FSDP's collectives pair up across ranks, one per forward/backward, so a
     rank with fewer micro-batches (or none: no informative group of its own)
-    repeats one of its groups with weight 0, which adds exactly nothing.
+    adds passes of weight 0 (no groups), which the trainer runs as a zero loss.
     """
     plan = [(groups, 1.0) for groups in batches]
     if not world.fsdp:
         return plan
-    filler = batches[0] if batches else torch.tensor([0])
-    return plan + [(filler, 0.0)] * (world.max(len(batches)) - len(batches))
+    return plan + [(torch.zeros(0, dtype=torch.long), 0.0)] * (world.max(len(batches)) - len(batches))
 
 
 def full_state_dict(model: nn.Module, world: World) -> dict[str, Tensor] | None:

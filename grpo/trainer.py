@@ -68,6 +68,7 @@ from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import make_sampler
+from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
 
 RewardFn = Callable[[str, Mapping], float]
@@ -95,6 +96,7 @@ class Round:
     """One generation round: a global draw of prompts, this process's groups, the whole draw's rewards."""
 
     prompts: list[int]  # the draw, every process's groups (indices into task.train)
+    mine: range  # this process's groups, as positions in the draw
     rows: list[Mapping]  # this process's groups' rows
     rollout: Rollout  # this process's groups
     rewards: Tensor  # (n*G,) the whole draw's
@@ -109,10 +111,6 @@ class Round:
         grouped = self.rewards.view(len(self.prompts), -1)  # (n, G)
         return grouped.max(dim=1).values > grouped.min(dim=1).values
 
-    def own_informative(self, world: World) -> Tensor:
-        """This process's groups that vary, as indices into its own groups."""
-        return self.varies()[world.shard(len(self.prompts)).start :][: len(self.rows)].nonzero().squeeze(1)
-
 
 @dataclass
 class Batch:
@@ -120,8 +118,10 @@ class Batch:
 
     rounds: list[Round]
     rows: list[Mapping]  # this process's trained groups' rows
-    rollout: Rollout  # this process's trained groups
+    rollout: Rollout  # this process's trained groups: world.split(N / G) of the batch's
     rewards: Tensor  # (N,) the whole trained batch's
+    lengths: Tensor  # (N,) the whole trained batch's completion lengths: its tokens in the loss
+    truncated: Tensor  # (N,) the whole trained batch's
 
     def generated_rewards(self) -> Tensor:
         return torch.cat([r.rewards for r in self.rounds])  # (R*G,) every group generated this step
@@ -146,6 +146,19 @@ class Batch:
         total = sum(len(r.prompts) for r in self.rounds)
         keys = self.rounds[0].reward_means
         return {k: sum(r.reward_means[k] * len(r.prompts) for r in self.rounds) / total for k in keys}
+
+
+def empty_rollout(group_size: int) -> Rollout:
+    """No groups: the share of a process that a draw or a batch smaller than the world leaves empty."""
+    return Rollout(prompt_ids=[], completion_ids=torch.zeros((0, 1), dtype=torch.long), mask=torch.zeros((0, 1)),
+                   logprobs=torch.zeros((0, 1)), truncated=torch.zeros(0, dtype=torch.bool), texts=[],
+                   group_size=group_size)
+
+
+def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
+    """The rollout with its tensors on ``device`` (on the CPU to send it to another process)."""
+    tensors = ("completion_ids", "mask", "logprobs", "truncated")
+    return replace(rollout, **{name: getattr(rollout, name).to(device) for name in tensors})
 
 
 @dataclass
@@ -282,7 +295,6 @@ class GRPOTrainer:
         # the fused kernel updates in place, with none of the foreach path's parameter-sized temporaries
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
                                            fused=None if config.fsdp else True)
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.prompt_rng = random.Random(config.seed)
         self.sampler = make_sampler(
             config.sampler, len(self.task.train), config.group_size, rng=self.prompt_rng, seed=config.seed,
@@ -315,18 +327,19 @@ class GRPOTrainer:
         stats = StepStats()
         if cfg.mask_truncated:  # DAPO's overlong filtering: cut completions leave the loss and its normaliser
             batch.rollout.mask *= (~batch.rollout.truncated).unsqueeze(1).to(batch.rollout.mask.dtype)
+            batch.lengths = torch.where(batch.truncated, 0, batch.lengths)
         if batch.rewards.numel():
             advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale)  # (N,)
             ref_logp = self._reference_logprobs(batch.rollout)
             self.model.train()
             for group in self.optimizer.param_groups:
                 group["lr"] = self.learning_rate(step)
-            stats = self.update(batch.rollout, advantages, ref_logp)
+            stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
         t_end = time.perf_counter()
 
         self.top_completions = self._best_completions(batch)
         if cfg.sample_every and step % cfg.sample_every == 0:
-            own = slice(batch.rewards.numel() // self.world.size * self.world.rank, None)
+            own = slice(self.world.split(batch.rewards.numel() // cfg.group_size).start * cfg.group_size, None)
             self._write_samples(step, batch.rows, batch.rollout, batch.rewards[own], advantages[own])
         generated = batch.generated_rewards()
         t_gen = sum(r.seconds_generate for r in batch.rounds)
@@ -357,69 +370,101 @@ class GRPOTrainer:
         With filter_groups (DAPO's dynamic sampling), groups whose rewards are
         all equal are dropped and further rounds are generated until there are
         B informative groups, at most max_gen_rounds rounds; the batch trained
-        is then the informative groups (fewer than B if the rounds ran out:
+        is then the first B informative groups (fewer if the rounds ran out:
         the ``shortfall``), and the loss normaliser is theirs. Each further
         round draws the missing groups divided by the informative share so far
-        (at most B). Under torchrun each process keeps its own informative
-        groups and the batch is W times the fewest any process holds.
+        (at most B). Every count is the whole draw's, so under torchrun the
+        rounds, the draws and the batch are those of one process.
         """
-        cfg, world, g = self.config, self.world, self.config.group_size
-        want = cfg.prompts_per_step // world.size  # informative groups each process needs
+        cfg, g = self.config, self.config.group_size
         rounds: list[Round] = []
         n = cfg.prompts_per_step
         while True:
             drawn_before = {i for r in rounds for i in r.prompts}
             drawn = self.sampler.draw(n, step, exclude=drawn_before)
-            rounds.append(self._generate_round(drawn))
+            rounds.append(self._generate_round(drawn, step, len(rounds)))
             self.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g))
             if not cfg.filter_groups:
-                return Batch(rounds, rounds[-1].rows, rounds[-1].rollout, rounds[-1].rewards)
-            have = sum(len(r.own_informative(world)) for r in rounds)
-            missing = world.max(want - have)
+                last = rounds[-1]
+                return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated)
+            have = sum(int(r.varies().sum()) for r in rounds)
+            missing = cfg.prompts_per_step - have
             if missing <= 0 or len(rounds) == cfg.max_gen_rounds:
                 break
-            share = sum(int(r.varies().sum()) for r in rounds) / sum(len(r.prompts) for r in rounds)
-            n = world.size * min(want, math.ceil(missing / share) if share > 0 else want)
-        return self._informative_batch(rounds, want)
+            share = have / sum(len(r.prompts) for r in rounds)
+            n = min(cfg.prompts_per_step, math.ceil(missing / share) if share > 0 else cfg.prompts_per_step)
+        return self._informative_batch(rounds)
 
-    def _informative_batch(self, rounds: list[Round], want: int) -> Batch:
-        """The informative groups of the rounds, in order: as many on every process (at most want)."""
+    def _informative_batch(self, rounds: list[Round]) -> Batch:
+        """The first B informative groups of the rounds (in draw order), this process's share of them.
+
+        The groups chosen live on the processes that sampled them; each sends
+        its chosen ones to all, and each process keeps ``world.split`` of the
+        batch, as when every group is informative.
+        """
         world, g = self.world, self.config.group_size
-        have = sum(len(r.own_informative(world)) for r in rounds)
-        keep = min(want, -world.max(-have))  # the fewest any process holds
-        parts, rows, rewards = [], [], []
-        for r in rounds:
-            own = r.own_informative(world)[: keep - sum(len(p.prompt_ids) for p in parts)]
-            if len(own):
-                parts.append(r.rollout.select_groups(own))
-                rows += [r.rows[int(i)] for i in own]
-                start = world.shard(len(r.prompts)).start
-                rewards.append(r.rewards.view(-1, g)[own + start].reshape(-1))
-        rollout = (concat_rollouts(parts, self.tokenizer.pad_token_id) if parts
-                   else rounds[0].rollout.select_groups(torch.zeros(0, dtype=torch.long)))
-        own_rewards = torch.cat(rewards) if rewards else rounds[0].rewards[:0]
-        return Batch(rounds, rows, rollout, world.gather(own_rewards))
+        chosen = [(k, int(i)) for k, r in enumerate(rounds) for i in r.varies().nonzero().squeeze(1)]
+        chosen = chosen[: self.config.prompts_per_step]  # (round, group in its draw) in draw order
+        def whole(name: str) -> Tensor:  # (B'*G,) the chosen groups' values of a whole-draw field
+            parts = [getattr(rounds[k], name).view(-1, g)[i] for k, i in chosen]
+            return torch.cat(parts) if parts else getattr(rounds[0], name)[:0]
 
-    def _generate_round(self, drawn: list[int]) -> Round:
-        """Generate and score the groups of the global draw that are this process's."""
-        rows_idx = [drawn[i] for i in self.world.shard(len(drawn))]  # this process's groups
+        sent = {}  # batch position -> (rollout of the group, its row): the groups this process sampled
+        for place, (k, i) in enumerate(chosen):
+            r = rounds[k]
+            if i in r.mine:
+                local = i - r.mine.start
+                sent[place] = (moved(r.rollout.select_groups(torch.tensor([local])), "cpu"), r.rows[local])
+        if world.size > 1:
+            sent = {place: part for parts in world.gather_objects(sent) for place, part in parts.items()}
+        mine = [sent[place] for place in world.split(len(chosen))]
+        rollout = (concat_rollouts([part for part, _ in mine], self.tokenizer.pad_token_id) if mine
+                   else empty_rollout(g))
+        return Batch(rounds, [row for _, row in mine], moved(rollout, self.device), whole("rewards"),
+                     whole("lengths"), whole("truncated"))
+
+    def _generate_round(self, drawn: list[int], step: int, index: int) -> Round:
+        """Generate and score the groups of the global draw that are this process's.
+
+        Completion j of the draw samples from the random stream of (seed, step,
+        round, j) (grpo/streams.py), so it is the same whichever process samples it.
+        """
+        g = self.config.group_size
+        mine = self.world.split(len(drawn))  # this process's groups
+        rows_idx = [drawn[i] for i in mine]
         rows = [self.task.train[i] for i in rows_idx]
-        rollout, own_rewards, reward_means, seconds = self.sample_and_score(rows_idx, self.generator)  # (N/W,)
-        rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole draw's
-        means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
+        streams = stream_keys(self.config.seed, step, index, torch.arange(mine.start * g, mine.stop * g,
+                                                                          device=self.device))
+        if rows_idx:
+            rollout, own_rewards, reward_means, seconds = self.sample_and_score(rows_idx, streams=streams)
+        else:  # fewer groups in the draw than processes
+            rollout, own_rewards, reward_means, seconds = empty_rollout(g), torch.zeros(0), {}, 0.0
+            if self.world.fsdp:  # the others' generation gathers the sharded parameters: take part
+                self.policy.without_grad(lambda model: None)
+        rewards = self.world.gather(own_rewards.to(self.device))  # (n*G,) the whole draw's
         return Round(
-            prompts=drawn, rows=rows, rollout=rollout, rewards=rewards,
+            prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
             lengths=self.world.gather(rollout.lengths), truncated=self.world.gather(rollout.truncated),
-            reward_means=dict(zip(reward_means, means.tolist(), strict=True)),  # equal shares per process
+            reward_means=self._whole_draw_means(len(rows_idx), reward_means),
             explored=getattr(self.sampler, "explored", 0), seconds_generate=seconds,
         )
 
+    def _whole_draw_means(self, groups: int, means: dict[str, float]) -> dict[str, float]:
+        """The scorer's per-process means over the whole draw, each process weighted by its groups."""
+        if self.world.size == 1:
+            return means
+        parts = self.world.gather_objects((groups, means))
+        total = max(sum(count for count, _ in parts), 1)
+        keys = list(dict.fromkeys(key for _, m in parts for key in m))
+        return {key: sum(count * m.get(key, 0.0) for count, m in parts) / total for key in keys}
+
     def sample_and_score(
-        self, prompts: Sequence[int], generator: torch.Generator,
-        stop_early: Callable[[int, int], bool] | None = None,
+        self, prompts: Sequence[int], generator: torch.Generator | None = None,
+        stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
     ) -> tuple[Rollout, Tensor, dict[str, float], float]:
         """A group for each of these training prompts, scored: the rollout, its rewards (n*G,), the
-        scorer's metrics and the seconds generation took. Training rounds and the pre-flight check share it."""
+        scorer's metrics and the seconds generation took. Training rounds (with a random stream per
+        completion) and the pre-flight check (with a generator) share it."""
         cfg = self.config
         t0 = time.perf_counter()
         self.model.eval()
@@ -428,7 +473,7 @@ class GRPOTrainer:
                 generate, self.tokenizer, [self.train_prompts[i] for i in prompts],
                 group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                stop_strings=cfg.stop, generator=generator, stop_early=stop_early,
+                stop_strings=cfg.stop, generator=generator, streams=streams, stop_early=stop_early,
             )
         seconds = time.perf_counter() - t0
         group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
@@ -451,7 +496,7 @@ class GRPOTrainer:
         wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
         trained = batch.rewards.view(-1, g)  # (B', G)
         trained_zero_var = trained.max(dim=1).values == trained.min(dim=1).values  # (B',)
-        trained_tokens = self.world.gather(batch.rollout.lengths).view(-1, g).sum(dim=1).float()  # (B',)
+        trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
         skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # update() skips these groups' passes
         drawn = sum(len(r.prompts) for r in batch.rounds)
         out = {
@@ -483,7 +528,7 @@ class GRPOTrainer:
         """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
         g, scored = self.config.group_size, []
         for r in batch.rounds:
-            first = self.world.shard(len(r.prompts)).start * g
+            first = r.mine.start * g
             scored += zip(r.rewards[first : first + len(r.rollout.texts)].tolist(), r.rollout.texts, strict=True)
         best: dict[str, float] = {}
         for reward, text in sorted(scored, key=lambda pair: -pair[0]):
@@ -506,6 +551,8 @@ class GRPOTrainer:
     def _reference_logprobs(self, rollout: Rollout) -> Tensor | None:
         if self.config.beta == 0.0:
             return None
+        if not rollout.prompt_ids:  # a process with no group of the batch
+            return rollout.logprobs
         ref = self.reference
         ctx = self.model.disable_adapter() if ref is None else nullcontext()
         with ctx, self.autocast:
@@ -515,20 +562,21 @@ class GRPOTrainer:
             )
         return logp.float()
 
-    def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None) -> StepStats:
+    def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None, lengths: Tensor) -> StepStats:
         """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
 
         The old policy is the sampling-time one (rollout.logprobs): with mu = 1
         and one minibatch the update is on-policy and the ratio is 1.
         Under torchrun ``rollout`` and ``ref_logp`` hold this process's groups
-        and ``advantages`` the whole batch's; minibatches and normalisers are
-        the whole batch's, and the gradients are summed over processes.
+        (``world.split`` of the batch's) and ``advantages`` and ``lengths`` (the
+        tokens each completion puts in the loss) the whole batch's; minibatches
+        and normalisers are the whole batch's, and the gradients are summed
+        over processes.
         """
         cfg = self.config
         g = cfg.group_size
         n_groups = advantages.numel() // g
-        first = self.world.shard(n_groups).start  # global index of this process's first group
-        lengths = self.world.gather(rollout.lengths)  # (N,) for the global normaliser
+        first = self.world.split(n_groups).start  # global index of this process's first group
         informative = (advantages.view(n_groups, g) != 0).any(dim=1)  # (B,)
         skip = cfg.skip_zero_advantage and cfg.beta == 0.0
         stats = StepStats()
@@ -547,6 +595,9 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = 0.0
                 for micro, micro_weight in pad_micro_batches(self._micro_batches(rollout, own), self.world):
+                    if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
+                        self.policy(_zero_loss).backward()
+                        continue
                     sub = rollout.select_groups(micro)
                     sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
                     with self.autocast:
@@ -562,9 +613,6 @@ class GRPOTrainer:
                         max_tokens=cfg.max_new_tokens, total_tokens=total_tokens,
                         total_sequences=total_sequences,
                     )
-                    if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
-                        (loss * 0.0).backward()
-                        continue
                     loss.backward()
                     w = float(sub.mask.sum())
                     weight += w
@@ -869,6 +917,11 @@ class GRPOTrainer:
         with bar.evaluating(passes * size) as advance:
             result = self.evaluate(on_batch=advance, limit=size if subset else None)
         return result, time.perf_counter() - start
+
+
+def _zero_loss(model: nn.Module) -> Tensor:
+    """0 x every trainable parameter: joins FSDP's gather and reduce-scatter and adds nothing."""
+    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -79,7 +79,6 @@ def test_checkpoint_holds_every_stateful_attribute(tmp_path):
     again.train(tmp_path / "run", resume=True)
     assert again.curriculum.seen == {3: 2, 7: 1}
     assert again.prompt_rng.getstate() == trainer.prompt_rng.getstate()
-    assert torch.equal(again.generator.get_state(), trainer.generator.get_state())
 
     without = tiny_trainer(steps=1)  # a trainer lacking the part cannot silently resume
     with pytest.raises(checkpoint.CheckpointError, match="curriculum"):

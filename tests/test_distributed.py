@@ -29,7 +29,13 @@ CASES = [
     {"aggregate": "fixed", "reward": "rare_first_char", "prompts_per_step": 8, "max_new_tokens": 3},  # skipping
     {"fsdp": True, "aggregate": "token", "minibatches": 2, "micro_batch_tokens": 1},  # padded micro-batches
     {"fsdp": True, "reward": "rare_first_char", "prompts_per_step": 8, "max_new_tokens": 3, "beta": 0.1, "epochs": 2},
+    # dynamic sampling: later rounds draw odd numbers of groups, the batch is chosen from the global pool
+    {"filter_groups": True, "reward": "rare_first_char", "max_new_tokens": 3, "max_gen_rounds": 6},
+    {"filter_groups": True, "reward": "rare_first_char", "max_new_tokens": 3, "sampler": "frontier", "fsdp": True,
+     "prompts_per_step": 6, "max_gen_rounds": 6, "beta": 0.1},
+    {"same_prompt": True},  # every group asks the same: only the random streams tell them apart
 ]
+FILTERED = [i for i, case in enumerate(CASES) if case.get("filter_groups")]
 
 
 def _env() -> dict[str, str]:
@@ -64,8 +70,24 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     for key, value in one["params"].items():
         torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
     for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps",
-                "completion_len", "grad_norm", "entropy", "kl"):
+                "completion_len", "grad_norm", "entropy", "kl", "gen_rounds", "generated_groups", "trained_groups"):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
+    assert two["generated"] == one["generated"]  # the same completions, round by round
+    assert two["trained_prompts"] == one["trained_prompts"]  # the same groups, in the same order
+
+
+def test_dynamic_sampling_cases_need_several_rounds(two_process_results):
+    for index in FILTERED:  # else they would not test choosing from the global pool
+        metrics = two_process_results[index]["metrics"]
+        assert metrics["gen_rounds"] >= 2 and metrics["generated_groups"] > CASES[index].get("prompts_per_step", 4)
+
+
+def test_processes_sample_from_streams_of_their_own(two_process_results):
+    """Every group asks the same prompt: with a stream shared by row position (as before), row j of each
+    rank's groups drew the same numbers and so the same completion; with a stream per row they differ."""
+    rank0, rank1 = two_process_results[CASES.index({"same_prompt": True})]["own_completions"]
+    assert len(rank0) == len(rank1) == 8  # 2 groups of 4 each
+    assert sum(a == b for a, b in zip(rank0, rank1, strict=True)) < 4
 
 
 def test_world_of_one_is_a_no_op():
