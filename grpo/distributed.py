@@ -192,10 +192,11 @@ def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
 class Policy(nn.Module):
     """Calls of the policy that FSDP can see: ``policy(fn, *args)`` runs ``fn(model, *args)``.
 
-    The trainer's passes (sampling, shared-prefix log-probs, evaluation) use
-    the model's parts directly, not ``model.forward``; routing them through
-    this module's ``forward`` gives FSDP one place to gather the parameters
-    and to hook the backward. Without FSDP it is a plain call.
+    The trainer's passes (sampling, log-probs, evaluation) use the model's
+    parts directly, not ``model.forward``; routing them through this module's
+    ``forward`` gives FSDP's root unit (embeddings, final norm, output layer)
+    one place to gather its parameters and to hook the backward; each decoder
+    layer gathers its own when it runs. Without FSDP it is a plain call.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -206,37 +207,71 @@ class Policy(nn.Module):
         return fn(self.model, *args, **kwargs)
 
     def without_grad(self, fn: Callable, *args: object, **kwargs: object) -> object:
-        """A no-grad call (sampling, evaluation); under FSDP the gathered parameters are freed after."""
-        with torch.no_grad():
-            out = self(fn, *args, **kwargs)
-        if hasattr(self, "reshard"):
-            self.reshard()
-        return out
+        """A no-grad call (sampling, evaluation, the reference's log-probs).
+
+        Under FSDP every unit is gathered once, before the call, and resharded
+        after it: one all-gather per unit on every rank, however many tokens
+        each rank decodes (the per-layer gathers of a forward would have to
+        pair up across ranks call by call). The call itself holds the whole
+        model, in the compute dtype.
+        """
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in self.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        try:
+            with torch.no_grad():
+                return self(fn, *args, **kwargs)
+        finally:
+            for unit in units:
+                unit.reshard()
+                unit.set_reshard_after_forward(unit is not self, recurse=False)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks, FSDP's units (a Hugging Face decoder's ``layers``)."""
+    return list(model.get_decoder().layers)
 
 
 def shard_policy(model: nn.Module, world: World) -> Policy:
-    """Wrap the model for calls; under FSDP shard it over the ranks as one unit."""
+    """Wrap the model for calls; under FSDP shard it over the ranks, one unit per decoder layer, then the root.
+
+    Each layer's parameters are gathered for its forward and freed after it
+    (``reshard_after_forward``), gathered again for its backward, and its
+    gradients reduce-scattered: a rank holds its shards plus about one layer
+    in full. On CUDA the layers compute in bf16 and reduce gradients in fp32;
+    the sharded (master) parameters and the optimiser state stay fp32.
+    """
     policy = Policy(model)
     if not world.fsdp:
         return policy
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(world.device.type, (world.size,))
-    fully_shard(policy, mesh=mesh, reshard_after_forward=False)
-    # Each rank's loss carries the global normaliser: sum the shards' gradients, don't average.
-    # (a plain SUM: gloo has no PREMUL_SUM, the op FSDP uses for a divide factor otherwise)
-    policy.set_gradient_divide_factor(1.0)
-    policy.set_force_sum_reduction_for_comms(True)
+    precision = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                 if world.device.type == "cuda" else MixedPrecisionPolicy())
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
+    fully_shard(policy, mesh=mesh, mp_policy=precision)  # the rest: embeddings, final norm, output layer
+    for unit in policy.modules():
+        if isinstance(unit, FSDPModule):
+            # Each rank's loss carries the global normaliser: sum the shards' gradients, don't average.
+            # (a plain SUM: gloo has no PREMUL_SUM, the op FSDP uses for a divide factor otherwise)
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
     return policy
 
 
 def pad_micro_batches(batches: list[Tensor], world: World) -> list[tuple[Tensor, float]]:
     """(groups, weight) pairs; under FSDP padded so that every rank runs as many as the busiest.
 
-    FSDP's collectives pair up across ranks, one per forward/backward, so a
-    rank with fewer micro-batches (or none: no informative group of its own)
-    adds passes of weight 0 (no groups), which the trainer runs as a zero loss.
+    FSDP's collectives pair up across ranks, layer by layer, so a rank with
+    fewer micro-batches (or none: no informative group of its own) adds
+    passes of weight 0 (no groups), which the trainer runs as a one-token
+    forward and backward with a zero loss.
     """
     plan = [(groups, 1.0) for groups in batches]
     if not world.fsdp:

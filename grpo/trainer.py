@@ -56,7 +56,15 @@ from grpo import checkpoint
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages, policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
-from grpo.distributed import World, full_state_dict, init_world, pad_micro_batches, shard_policy, to_float
+from grpo.distributed import (
+    Policy,
+    World,
+    full_state_dict,
+    init_world,
+    pad_micro_batches,
+    shard_policy,
+    to_float,
+)
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
@@ -288,8 +296,8 @@ class GRPOTrainer:
         if config.lora_rank > 0:
             model = add_lora(model, config.lora_rank, config.lora_alpha or None)
         self.model, self.tokenizer = model, tokenizer
-        self.reference = self._reference_model()
         self.world.broadcast_parameters(model)
+        self.reference = self._reference_model()
         self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
         params = [p for p in model.parameters() if p.requires_grad]
         # the fused kernel updates in place, with none of the foreach path's parameter-sized temporaries
@@ -307,13 +315,14 @@ class GRPOTrainer:
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
 
-    def _reference_model(self) -> nn.Module | None:
-        """The frozen reference for the KL term; none when beta = 0. LoRA reuses the base weights."""
+    def _reference_model(self) -> Policy | None:
+        """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
+        LoRA reuses the base weights."""
         if self.config.beta == 0.0 or self.config.lora_rank > 0:
             return None
         ref = copy.deepcopy(self.model).eval()
         ref.requires_grad_(False)
-        return ref
+        return shard_policy(ref, self.world)
 
     # ---- one GRPO step, in the algorithm's order ----
 
@@ -551,15 +560,14 @@ class GRPOTrainer:
     def _reference_logprobs(self, rollout: Rollout) -> Tensor | None:
         if self.config.beta == 0.0:
             return None
-        if not rollout.prompt_ids:  # a process with no group of the batch
+        ref = self.reference if self.reference is not None else self.policy
+        if not rollout.prompt_ids:  # a process with no group of the batch (under FSDP: join the gathers)
+            ref.without_grad(lambda model: None)
             return rollout.logprobs
-        ref = self.reference
-        ctx = self.model.disable_adapter() if ref is None else nullcontext()
+        ctx = self.model.disable_adapter() if self.reference is None else nullcontext()
         with ctx, self.autocast:
-            logp, _ = rollout_logprobs(
-                ref if ref is not None else self.model, rollout, self.tokenizer.pad_token_id,
-                temperature=self.config.temperature,
-            )
+            logp, _ = ref.without_grad(
+                rollout_logprobs, rollout, self.tokenizer.pad_token_id, temperature=self.config.temperature)
         return logp.float()
 
     def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None, lengths: Tensor) -> StepStats:
@@ -601,9 +609,11 @@ class GRPOTrainer:
                     sub = rollout.select_groups(micro)
                     sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
                     with self.autocast:
+                        # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
+                        # as often (the shared-prefix pass makes a data-dependent number of calls)
                         logp, entropy = self.policy(
                             rollout_logprobs, sub, self.tokenizer.pad_token_id,
-                            temperature=cfg.temperature, with_entropy=True,
+                            temperature=cfg.temperature, with_entropy=True, share_prefix=not self.world.fsdp,
                         )
                     loss, m = policy_loss(
                         logp.float(), sub.logprobs, advantages[sub_rows + first * g], sub.mask,
@@ -920,8 +930,9 @@ class GRPOTrainer:
 
 
 def _zero_loss(model: nn.Module) -> Tensor:
-    """0 x every trainable parameter: joins FSDP's gather and reduce-scatter and adds nothing."""
-    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+    """0 x a one-token forward: runs every layer once, as a micro-batch does, and adds nothing."""
+    hidden = model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device))
+    return (hidden.last_hidden_state.sum() + model.get_output_embeddings().weight.sum()) * 0.0
 
 
 def default_run_dir(config: TrainConfig) -> Path:

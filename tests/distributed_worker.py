@@ -11,6 +11,7 @@ Usage: python -m torch.distributed.run --nproc-per-node 2 tests/distributed_work
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def run_case(case: dict) -> dict:
     case = dict(case)
     reward = REWARDS[case.pop("reward", "first_char")]
     same_prompt = case.pop("same_prompt", False)
+    shape = {key: case.pop(key) for key in ("layers", "hidden") if key in case}
     tokenizer = make_tokenizer()
-    model = make_model(len(tokenizer), seed=3)
+    model = make_model(len(tokenizer), seed=3, **shape)
     rows = [{"prompt": "say a" if same_prompt else f"say a {i}", "answer": "a"} for i in range(40)]
     config = TrainConfig(**{
         "temperature": 1.0, "sampler": "uniform", "filter_groups": False,
@@ -72,7 +74,27 @@ def run_case(case: dict) -> dict:
         "generated": [sum(parts, []) for parts in zip(*world.gather_objects(own), strict=True)],
         "trained_prompts": sum(world.gather_objects([str(row["prompt"]) for row in batch.rows]), []),
         "own_completions": world.gather_objects(sum(own, [])),
+        "state_bytes": world.gather_objects(state_bytes(trainer)),
+        "fsdp_units": [fsdp_units(trainer.policy), fsdp_units(trainer.reference)],
+        "peak_rss_mib": world.gather_objects(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
+
+
+def fsdp_units(module: torch.nn.Module | None) -> int:
+    from torch.distributed.fsdp import FSDPModule
+
+    return 0 if module is None else sum(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def state_bytes(trainer: grpo.trainer.GRPOTrainer) -> int:
+    """Bytes this process holds of parameters, gradients and optimiser state (its shards under FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(trainer.model.parameters())
+    tensors = params + [p.grad for p in params if p.grad is not None]
+    tensors += [v for state in trainer.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 def completions(rollout: Rollout) -> list[list[int]]:

@@ -34,6 +34,7 @@ CASES = [
     {"filter_groups": True, "reward": "rare_first_char", "max_new_tokens": 3, "sampler": "frontier", "fsdp": True,
      "prompts_per_step": 6, "max_gen_rounds": 6, "beta": 0.1},
     {"same_prompt": True},  # every group asks the same: only the random streams tell them apart
+    {"fsdp": True, "layers": 6, "hidden": 64, "beta": 0.1},  # sharded layer by layer: the memory it saves
 ]
 FILTERED = [i for i, case in enumerate(CASES) if case.get("filter_groups")]
 
@@ -62,7 +63,8 @@ def two_process_results(tmp_path_factory):
 def test_two_processes_make_the_update_of_one(two_process_results, index):
     one, two = run_case(CASES[index]), two_process_results[index]
     assert two["world_size"] == 2 and two["metrics"]["optimizer_steps"] >= 1
-    start = make_model(len(make_tokenizer()), seed=3).state_dict()
+    shape = {key: CASES[index][key] for key in ("layers", "hidden") if key in CASES[index]}
+    start = make_model(len(make_tokenizer()), seed=3, **shape).state_dict()
     moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
     assert moved > 5e-4  # the step did something worth comparing (Adam moves weights by about lr = 1e-3)
     # lr is 1e-3, not larger: Adam turns float-summation-order differences in near-zero gradients
@@ -88,6 +90,18 @@ def test_processes_sample_from_streams_of_their_own(two_process_results):
     rank0, rank1 = two_process_results[CASES.index({"same_prompt": True})]["own_completions"]
     assert len(rank0) == len(rank1) == 8  # 2 groups of 4 each
     assert sum(a == b for a, b in zip(rank0, rank1, strict=True)) < 4
+
+
+def test_fsdp_holds_a_share_of_the_training_state(two_process_results):
+    """Parameters, gradients and Adam's moments on each of 2 ranks: at most 0.6 of one process's."""
+    case = CASES.index({"fsdp": True, "layers": 6, "hidden": 64, "beta": 0.1})
+    one = run_case(CASES[case])["state_bytes"][0]
+    two = two_process_results[case]
+    assert two["fsdp_units"] == [7, 7]  # the policy and the reference: each of 6 layers, then the root
+    for rank, (held, rss) in enumerate(zip(two["state_bytes"], two["peak_rss_mib"], strict=True)):
+        print(f"rank {rank}: {held} bytes of parameters + gradients + optimiser state "
+              f"({held / one:.3f} of one process's {one}), peak RSS {rss:.0f} MiB")
+        assert held <= 0.6 * one
 
 
 def test_world_of_one_is_a_no_op():
