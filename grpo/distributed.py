@@ -294,6 +294,30 @@ def full_state_dict(model: nn.Module, world: World) -> dict[str, Tensor] | None:
     return state
 
 
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The whole trainable parameters and optimiser state, by parameter name, on the CPU: what a
+    checkpoint holds, whatever the world. Collective under FSDP (rank 0 alone then gets them)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    weights, state = get_state_dict(model, optimizer, options=options)
+    # (a frozen weight tied to another name, such as a LoRA model's output layer, can slip through)
+    trainable = {name for name, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    return {name: value for name, value in weights.items() if name in trainable}, state
+
+
+def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, state: dict) -> None:
+    """Load ``training_state``'s output, written at any world size, into this process's (shards of the)
+    model and optimiser. The optimiser keeps its own kernel choice (fused or not: not under FSDP)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state,
+                   options=StateDictOptions(full_state_dict=True, strict=False))
+    for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
+        group.update(kernel)
+
+
 def to_float(value: Tensor) -> float:
     """A scalar that may be a DTensor (FSDP's gradient norm) as a float."""
     from torch.distributed.tensor import DTensor

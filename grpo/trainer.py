@@ -61,9 +61,11 @@ from grpo.distributed import (
     World,
     full_state_dict,
     init_world,
+    load_training_state,
     pad_micro_batches,
     shard_policy,
     to_float,
+    training_state,
 )
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
@@ -725,6 +727,7 @@ class GRPOTrainer:
                 }) + "\n")
 
     run_dir: Path | None = None
+    saving: bool = False
 
     def train(self, run_dir: Path | None = None, *, resume: bool = False) -> dict:
         """Run config.steps GRPO steps with held-out evaluation before, after and every eval_every
@@ -739,6 +742,7 @@ class GRPOTrainer:
         """
         main = self.world.is_main  # only rank 0 writes
         self.run_dir = run_dir if main else None
+        self.saving = run_dir is not None  # on every process: under FSDP all take part in a checkpoint
         start = time.perf_counter()
         saved = self._resume(run_dir) if resume else {"step": 0, "history": [], "bad_in_a_row": 0}
         preflight = None if resume or self.config.preflight == "off" else self._preflight()
@@ -889,18 +893,25 @@ class GRPOTrainer:
             )
         requested = stop is not None and stop.received is not None
         due = step % cfg.save_every == 0 or step == cfg.steps or requested or final
-        # Under FSDP each rank holds a shard of the weights and optimiser: not checkpointed yet.
-        if self.run_dir is not None and due and bad_in_a_row == 0 and not self.world.fsdp:
-            try:
-                checkpoint.save(
-                    self.run_dir, step, model=self.model, owner=self, config=cfg.to_dict(),
-                    extra=extra, keep=cfg.keep_checkpoints,
-                )
-            except checkpoint.CheckpointError as err:
-                raise RunStopped(f"{err}; the run stopped at step {step}") from err
+        if self.saving and due and bad_in_a_row == 0:
+            self._save_checkpoint(step, extra)
         if requested:
             raise RunStopped(f"stopped by {stop.received.name} after step {step}; {self._where()}",
                              exit_code=128 + int(stop.received))
+
+    def _save_checkpoint(self, step: int, extra: dict) -> None:
+        """Gather the whole weights and optimiser state (collective under FSDP); rank 0 writes them."""
+        weights, optimizer = training_state(self.model, self.optimizer)
+        failure = None
+        if self.run_dir is not None:
+            try:
+                checkpoint.save(self.run_dir, step, weights=weights, optimizer=optimizer, owner=self,
+                                config=self.config.to_dict(), extra=extra, keep=self.config.keep_checkpoints)
+            except checkpoint.CheckpointError as err:
+                failure = f"{err}; the run stopped at step {step}"
+        failure = self.world.broadcast_object(failure)  # every process stops, not rank 0 alone
+        if failure:
+            raise RunStopped(failure)
 
     def _where(self) -> str:
         path = checkpoint.latest(self.run_dir) if self.run_dir is not None else None
@@ -914,7 +925,9 @@ class GRPOTrainer:
         if path is None:
             raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
         checkpoint.remove_partial(run_dir)
-        return checkpoint.restore(path, model=self.model, owner=self)
+        return checkpoint.restore(
+            path, model=self.model, owner=self,
+            load=lambda weights, state: load_training_state(self.model, self.optimizer, weights, state))
 
     def _evaluate_with(self, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
         """Evaluate under an evaluation progress bar; return the result and the seconds it took.

@@ -18,6 +18,7 @@ import torch
 from conftest import make_model, make_tokenizer
 from distributed_worker import run_case
 
+from grpo import checkpoint
 from grpo.cli import main as cli_main
 from grpo.distributed import World
 
@@ -176,3 +177,32 @@ def test_a_checkpoint_written_by_two_processes_resumes_in_one(tmp_path):
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps[-2:] == [3, 3]  # the third step, then the final evaluation
     assert (run / "checkpoints" / "step-00000003" / "meta.json").is_file()
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_fsdp_checkpoints_resume_at_another_world_size(tmp_path):
+    """1 process -> 2 under FSDP -> 1 again continues the run that 1 process makes straight."""
+    model = _tiny_model_dir(tmp_path / "tiny")
+    args = ["--model", str(model), *TRAIN_ARGS, "--prompts-per-step", "4", "--save-every", "1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert cli_main(["train", "--output", str(straight), *args, "--steps", "4"]) == 0
+    assert cli_main(["train", "--output", str(split), *args, "--steps", "2"]) == 0
+    two = [sys.executable, "-m", "grpo", "train", "--nproc", "2", "--resume", str(split), "--steps", "3", "--fsdp",
+           "--no-progress"]
+    proc = subprocess.run(two, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (split / "checkpoints" / "step-00000003" / "meta.json").is_file()  # written under FSDP by 2 processes
+    assert cli_main(["train", "--resume", str(split), "--steps", "4", "--no-fsdp", "--no-progress"]) == 0
+    ours, theirs = _metrics(split), _metrics(straight)
+    steps = [row["step"] for row in ours]
+    assert steps == [row["step"] for row in theirs] == [0, 1, 2, 3, 4, 4]
+    for mine, other in zip(ours[1:5], theirs[1:5], strict=True):  # the same completions, scored alike
+        for key in ("reward_mean", "reward_std", "completion_len", "trained_sequences"):
+            assert mine[key] == pytest.approx(other[key], rel=1e-6, abs=1e-7), (mine["step"], key)
+    saved = {name: torch.load(checkpoint.latest(run) / checkpoint.WEIGHTS) for name, run in
+             (("straight", straight), ("split", split))}
+    for key, value in saved["straight"].items():
+        torch.testing.assert_close(saved["split"][key], value, atol=1e-5, rtol=0, msg=key)
