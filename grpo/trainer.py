@@ -350,8 +350,7 @@ class GRPOTrainer:
 
         self.top_completions = self._best_completions(batch)
         if cfg.sample_every and step % cfg.sample_every == 0:
-            own = slice(self.world.split(batch.rewards.numel() // cfg.group_size).start * cfg.group_size, None)
-            self._write_samples(step, batch.rows, batch.rollout, batch.rewards[own], advantages[own])
+            self._write_samples(step, batch, advantages)
         generated = batch.generated_rewards()
         t_gen = sum(r.seconds_generate for r in batch.rounds)
         return {
@@ -715,16 +714,20 @@ class GRPOTrainer:
             maj_at=dict(zip(keys_m, means[1 + len(keys_p) :], strict=True)),
         )
 
-    def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
-        if self.run_dir is None:
-            return
-        with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
-            for i, text in enumerate(rollout.texts):
-                row = rows[i // self.config.group_size]
-                f.write(json.dumps({
-                    "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")),
-                    "completion": text, "reward": rewards[i].item(), "advantage": adv[i].item(),
-                }) + "\n")
+    def _write_samples(self, step: int, batch: Batch, advantages: Tensor) -> None:
+        """Every trained completion of the step, with its reward and advantage, to completions.jsonl
+        (each process's, gathered by rank 0 in batch order)."""
+        g = self.config.group_size
+        first = self.world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
+        lines = [json.dumps({
+            "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")), "completion": text,
+            "reward": batch.rewards[first + i].item(), "advantage": advantages[first + i].item(),
+        }) for i, (row, text) in enumerate(zip([r for r in batch.rows for _ in range(g)], batch.rollout.texts,
+                                                strict=True))]
+        lines = [line for part in self.world.gather_objects(lines) for line in part]
+        if self.run_dir is not None:
+            with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in lines)
 
     run_dir: Path | None = None
     saving: bool = False

@@ -134,7 +134,7 @@ def test_nproc_run_writes_once_and_its_model_trains_in_one_process(tmp_path):
     assert proc.stdout.count("run directory:") == 1 and "(2 processes)" in proc.stdout
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3  # the first evaluation, one step and the final evaluation
     samples = (run / "completions.jsonl").read_text().splitlines()
-    assert len(samples) == 2  # rank 0's group only: 1 prompt x G = 2
+    assert len(samples) == 4  # both processes' groups: 2 prompts x G = 2
     assert cli_main(["train", "--model", str(run / "model"), "--output", str(tmp_path / "run1"), *TRAIN_ARGS]) == 0
     assert (tmp_path / "run1" / "model" / "config.json").is_file()
 
@@ -206,3 +206,46 @@ def test_fsdp_checkpoints_resume_at_another_world_size(tmp_path):
              (("straight", straight), ("split", split))}
     for key, value in saved["straight"].items():
         torch.testing.assert_close(saved["split"][key], value, atol=1e-5, rtol=0, msg=key)
+
+
+def _update(run: Path, start: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The run's whole parameter update, final model minus the start, as one vector."""
+    from safetensors.torch import load_file
+
+    final = load_file(run / "model" / "model.safetensors")
+    return torch.cat([(final[k] - start[k]).reshape(-1) for k in sorted(final)])
+
+
+def test_the_cli_on_two_processes_trains_as_on_one(tmp_path):
+    """3 steps with the defaults (frontier sampler, filter-groups, pre-flight check): the same prompts,
+    completions and rewards, the same metrics and, to float noise, the same update."""
+    model = _tiny_model_dir(tmp_path / "tiny")
+    args = ["train", "--model", str(model), "--task", "add", "--steps", "3", "--eval-size", "8",
+            "--rewards", f"{TESTS / 'distributed_worker.py'}:rare_first_char", "--sample-every", "1",
+            "--device", "cpu", "--no-progress"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli_main([*args, "--output", str(one)]) == 0
+    cmd = [sys.executable, "-m", "grpo", *args, "--nproc", "2", "--output", str(two)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    rows = [[json.loads(x) for x in (run / "completions.jsonl").read_text().splitlines()] for run in (one, two)]
+    assert len(rows[0]) == len(rows[1]) == 3 * 8 * 8  # every trained completion, from both processes
+    def key(r: dict) -> tuple:
+        return r["step"], r["prompt"], r["completion"], r["reward"]
+    same = sum(key(a) == key(b) for a, b in zip(*rows, strict=True))
+    print(f"{same} of {len(rows[0])} rows with the same prompt, completion and reward")
+    assert same >= 0.99 * len(rows[0])
+    assert max(m["gen_rounds"] for m in _metrics(one)[1:4]) >= 2  # dynamic sampling drew a further round
+    for a, b in zip(_metrics(one)[1:4], _metrics(two)[1:4], strict=True):
+        assert a["step"] == b["step"]
+        for k in ("reward_mean", "reward_std", "gen_rounds", "generated_groups", "trained_groups", "mixed_frac",
+                  "completion_len", "optimizer_steps", "trained_sequences", "loss", "grad_norm", "entropy"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)
+    from safetensors.torch import load_file
+
+    start = load_file(model / "model.safetensors")
+    d1, d2 = _update(one, start), _update(two, start)
+    relative = float((d2 - d1).norm() / d1.norm())
+    print(f"update: |d1| = {float(d1.norm()):.4g}, |d2 - d1| / |d1| = {relative:.3g}")
+    assert float(d1.norm()) > 0 and relative < 1e-3
