@@ -685,21 +685,25 @@ class GRPOTrainer:
     def evaluate(self, on_batch: Callable[[int], None] | None = None, limit: int | None = None) -> EvalResult:
         """Greedy pass@1, and pass@k / maj@k from eval_samples samples, on the held-out prompts.
 
-        The sampling generator is reseeded each time, so successive evaluations
-        draw with the same random numbers and differ only by the model. Under
-        torchrun each process scores every W-th prompt and the scores are summed.
+        Sample j of held-out prompt i draws from the stream of (seed, step 0,
+        round 0, i * eval_samples + j), at every evaluation and whichever process
+        scores it: successive evaluations differ only by the model, and pass@k is
+        the same on any number of processes. Under torchrun each process scores
+        every W-th prompt and the scores are summed.
         """
         cfg = self.config
         rank, size = self.world.rank, self.world.size
         n = len(self.heldout_prompts) if limit is None else limit
         prompts, rows = self.heldout_prompts[:n][rank::size], list(self.task.heldout)[:n][rank::size]
+        k = max(cfg.eval_samples, 1)
+        mine_rows = torch.arange(rank, n, size, device=self.device).repeat_interleave(k) * k
+        streams = stream_keys(cfg.seed, 0, 0, mine_rows + torch.arange(k, device=self.device).repeat(len(prompts)))
         with self.autocast:
             mine = self.policy.without_grad(
                 evaluate, self.tokenizer, prompts, rows, self.task.reward,
                 max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
                 samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
-                generator=torch.Generator(device=self.device).manual_seed(cfg.seed + 1 + rank), on_batch=on_batch,
-                stop_strings=cfg.stop,
+                streams=streams, on_batch=on_batch, stop_strings=cfg.stop,
             )
         if size == 1:
             return mine

@@ -65,6 +65,8 @@ def run_case(case: dict) -> dict:
     sample_batch = trainer.sample_batch
     trainer.sample_batch = lambda step: batches.append(sample_batch(step)) or batches[-1]
     metrics = trainer.step(1)
+    if config.eval_samples:  # sampled pass@k after the step, as its processes share out the prompts
+        metrics.update(trainer.evaluate().metrics())
     state = full_state_dict(model, trainer.world) or model.state_dict()
     world, batch = trainer.world, batches[0]
     own = [completions(r.rollout) for r in batch.rounds]

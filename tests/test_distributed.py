@@ -25,7 +25,8 @@ from grpo.distributed import World
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 CASES = [
-    {"aggregate": "token", "minibatches": 2, "micro_batch_tokens": 1},  # a rank may own no group of a minibatch
+    # a rank may own no group of a minibatch; pass@k sampled on 8 held-out prompts shared out over the ranks
+    {"aggregate": "token", "minibatches": 2, "micro_batch_tokens": 1, "eval_samples": 4, "eval_k": [1, 4]},
     {"aggregate": "sequence", "scale": "batch", "beta": 0.1, "epochs": 2},  # batch std: needs gathered rewards
     {"aggregate": "fixed", "reward": "rare_first_char", "prompts_per_step": 8, "max_new_tokens": 3},  # skipping
     {"fsdp": True, "aggregate": "token", "minibatches": 2, "micro_batch_tokens": 1},  # padded micro-batches
@@ -73,7 +74,8 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     for key, value in one["params"].items():
         torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
     for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps",
-                "completion_len", "grad_norm", "entropy", "kl", "gen_rounds", "generated_groups", "trained_groups"):
+                "completion_len", "grad_norm", "entropy", "kl", "gen_rounds", "generated_groups", "trained_groups",
+                *(k for k in one["metrics"] if k.startswith("heldout_"))):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
     assert two["generated"] == one["generated"]  # the same completions, round by round
     assert two["trained_prompts"] == one["trained_prompts"]  # the same groups, in the same order
