@@ -6,11 +6,16 @@ and every helper here is then a no-op.
 
 How a step is split so that the update does not depend on the world size W:
 
-- Every rank draws the same B prompts (same seed, same ``prompt_rng``) and
-  takes B/W of them as whole groups, so each group's G completions live on
-  one rank and the global batch is the one a single process would draw.
+- Every rank draws the same prompts (same seed, same ``prompt_rng``) and
+  samples ``World.split`` of them as whole groups, so each group's G
+  completions live on one rank. Completion j of a draw samples from the
+  random stream of (seed, step, round, j) (grpo/streams.py), so the global
+  batch is the one a single process samples, and no two ranks share a stream.
 - Rewards are all-gathered: advantages (``scale="batch"`` included), the
   choice of groups to skip and the reward metrics are the whole batch's.
+- With filter_groups the informative groups are counted over the whole
+  draw; the first B are the batch, and each rank trains ``World.split`` of
+  them (the ranks that sampled them send them over).
 - The loss normaliser (valid tokens, or sequences) is the whole batch's, so
   each rank's loss is its exact share of the full-batch loss and the
   full-batch gradient is the SUM of the ranks' gradients.
@@ -23,15 +28,23 @@ layer directly), and it expects every rank to run the same backward passes,
 whereas a rank may have no informative group to train on in a minibatch.
 
 With ``fsdp`` the parameters, gradients and optimiser state are sharded with
-FSDP2 (``fully_shard``) as one unit over the whole model, with gradients
-summed (divide factor 1). The policy is then called through :class:`Policy`,
-whose ``forward`` runs any function of the model: one all-gather of the
-parameters per call and one reduce-scatter per backward, whatever the
-function does inside (the shared-prefix pass calls each layer a
-data-dependent number of times, which per-layer units would turn into
-mismatched collectives). So FSDP here saves the optimiser state and the
-gradients, not the peak parameter memory of a forward; and every rank must
-make the same calls, which the trainer ensures by padding its micro-batches.
+FSDP2 (``fully_shard``): one unit per decoder layer, resharded after its
+forward, then the root (embeddings, final norm, output layer), with
+gradients summed (divide factor 1). The policy is called through
+:class:`Policy`, whose ``forward`` runs any function of the model under the
+root unit. Layer units pair their collectives across ranks call by call, so:
+
+- the training pass makes one decoder call per micro-batch (no shared
+  prompt prefix, whose length buckets vary by rank), and a rank with fewer
+  micro-batches runs zero-loss passes until all have run as many;
+- no-grad calls (sampling, evaluation, the reference model's log-probs)
+  gather every unit once and hold the whole model for the call, since
+  ranks decode different numbers of tokens.
+
+So a rank holds its shards of parameters, gradients and optimiser state,
+plus one layer in full while training and the whole model (in the compute
+dtype) while sampling. Checkpoints gather the whole state (see
+``training_state``), so they resume at any world size.
 
 Backend: NCCL when the device is CUDA, gloo otherwise.
 """

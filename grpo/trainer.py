@@ -28,9 +28,11 @@ Deviations from DeepSeekMath's GRPO, all configurable:
 
 Checkpoints (grpo/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
 
-Under torchrun each process samples and trains on B/W whole groups of the
-same global batch, with the whole batch's advantages and loss normaliser
-(grpo/distributed.py), so the update does not depend on the world size W.
+Under torchrun each process samples and trains on its share of the whole
+groups of the same global batch, with the whole batch's advantages and loss
+normaliser; every completion draws from a random stream of its own, keyed by
+its place in the run, not by the process (grpo/distributed.py,
+grpo/streams.py), so the update does not depend on the world size W.
 """
 
 from __future__ import annotations
