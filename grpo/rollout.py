@@ -425,7 +425,8 @@ class _LinearLogprob(torch.autograd.Function):
         hidden, weight, targets, lse_all = ctx.saved_tensors
         scale = 1.0 / ctx.temperature if ctx.temperature > 0.0 and ctx.temperature != 1.0 else 1.0
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # summed over the chunks in fp32, also when the weight is bf16 (FSDP's mixed precision on CUDA)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         device, dtype, enabled = ctx.autocast
         for i in range(0, hidden.shape[0], ctx.chunk):
             h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
@@ -439,8 +440,10 @@ class _LinearLogprob(torch.autograd.Function):
             if grad_hidden is not None:
                 with torch.autocast(device, dtype=dtype, enabled=enabled):  # the autocast dtype, as forward's
                     grad_hidden[i : i + ctx.chunk] = grad @ weight
-            if grad_weight is not None:  # in place, in the weight's dtype (in-place products never autocast)
-                grad_weight.addmm_(grad.T.to(weight.dtype), h.to(weight.dtype))
+            if grad_weight is not None:  # in place, in fp32 (in-place products never autocast)
+                grad_weight.addmm_(grad.T.float(), h.float())
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 
