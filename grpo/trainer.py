@@ -288,8 +288,6 @@ class GRPOTrainer:
                 f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
                 f"processes ({self.world.size}): each process samples whole groups"
             )
-        if config.fsdp and config.lora_rank > 0:
-            raise ConfigError("fsdp with lora_rank > 0 is not supported yet")
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
         if model is None:
             policy = load_policy(config.model, device=self.device)

@@ -37,6 +37,7 @@ CASES = [
      "prompts_per_step": 6, "max_gen_rounds": 6, "beta": 0.1},
     {"same_prompt": True},  # every group asks the same: only the random streams tell them apart
     {"fsdp": True, "layers": 6, "hidden": 64, "beta": 0.1},  # sharded layer by layer: the memory it saves
+    {"fsdp": True, "lora_rank": 4, "beta": 0.1, "lr": 1e-2},  # LoRA under FSDP; beta: the adapter switched off
 ]
 FILTERED = [i for i, case in enumerate(CASES) if case.get("filter_groups")]
 
@@ -67,7 +68,10 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     assert two["world_size"] == 2 and two["metrics"]["optimizer_steps"] >= 1
     shape = {key: CASES[index][key] for key in ("layers", "hidden") if key in CASES[index]}
     start = make_model(len(make_tokenizer()), seed=3, **shape).state_dict()
-    moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
+    if CASES[index].get("lora_rank"):  # the adapter's B starts at 0
+        moved = max(v.abs().max().item() for k, v in one["params"].items() if "lora_B" in k)
+    else:
+        moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
     assert moved > 5e-4  # the step did something worth comparing (Adam moves weights by about lr = 1e-3)
     # lr is 1e-3, not larger: Adam turns float-summation-order differences in near-zero gradients
     # into differences of up to lr, and the comparison is to 1e-5
@@ -251,3 +255,21 @@ def test_the_cli_on_two_processes_trains_as_on_one(tmp_path):
     relative = float((d2 - d1).norm() / d1.norm())
     print(f"update: |d1| = {float(d1.norm()):.4g}, |d2 - d1| / |d1| = {relative:.3g}")
     assert float(d1.norm()) > 0 and relative < 1e-3
+
+
+def test_lora_under_fsdp_saves_a_merged_model_and_resumes_in_one_process(tmp_path):
+    model = _tiny_model_dir(tmp_path / "tiny")
+    run = tmp_path / "run"
+    two = [sys.executable, "-m", "grpo", "train", "--nproc", "2", "--fsdp", "--lora-rank", "4", "--lr", "1e-2",
+           "--model", str(model), "--output", str(run), *TRAIN_ARGS, "--steps", "2", "--save-every", "1",
+           "--rewards", f"{TESTS / 'distributed_worker.py'}:first_char"]  # varied rewards: something to learn
+    proc = subprocess.run(two, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    from safetensors.torch import load_file
+
+    start, merged = load_file(model / "model.safetensors"), load_file(run / "model" / "model.safetensors")
+    assert start.keys() == merged.keys()  # an ordinary model, the adapter merged in
+    assert max((merged[k] - start[k]).abs().max().item() for k in start) > 1e-4  # ... and trained
+    assert (run / "model" / "adapter" / "adapter_config.json").is_file()
+    assert cli_main(["train", "--resume", str(run), "--steps", "3", "--no-fsdp", "--no-progress"]) == 0
+    assert [row["step"] for row in _metrics(run)][-2:] == [3, 3]
