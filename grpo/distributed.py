@@ -77,13 +77,6 @@ class World:
         """Rank 0 alone writes logs, samples and checkpoints."""
         return self.rank == 0
 
-    def shard(self, n: int) -> range:
-        """This rank's contiguous share of n items; n must be divisible by the world size."""
-        if n % self.size:
-            raise ValueError(f"{n} items cannot be split evenly over {self.size} processes")
-        per = n // self.size
-        return range(self.rank * per, (self.rank + 1) * per)
-
     def split(self, n: int) -> range:
         """This rank's contiguous share of n items, the first n % size ranks taking one more (may be empty)."""
         per, extra = divmod(n, self.size)

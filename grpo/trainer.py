@@ -415,6 +415,7 @@ class GRPOTrainer:
         world, g = self.world, self.config.group_size
         chosen = [(k, int(i)) for k, r in enumerate(rounds) for i in r.varies().nonzero().squeeze(1)]
         chosen = chosen[: self.config.prompts_per_step]  # (round, group in its draw) in draw order
+
         def whole(name: str) -> Tensor:  # (B'*G,) the chosen groups' values of a whole-draw field
             parts = [getattr(rounds[k], name).view(-1, g)[i] for k, i in chosen]
             return torch.cat(parts) if parts else getattr(rounds[0], name)[:0]

@@ -114,9 +114,12 @@ def test_fsdp_holds_a_share_of_the_training_state(two_process_results):
 def test_world_of_one_is_a_no_op():
     world = World()
     x = torch.arange(4.0)
-    assert world.shard(8) == range(8) and world.gather(x) is x and world.sum(x) is x and world.is_main
-    with pytest.raises(ValueError, match="cannot be split evenly over 3"):
-        World(rank=0, size=3).shard(8)
+    assert world.split(8) == range(8) and world.gather(x) is x and world.sum(x) is x and world.is_main
+
+
+def test_a_split_gives_whole_contiguous_shares_the_first_ranks_one_more():
+    assert [World(rank=r, size=3).split(8) for r in range(3)] == [range(0, 3), range(3, 6), range(6, 8)]
+    assert [World(rank=r, size=3).split(2) for r in range(3)] == [range(0, 1), range(1, 2), range(2, 2)]
 
 
 def _tiny_model_dir(path: Path) -> Path:
