@@ -13,10 +13,13 @@ It is built in a hidden temporary folder; every file and the folder are fsynced
 and the folder is then renamed into place, so a folder named ``step-N`` is
 always complete, whenever the process dies. The last ``keep`` are kept.
 
-Weights and optimiser state are whole, not one process's share: under FSDP
-the trainer gathers them first (``torch.distributed.checkpoint.state_dict``,
-see grpo/distributed.py), so a checkpoint resumes at any number of
-processes, with or without FSDP. Rank 0 writes it.
+Weights and optimiser state are whole, not one process's share, and rank 0
+writes them; under FSDP each process instead writes its own shards of them
+with ``torch.distributed.checkpoint`` into ``shards/`` (in place of
+``weights.pt`` and the optimiser's part of ``state.pt``), into the hidden
+folder that rank 0 begins and then completes, so the processes need a
+filesystem they share. Either kind resumes at any number of processes, with
+or without FSDP (grpo/distributed.py reshards them).
 
 What the trainer holds is saved generically: any attribute that is a
 ``random.Random``, a ``torch.Generator`` or a :class:`Stateful` (an object with
@@ -46,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 CHECKPOINTS = "checkpoints"
-WEIGHTS, STATE, META = "weights.pt", "state.pt", "meta.json"
+WEIGHTS, STATE, META, SHARDS = "weights.pt", "state.pt", "meta.json", "shards"
 LOG_FILES = ("metrics.jsonl", "completions.jsonl")
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = ".tmp-"
@@ -192,27 +195,35 @@ def remove_partial(run_dir: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def begin(run_dir: Path, step: int) -> Path:
+    """The hidden folder checkpoint ``step`` is built in (earlier partial ones removed first)."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    remove_partial(run_dir)
+    return Path(tempfile.mkdtemp(prefix=f"{_TMP}step-{step:08d}-", dir=root))
+
+
 def save(
-    run_dir: Path, step: int, *, weights: dict[str, Tensor], optimizer: dict, owner: object, config: dict,
-    extra: dict, keep: int,
+    run_dir: Path, step: int, *, weights: dict[str, Tensor] | None, optimizer: dict | None, owner: object,
+    config: dict, extra: dict, keep: int, tmp: Path | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and keep only the last ``keep``; return its folder.
 
-    ``weights`` and ``optimizer`` are the whole trainable parameters and optimiser state, by name.
+    ``weights`` and ``optimizer`` are the whole trainable parameters and optimiser state, by name;
+    or None when ``tmp`` (from :func:`begin`) already holds them as shards (``SHARDS``).
 
     On any OSError (disk full, ...) the partial folder is removed, earlier checkpoints are
     untouched, and CheckpointError says which one is the latest complete.
     """
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    remove_partial(run_dir)
     final = root / f"step-{step:08d}"
+    tmp = tmp or begin(run_dir, step)
     logs = {name: _synced_size(Path(run_dir) / name) for name in LOG_FILES}
     state = {"rng": global_rng_state(), "parts": capture_parts(owner), "optimizer": optimizer, "logs": logs,
              "extra": extra}
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=root))
     try:
-        _write_file(tmp / WEIGHTS, lambda f: torch.save(weights, f))
+        if weights is not None:
+            _write_file(tmp / WEIGHTS, lambda f: torch.save(weights, f))
         _write_file(tmp / STATE, lambda f: torch.save(state, f))
         meta = json.dumps({"step": step, "config": config}, indent=2).encode()
         _write_file(tmp / META, lambda f: f.write(meta))
@@ -254,17 +265,22 @@ def _synced_size(path: Path) -> int:
 # ---- resuming ----
 
 
-def restore(path: Path, *, model: nn.Module, owner: object, load: Callable[[dict, dict], None]) -> dict:
-    """Load checkpoint ``path``: ``load(weights, optimizer state)`` (whole, by name) and owner's parts;
-    cut the run's logs back to it; return its extra."""
+def restore(
+    path: Path, *, model: nn.Module, owner: object, load: Callable[[dict | None, dict | None, Path | None], None],
+) -> dict:
+    """Load checkpoint ``path``: ``load(weights, optimizer state, None)`` (whole, by name) or, for a sharded
+    one, ``load(None, None, its shards' folder)``; then owner's parts; cut the run's logs back to it;
+    return its extra."""
+    shards = path / SHARDS if (path / SHARDS).is_dir() else None
     try:
-        weights = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+        weights = None if shards else torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
         # the run's own file: it holds RNG tuples and arbitrary sampler states, so a full unpickle
         state = torch.load(path / STATE, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, EOFError) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
-    check_weights(model, weights)
-    load(weights, state["optimizer"])
+    if weights is not None:
+        check_weights(model, weights)
+    load(weights, state["optimizer"], shards)
     restore_parts(owner, state["parts"])
     set_global_rng_state(state["rng"])
     run_dir = path.parent.parent

@@ -54,8 +54,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -320,6 +322,33 @@ def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, weig
     kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
     set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state,
                    options=StateDictOptions(full_state_dict=True, strict=False))
+    for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
+        group.update(kernel)
+
+
+def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Each process writes its shards of the trainable parameters and optimiser state (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    weights, state = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    dcp.save({"model": weights, "optimizer": state}, checkpoint_id=folder)
+
+
+def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Load ``save_shards``' output, written at any world size, into this process's model and optimiser,
+    sharded or whole: torch.distributed.checkpoint reads the pieces each needs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    options = StateDictOptions(ignore_frozen_params=True)
+    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
+    weights, state = get_state_dict(model, optimizer, options=options)  # the layout to fill
+    with warnings.catch_warnings():  # one process reading shards is what is meant here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load({"model": weights, "optimizer": state}, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state,
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
     for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
         group.update(kernel)
 

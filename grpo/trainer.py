@@ -63,8 +63,10 @@ from grpo.distributed import (
     World,
     full_state_dict,
     init_world,
+    load_shards,
     load_training_state,
     pad_micro_batches,
+    save_shards,
     shard_policy,
     to_float,
     training_state,
@@ -908,12 +910,22 @@ class GRPOTrainer:
                              exit_code=128 + int(stop.received))
 
     def _save_checkpoint(self, step: int, extra: dict) -> None:
-        """Gather the whole weights and optimiser state (collective under FSDP); rank 0 writes them."""
-        weights, optimizer = training_state(self.model, self.optimizer)
-        failure = None
-        if self.run_dir is not None:
+        """Rank 0 writes the whole weights and optimiser state; under FSDP each process writes its
+        shards of them into the folder rank 0 begins, which rank 0 then completes."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        weights = optimizer = tmp = failure = None
+        if self.world.fsdp:
+            tmp = self.world.broadcast_object(checkpoint.begin(self.run_dir, step) if self.run_dir else None)
             try:
-                checkpoint.save(self.run_dir, step, weights=weights, optimizer=optimizer, owner=self,
+                save_shards(self.model, self.optimizer, tmp / checkpoint.SHARDS)
+            except (OSError, CheckpointException) as err:  # raised on every process when one fails
+                failure = f"cannot write the shards of checkpoint {step} into {tmp}: {err}; the run stopped"
+        else:
+            weights, optimizer = training_state(self.model, self.optimizer)
+        if self.run_dir is not None and failure is None:
+            try:
+                checkpoint.save(self.run_dir, step, weights=weights, optimizer=optimizer, owner=self, tmp=tmp,
                                 config=self.config.to_dict(), extra=extra, keep=self.config.keep_checkpoints)
             except checkpoint.CheckpointError as err:
                 failure = f"{err}; the run stopped at step {step}"
@@ -935,7 +947,8 @@ class GRPOTrainer:
         checkpoint.remove_partial(run_dir)
         return checkpoint.restore(
             path, model=self.model, owner=self,
-            load=lambda weights, state: load_training_state(self.model, self.optimizer, weights, state))
+            load=lambda weights, state, shards: load_shards(self.model, self.optimizer, shards) if shards
+            else load_training_state(self.model, self.optimizer, weights, state))
 
     def _evaluate_with(self, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
         """Evaluate under an evaluation progress bar; return the result and the seconds it took.

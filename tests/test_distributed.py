@@ -193,23 +193,29 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_fsdp_checkpoints_resume_at_another_world_size(tmp_path):
-    """1 process -> 2 under FSDP -> 1 again continues the run that 1 process makes straight."""
+    """1 process -> 2 under FSDP (a whole checkpoint in, shards out) -> 2 under FSDP (shards in) -> 1 again
+    (shards in) continues the run that 1 process makes straight."""
     model = _tiny_model_dir(tmp_path / "tiny")
-    args = ["--model", str(model), *TRAIN_ARGS, "--prompts-per-step", "4", "--save-every", "1"]
+    args = ["--model", str(model), *TRAIN_ARGS, "--prompts-per-step", "4", "--save-every", "1",
+            "--rewards", f"{TESTS / 'distributed_worker.py'}:first_char", "--lr", "1e-2"]  # so that steps update
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert cli_main(["train", "--output", str(straight), *args, "--steps", "4"]) == 0
+    assert cli_main(["train", "--output", str(straight), *args, "--steps", "5"]) == 0
     assert cli_main(["train", "--output", str(split), *args, "--steps", "2"]) == 0
-    two = [sys.executable, "-m", "grpo", "train", "--nproc", "2", "--resume", str(split), "--steps", "3", "--fsdp",
-           "--no-progress"]
-    proc = subprocess.run(two, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (split / "checkpoints" / "step-00000003" / "meta.json").is_file()  # written under FSDP by 2 processes
-    assert cli_main(["train", "--resume", str(split), "--steps", "4", "--no-fsdp", "--no-progress"]) == 0
+    for steps in ("3", "4"):
+        two = [sys.executable, "-m", "grpo", "train", "--nproc", "2", "--resume", str(split), "--steps", steps,
+               "--fsdp", "--no-progress"]
+        proc = subprocess.run(two, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    written = split / "checkpoints" / "step-00000004"  # under FSDP, each process its shards
+    assert (written / "meta.json").is_file() and (written / checkpoint.SHARDS / ".metadata").is_file()
+    assert len(list((written / checkpoint.SHARDS).glob("*.distcp"))) == 2 and not (written / checkpoint.WEIGHTS).exists()
+    assert cli_main(["train", "--resume", str(split), "--steps", "5", "--no-fsdp", "--no-progress"]) == 0
     ours, theirs = _metrics(split), _metrics(straight)
     steps = [row["step"] for row in ours]
-    assert steps == [row["step"] for row in theirs] == [0, 1, 2, 3, 4, 4]
-    for mine, other in zip(ours[1:5], theirs[1:5], strict=True):  # the same completions, scored alike
-        for key in ("reward_mean", "reward_std", "completion_len", "trained_sequences"):
+    assert steps == [row["step"] for row in theirs] == [0, 1, 2, 3, 4, 5, 5]
+    assert all(row["optimizer_steps"] == 1 for row in ours[1:6])
+    for mine, other in zip(ours[1:6], theirs[1:6], strict=True):  # the same completions, scored alike
+        for key in ("reward_mean", "reward_std", "completion_len", "trained_sequences", "loss", "grad_norm"):
             assert mine[key] == pytest.approx(other[key], rel=1e-6, abs=1e-7), (mine["step"], key)
     saved = {name: torch.load(checkpoint.latest(run) / checkpoint.WEIGHTS) for name, run in
              (("straight", straight), ("split", split))}
