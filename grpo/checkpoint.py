@@ -2,20 +2,31 @@
 
 A checkpoint is a folder ``RUN_DIR/checkpoints/step-00000010/`` holding
 
-- ``weights.pt``: the trainable parameters (all of them, or only the LoRA adapter);
-- ``state.pt``: every other piece of state a step consumes: the optimiser, the
-  global RNGs (Python, NumPy, torch and CUDA), the trainer's own RNGs, any
-  prompt sampler, and how long the run's log files were;
+- ``weights.pt``: the trainable parameters (all of them, or only the LoRA adapter),
+  whole and by name;
+- ``state.pt``: every other piece of state a step consumes: the optimiser's (whole,
+  keyed by parameter name), the global RNGs (Python, NumPy, torch and CUDA), the
+  trainer's own RNGs, any prompt sampler, and how long the run's log files were;
 - ``meta.json``: the step and the config, written last.
 
 It is built in a hidden temporary folder; every file and the folder are fsynced
 and the folder is then renamed into place, so a folder named ``step-N`` is
 always complete, whenever the process dies. The last ``keep`` are kept.
 
+Weights and optimiser state are whole, not one process's share, and rank 0
+writes them; under FSDP each process instead writes its own shards of them
+with ``torch.distributed.checkpoint`` into ``shards/`` (in place of
+``weights.pt`` and the optimiser's part of ``state.pt``), into the hidden
+folder that rank 0 begins and then completes, so the processes need a
+filesystem they share. Either kind resumes at any number of processes, with
+or without FSDP (grpo/distributed.py reshards them).
+
 What the trainer holds is saved generically: any attribute that is a
 ``random.Random``, a ``torch.Generator`` or a :class:`Stateful` (an object with
-``state_dict``/``load_state_dict``, such as the optimiser or a prompt sampler)
-is captured under its attribute name. A new stateful part needs no change here.
+``state_dict``/``load_state_dict``, such as a prompt sampler) is captured under
+its attribute name. A new stateful part needs no change here. The optimiser is
+the exception: its own state_dict is keyed by position and, under FSDP, holds
+one process's shards, so the caller passes its whole state by name.
 
 Not restored: TensorBoard event files (a resumed run appends after the killed
 one's tail, which TensorBoard shows as a second line over the same steps).
@@ -38,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 CHECKPOINTS = "checkpoints"
-WEIGHTS, STATE, META = "weights.pt", "state.pt", "meta.json"
+WEIGHTS, STATE, META, SHARDS = "weights.pt", "state.pt", "meta.json", "shards"
 LOG_FILES = ("metrics.jsonl", "completions.jsonl")
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = ".tmp-"
@@ -85,23 +96,20 @@ def read_meta(path: Path) -> dict:
 # ---- capturing and restoring state ----
 
 
-def trainable_state(model: nn.Module) -> dict[str, Tensor]:
-    """The parameters an optimiser updates: every one in full fine-tuning, the adapter with LoRA."""
-    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
-
-
-def load_trainable_state(model: nn.Module, weights: dict[str, Tensor]) -> None:
-    params = dict(model.named_parameters())
-    wanted = {n for n, p in params.items() if p.requires_grad}
-    if wanted != set(weights):
-        odd = sorted(wanted ^ set(weights))
+def check_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """Raise CheckpointError unless ``weights`` names exactly the model's trainable parameters."""
+    names: dict[int, list[str]] = {}  # parameter -> its names (tied weights have several)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad:
+            names.setdefault(id(p), []).append(name)
+    known = {name for group in names.values() for name in group}
+    missing = [group[0] for group in names.values() if not any(name in weights for name in group)]
+    odd = sorted(set(weights) - known) + missing
+    if odd:
         raise CheckpointError(
             f"checkpoint weights do not fit the model ({len(odd)} names differ, e.g. {odd[0]!r}); "
             "was it written with another model or lora_rank?"
         )
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value)
 
 
 def global_rng_state() -> dict:
@@ -122,8 +130,8 @@ def set_global_rng_state(state: dict) -> None:
 
 
 def _is_part(value: object) -> bool:
-    if isinstance(value, nn.Module):
-        return False  # weights are saved separately, and a frozen reference never changes
+    if isinstance(value, (nn.Module, torch.optim.Optimizer)):
+        return False  # weights and optimiser are saved whole by name, and a frozen reference never changes
     return isinstance(value, (random.Random, torch.Generator, Stateful))
 
 
@@ -187,23 +195,35 @@ def remove_partial(run_dir: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def begin(run_dir: Path, step: int) -> Path:
+    """The hidden folder checkpoint ``step`` is built in (earlier partial ones removed first)."""
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    remove_partial(run_dir)
+    return Path(tempfile.mkdtemp(prefix=f"{_TMP}step-{step:08d}-", dir=root))
+
+
 def save(
-    run_dir: Path, step: int, *, model: nn.Module, owner: object, config: dict, extra: dict, keep: int
+    run_dir: Path, step: int, *, weights: dict[str, Tensor] | None, optimizer: dict | None, owner: object,
+    config: dict, extra: dict, keep: int, tmp: Path | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and keep only the last ``keep``; return its folder.
+
+    ``weights`` and ``optimizer`` are the whole trainable parameters and optimiser state, by name;
+    or None when ``tmp`` (from :func:`begin`) already holds them as shards (``SHARDS``).
 
     On any OSError (disk full, ...) the partial folder is removed, earlier checkpoints are
     untouched, and CheckpointError says which one is the latest complete.
     """
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    remove_partial(run_dir)
     final = root / f"step-{step:08d}"
+    tmp = tmp or begin(run_dir, step)
     logs = {name: _synced_size(Path(run_dir) / name) for name in LOG_FILES}
-    state = {"rng": global_rng_state(), "parts": capture_parts(owner), "logs": logs, "extra": extra}
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}{final.name}-", dir=root))
+    state = {"rng": global_rng_state(), "parts": capture_parts(owner), "optimizer": optimizer, "logs": logs,
+             "extra": extra}
     try:
-        _write_file(tmp / WEIGHTS, lambda f: torch.save(trainable_state(model), f))
+        if weights is not None:
+            _write_file(tmp / WEIGHTS, lambda f: torch.save(weights, f))
         _write_file(tmp / STATE, lambda f: torch.save(state, f))
         meta = json.dumps({"step": step, "config": config}, indent=2).encode()
         _write_file(tmp / META, lambda f: f.write(meta))
@@ -245,15 +265,22 @@ def _synced_size(path: Path) -> int:
 # ---- resuming ----
 
 
-def restore(path: Path, *, model: nn.Module, owner: object) -> dict:
-    """Load checkpoint ``path`` into model and owner, cut the run's logs back to it; return its extra."""
+def restore(
+    path: Path, *, model: nn.Module, owner: object, load: Callable[[dict | None, dict | None, Path | None], None],
+) -> dict:
+    """Load checkpoint ``path``: ``load(weights, optimizer state, None)`` (whole, by name) or, for a sharded
+    one, ``load(None, None, its shards' folder)``; then owner's parts; cut the run's logs back to it;
+    return its extra."""
+    shards = path / SHARDS if (path / SHARDS).is_dir() else None
     try:
-        weights = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+        weights = None if shards else torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
         # the run's own file: it holds RNG tuples and arbitrary sampler states, so a full unpickle
         state = torch.load(path / STATE, map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, EOFError) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
-    load_trainable_state(model, weights)
+    if weights is not None:
+        check_weights(model, weights)
+    load(weights, state["optimizer"], shards)
     restore_parts(owner, state["parts"])
     set_global_rng_state(state["rng"])
     run_dir = path.parent.parent

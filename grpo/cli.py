@@ -179,9 +179,10 @@ def cmd_check_reward(args: argparse.Namespace) -> int:
     return 1 if report.failures() else 0
 
 
-# What --resume may change: how the run is kept and shown, or how long it goes on, not its maths.
+# What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
+# processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
 RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
-             "eval_batch_size", "save_model", "device", "threads")
+             "eval_batch_size", "save_model", "device", "threads", "fsdp")
 
 
 def _given_options(args: argparse.Namespace) -> dict:

@@ -6,11 +6,16 @@ and every helper here is then a no-op.
 
 How a step is split so that the update does not depend on the world size W:
 
-- Every rank draws the same B prompts (same seed, same ``prompt_rng``) and
-  takes B/W of them as whole groups, so each group's G completions live on
-  one rank and the global batch is the one a single process would draw.
+- Every rank draws the same prompts (same seed, same ``prompt_rng``) and
+  samples ``World.split`` of them as whole groups, so each group's G
+  completions live on one rank. Completion j of a draw samples from the
+  random stream of (seed, step, round, j) (grpo/streams.py), so the global
+  batch is the one a single process samples, and no two ranks share a stream.
 - Rewards are all-gathered: advantages (``scale="batch"`` included), the
   choice of groups to skip and the reward metrics are the whole batch's.
+- With filter_groups the informative groups are counted over the whole
+  draw; the first B are the batch, and each rank trains ``World.split`` of
+  them (the ranks that sampled them send them over).
 - The loss normaliser (valid tokens, or sequences) is the whole batch's, so
   each rank's loss is its exact share of the full-batch loss and the
   full-batch gradient is the SUM of the ranks' gradients.
@@ -23,15 +28,23 @@ layer directly), and it expects every rank to run the same backward passes,
 whereas a rank may have no informative group to train on in a minibatch.
 
 With ``fsdp`` the parameters, gradients and optimiser state are sharded with
-FSDP2 (``fully_shard``) as one unit over the whole model, with gradients
-summed (divide factor 1). The policy is then called through :class:`Policy`,
-whose ``forward`` runs any function of the model: one all-gather of the
-parameters per call and one reduce-scatter per backward, whatever the
-function does inside (the shared-prefix pass calls each layer a
-data-dependent number of times, which per-layer units would turn into
-mismatched collectives). So FSDP here saves the optimiser state and the
-gradients, not the peak parameter memory of a forward; and every rank must
-make the same calls, which the trainer ensures by padding its micro-batches.
+FSDP2 (``fully_shard``): one unit per decoder layer, resharded after its
+forward, then the root (embeddings, final norm, output layer), with
+gradients summed (divide factor 1). The policy is called through
+:class:`Policy`, whose ``forward`` runs any function of the model under the
+root unit. Layer units pair their collectives across ranks call by call, so:
+
+- the training pass makes one decoder call per micro-batch (no shared
+  prompt prefix, whose length buckets vary by rank), and a rank with fewer
+  micro-batches runs zero-loss passes until all have run as many;
+- no-grad calls (sampling, evaluation, the reference model's log-probs)
+  gather every unit once and hold the whole model for the call, since
+  ranks decode different numbers of tokens.
+
+So a rank holds its shards of parameters, gradients and optimiser state,
+plus one layer in full while training and the whole model (in the compute
+dtype) while sampling. Checkpoints gather the whole state (see
+``training_state``), so they resume at any world size.
 
 Backend: NCCL when the device is CUDA, gloo otherwise.
 """
@@ -41,8 +54,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -64,20 +79,34 @@ class World:
         """Rank 0 alone writes logs, samples and checkpoints."""
         return self.rank == 0
 
-    def shard(self, n: int) -> range:
-        """This rank's contiguous share of n items; n must be divisible by the world size."""
-        if n % self.size:
-            raise ValueError(f"{n} items cannot be split evenly over {self.size} processes")
-        per = n // self.size
-        return range(self.rank * per, (self.rank + 1) * per)
+    def split(self, n: int) -> range:
+        """This rank's contiguous share of n items, the first n % size ranks taking one more (may be empty)."""
+        per, extra = divmod(n, self.size)
+        start = self.rank * per + min(self.rank, extra)
+        return range(start, start + per + (self.rank < extra))
 
     def gather(self, local: Tensor) -> Tensor:
-        """Concatenate every rank's equal-sized ``local`` along dim 0, in rank order."""
+        """Concatenate every rank's ``local`` along dim 0, in rank order (the ranks' lengths may differ)."""
         if self.size == 1:
             return local
-        parts = [torch.empty_like(local, device=self.device) for _ in range(self.size)]
-        dist.all_gather(parts, local.to(self.device).contiguous())
-        return torch.cat(parts).to(local.device)
+        sizes = torch.tensor([local.shape[0]], device=self.device)
+        counts = [torch.empty_like(sizes) for _ in range(self.size)]
+        dist.all_gather(counts, sizes)
+        counts = [int(c) for c in counts]
+        longest = max(counts)
+        padded = local.new_zeros((longest, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded, device=self.device) for _ in range(self.size)]
+        dist.all_gather(parts, padded.to(self.device).contiguous())
+        return torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)]).to(local.device)
+
+    def gather_objects(self, value: object) -> list[object]:
+        """Every rank's picklable ``value``, in rank order."""
+        if self.size == 1:
+            return [value]
+        out: list[object] = [None] * self.size
+        dist.all_gather_object(out, value)
+        return out
 
     def sum(self, values: Tensor) -> Tensor:
         """Element-wise sum over ranks (a copy; ``values`` is left alone)."""
@@ -171,10 +200,11 @@ def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
 class Policy(nn.Module):
     """Calls of the policy that FSDP can see: ``policy(fn, *args)`` runs ``fn(model, *args)``.
 
-    The trainer's passes (sampling, shared-prefix log-probs, evaluation) use
-    the model's parts directly, not ``model.forward``; routing them through
-    this module's ``forward`` gives FSDP one place to gather the parameters
-    and to hook the backward. Without FSDP it is a plain call.
+    The trainer's passes (sampling, log-probs, evaluation) use the model's
+    parts directly, not ``model.forward``; routing them through this module's
+    ``forward`` gives FSDP's root unit (embeddings, final norm, output layer)
+    one place to gather its parameters and to hook the backward; each decoder
+    layer gathers its own when it runs. Without FSDP it is a plain call.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -185,43 +215,76 @@ class Policy(nn.Module):
         return fn(self.model, *args, **kwargs)
 
     def without_grad(self, fn: Callable, *args: object, **kwargs: object) -> object:
-        """A no-grad call (sampling, evaluation); under FSDP the gathered parameters are freed after."""
-        with torch.no_grad():
-            out = self(fn, *args, **kwargs)
-        if hasattr(self, "reshard"):
-            self.reshard()
-        return out
+        """A no-grad call (sampling, evaluation, the reference's log-probs).
+
+        Under FSDP every unit is gathered once, before the call, and resharded
+        after it: one all-gather per unit on every rank, however many tokens
+        each rank decodes (the per-layer gathers of a forward would have to
+        pair up across ranks call by call). The call itself holds the whole
+        model, in the compute dtype.
+        """
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in self.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        try:
+            with torch.no_grad():
+                return self(fn, *args, **kwargs)
+        finally:
+            for unit in units:
+                unit.reshard()
+                unit.set_reshard_after_forward(unit is not self, recurse=False)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks, FSDP's units (a Hugging Face decoder's ``layers``)."""
+    return list(model.get_decoder().layers)
 
 
 def shard_policy(model: nn.Module, world: World) -> Policy:
-    """Wrap the model for calls; under FSDP shard it over the ranks as one unit."""
+    """Wrap the model for calls; under FSDP shard it over the ranks, one unit per decoder layer, then the root.
+
+    Each layer's parameters are gathered for its forward and freed after it
+    (``reshard_after_forward``), gathered again for its backward, and its
+    gradients reduce-scattered: a rank holds its shards plus about one layer
+    in full. On CUDA the layers compute in bf16 and reduce gradients in fp32;
+    the sharded (master) parameters and the optimiser state stay fp32.
+    """
     policy = Policy(model)
     if not world.fsdp:
         return policy
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(world.device.type, (world.size,))
-    fully_shard(policy, mesh=mesh, reshard_after_forward=False)
-    # Each rank's loss carries the global normaliser: sum the shards' gradients, don't average.
-    # (a plain SUM: gloo has no PREMUL_SUM, the op FSDP uses for a divide factor otherwise)
-    policy.set_gradient_divide_factor(1.0)
-    policy.set_force_sum_reduction_for_comms(True)
+    precision = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                 if world.device.type == "cuda" else MixedPrecisionPolicy())
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
+    fully_shard(policy, mesh=mesh, mp_policy=precision)  # the rest: embeddings, final norm, output layer
+    for unit in policy.modules():
+        if isinstance(unit, FSDPModule):
+            # Each rank's loss carries the global normaliser: sum the shards' gradients, don't average.
+            # (a plain SUM: gloo has no PREMUL_SUM, the op FSDP uses for a divide factor otherwise)
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
     return policy
 
 
 def pad_micro_batches(batches: list[Tensor], world: World) -> list[tuple[Tensor, float]]:
     """(groups, weight) pairs; under FSDP padded so that every rank runs as many as the busiest.
 
-    FSDP's collectives pair up across ranks, one per forward/backward, so a
-    rank with fewer micro-batches (or none: no informative group of its own)
-    repeats one of its groups with weight 0, which adds exactly nothing.
+    FSDP's collectives pair up across ranks, layer by layer, so a rank with
+    fewer micro-batches (or none: no informative group of its own) adds
+    passes of weight 0 (no groups), which the trainer runs as a one-token
+    forward and backward with a zero loss.
     """
     plan = [(groups, 1.0) for groups in batches]
     if not world.fsdp:
         return plan
-    filler = batches[0] if batches else torch.tensor([0])
-    return plan + [(filler, 0.0)] * (world.max(len(batches)) - len(batches))
+    return plan + [(torch.zeros(0, dtype=torch.long), 0.0)] * (world.max(len(batches)) - len(batches))
 
 
 def full_state_dict(model: nn.Module, world: World) -> dict[str, Tensor] | None:
@@ -237,6 +300,57 @@ def full_state_dict(model: nn.Module, world: World) -> dict[str, Tensor] | None:
     for key, value in model.state_dict().items():
         state[key] = (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu()
     return state
+
+
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The whole trainable parameters and optimiser state, by parameter name, on the CPU: what a
+    checkpoint holds, whatever the world. Collective under FSDP (rank 0 alone then gets them)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    weights, state = get_state_dict(model, optimizer, options=options)
+    # (a frozen weight tied to another name, such as a LoRA model's output layer, can slip through)
+    trainable = {name for name, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    return {name: value for name, value in weights.items() if name in trainable}, state
+
+
+def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, state: dict) -> None:
+    """Load ``training_state``'s output, written at any world size, into this process's (shards of the)
+    model and optimiser. The optimiser keeps its own kernel choice (fused or not: not under FSDP)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state,
+                   options=StateDictOptions(full_state_dict=True, strict=False))
+    for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
+        group.update(kernel)
+
+
+def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Each process writes its shards of the trainable parameters and optimiser state (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    weights, state = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    dcp.save({"model": weights, "optimizer": state}, checkpoint_id=folder)
+
+
+def load_shards(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Load ``save_shards``' output, written at any world size, into this process's model and optimiser,
+    sharded or whole: torch.distributed.checkpoint reads the pieces each needs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    options = StateDictOptions(ignore_frozen_params=True)
+    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
+    weights, state = get_state_dict(model, optimizer, options=options)  # the layout to fill
+    with warnings.catch_warnings():  # one process reading shards is what is meant here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load({"model": weights, "optimizer": state}, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=state,
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
+    for group, kernel in zip(optimizer.param_groups, kernels, strict=True):
+        group.update(kernel)
 
 
 def to_float(value: Tensor) -> float:

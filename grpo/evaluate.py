@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from grpo.rollout import generate
 
@@ -104,11 +104,13 @@ def completions(
     temperature: float,
     batch_size: int,
     generator: torch.Generator | None = None,
+    streams: Tensor | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
 ) -> tuple[list[str], list[bool]]:
     """``samples`` completions per prompt (grouped by prompt) and whether each hit the token limit;
-    temperature 0 is greedy."""
+    temperature 0 is greedy. ``streams`` (len(prompts) * samples, 2): each completion's random
+    stream (grpo/streams.py), else they draw from ``generator``."""
     was_training = model.training
     model.eval()
     texts: list[str] = []
@@ -119,6 +121,7 @@ def completions(
         rollout = generate(
             model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
             temperature=temperature, generator=generator, stop_strings=stop_strings,
+            streams=None if streams is None else streams[i * samples : (i + len(batch)) * samples],
         )
         texts.extend(rollout.texts)
         truncated.extend(rollout.truncated.tolist())
@@ -169,10 +172,12 @@ def evaluate(
     ks: Sequence[int] = (),
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    streams: Tensor | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
 ) -> EvalResult:
-    """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n)."""
+    """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n), sampled
+    with ``generator`` or, one per completion, ``streams`` (len(prompts) * n, 2)."""
     bad = [k for k in ks if not 0 < k <= samples] if samples else []
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
@@ -182,7 +187,7 @@ def evaluate(
         return EvalResult(acc, len(prompts), solved=tuple(solved))
     texts, truncated = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
                                    temperature=temperature, batch_size=batch_size, generator=generator,
-                                   on_batch=on_batch, stop_strings=stop_strings)
+                                   streams=streams, on_batch=on_batch, stop_strings=stop_strings)
     marked = scored_rows(rows, truncated, samples)
     pass_sums = dict.fromkeys(ks, 0.0)
     maj_sums = dict.fromkeys(ks, 0.0)

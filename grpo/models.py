@@ -160,6 +160,17 @@ def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Modu
     return get_peft_model(model, config)
 
 
+def _unsharded_lora_copy(model: nn.Module, state_dict: dict) -> nn.Module:
+    """The same LoRA model, built on the CPU from its config and loaded with its gathered ``state_dict``."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_config(model.get_base_model().config)
+    copy = get_peft_model(base, model.peft_config[model.active_adapter])
+    copy.load_state_dict(state_dict)
+    return copy
+
+
 def save_model(model: nn.Module, tokenizer: object, dest: Path, *, state_dict: dict | None = None) -> None:
     """Write a folder that AutoModelForCausalLM.from_pretrained loads (LoRA merged), atomically.
 
@@ -170,10 +181,12 @@ def save_model(model: nn.Module, tokenizer: object, dest: Path, *, state_dict: d
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp", dir=dest.parent))
     try:
         if hasattr(model, "merge_and_unload"):
-            model.save_pretrained(tmp / "adapter")
             import copy
 
-            merged = copy.deepcopy(model).merge_and_unload()
+            # a sharded LoRA model: an unsharded copy of it, which can be merged in place
+            own = _unsharded_lora_copy(model, state_dict) if state_dict is not None else None
+            (own or model).save_pretrained(tmp / "adapter")
+            merged = (own or copy.deepcopy(model)).merge_and_unload()
             merged.save_pretrained(tmp)
         else:
             model.save_pretrained(tmp, state_dict=state_dict)

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from grpo.streams import stream_uniforms
+
 
 @dataclass
 class Rollout:
@@ -114,12 +116,15 @@ def sample_next(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    uniforms: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row; return it and its log-prob under softmax(logits / temperature).
 
     The log-prob is that of the policy being trained (temperature-scaled, not
     truncated by top-k/top-p), the one the training pass recomputes.
-    temperature = 0 is greedy decoding. (n, V) -> (n,), (n,).
+    temperature = 0 is greedy decoding. Each row's uniform number comes from
+    ``uniforms`` (n,) when given (per-row streams, grpo/streams.py), else
+    from ``generator``. (n, V) -> (n,), (n,).
     """
     logits = logits.float()
     if temperature <= 0.0:
@@ -131,7 +136,9 @@ def sample_next(
         # Inverse-CDF sampling: one uniform number per row. (torch.multinomial draws an
         # exponential per vocabulary entry, which cost ~12 ms a step for 16 x 49k on the CPU.)
         cdf = probs.cumsum(dim=-1)  # (n, V)
-        u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device) * cdf[:, -1:]
+        if uniforms is None:
+            uniforms = torch.rand(probs.shape[0], generator=generator, device=probs.device)
+        u = uniforms.to(cdf.device, cdf.dtype).unsqueeze(1) * cdf[:, -1:]  # (n, 1)
         token = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)
     return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)
 
@@ -150,7 +157,10 @@ class TokenEmbeddings:
         self.table = model.get_input_embeddings()(self.vocab)  # (U, H)
 
     def __call__(self, ids: Tensor) -> Tensor:
-        return self.table[torch.searchsorted(self.vocab, ids)]
+        # F.embedding, not self.table[...]: the same rows, but the indexing's backward (index_put_ with
+        # accumulate) sums repeated tokens in a thread-dependent order on the CPU, so that two runs with
+        # several threads differed (by ~4e-9 after 4 steps); embedding's backward sums in a fixed order
+        return F.embedding(torch.searchsorted(self.vocab, ids), self.table)
 
 
 @dataclass
@@ -286,6 +296,7 @@ def generate(
     stop_token_ids: list[int] | None = None,
     stop_strings: tuple[str, ...] = (),
     generator: torch.Generator | None = None,
+    streams: Tensor | None = None,
     stop_early: Callable[[int, int], bool] | None = None,
 ) -> Rollout:
     """Sample group_size completions for each prompt, sharing each prompt's KV cache.
@@ -296,6 +307,8 @@ def generate(
     so its log-prob is trained like any other), or at max_new_tokens.
     ``stop_early(tokens so far, rows still decoding)`` may end every row at
     once, as if that were the limit (the pre-flight check's token-limit fit).
+    ``streams`` (N, 2), one key per row (grpo/streams.py), gives each row its own
+    random numbers, whatever else is in the batch; without it rows draw from ``generator``.
     """
     check_supported(model)
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
@@ -315,8 +328,9 @@ def generate(
     stopped = torch.zeros(n, dtype=torch.bool, device=device)
     active = torch.arange(n, device=device)  # rows of the full batch still decoding
     for t in range(max_new_tokens):
+        uniforms = None if streams is None else stream_uniforms(streams[active], t)  # (n,)
         token, logp = sample_next(
-            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, uniforms=uniforms
         )
         tokens[active, t] = token
         logprobs[active, t] = logp
@@ -411,7 +425,8 @@ class _LinearLogprob(torch.autograd.Function):
         hidden, weight, targets, lse_all = ctx.saved_tensors
         scale = 1.0 / ctx.temperature if ctx.temperature > 0.0 and ctx.temperature != 1.0 else 1.0
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # summed over the chunks in fp32, also when the weight is bf16 (FSDP's mixed precision on CUDA)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         device, dtype, enabled = ctx.autocast
         for i in range(0, hidden.shape[0], ctx.chunk):
             h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
@@ -425,8 +440,10 @@ class _LinearLogprob(torch.autograd.Function):
             if grad_hidden is not None:
                 with torch.autocast(device, dtype=dtype, enabled=enabled):  # the autocast dtype, as forward's
                     grad_hidden[i : i + ctx.chunk] = grad @ weight
-            if grad_weight is not None:  # in place, in the weight's dtype (in-place products never autocast)
-                grad_weight.addmm_(grad.T.to(weight.dtype), h.to(weight.dtype))
+            if grad_weight is not None:  # in place, in fp32 (in-place products never autocast)
+                grad_weight.addmm_(grad.T.float(), h.float())
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 

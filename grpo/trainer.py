@@ -28,9 +28,11 @@ Deviations from DeepSeekMath's GRPO, all configurable:
 
 Checkpoints (grpo/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
 
-Under torchrun each process samples and trains on B/W whole groups of the
-same global batch, with the whole batch's advantages and loss normaliser
-(grpo/distributed.py), so the update does not depend on the world size W.
+Under torchrun each process samples and trains on its share of the whole
+groups of the same global batch, with the whole batch's advantages and loss
+normaliser; every completion draws from a random stream of its own, keyed by
+its place in the run, not by the process (grpo/distributed.py,
+grpo/streams.py), so the update does not depend on the world size W.
 """
 
 from __future__ import annotations
@@ -56,7 +58,19 @@ from grpo import checkpoint
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages, policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_STEPS, ConfigError, TrainConfig
-from grpo.distributed import World, full_state_dict, init_world, pad_micro_batches, shard_policy, to_float
+from grpo.distributed import (
+    Policy,
+    World,
+    full_state_dict,
+    init_world,
+    load_shards,
+    load_training_state,
+    pad_micro_batches,
+    save_shards,
+    shard_policy,
+    to_float,
+    training_state,
+)
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
@@ -68,6 +82,7 @@ from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import make_sampler
+from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
 
 RewardFn = Callable[[str, Mapping], float]
@@ -95,6 +110,7 @@ class Round:
     """One generation round: a global draw of prompts, this process's groups, the whole draw's rewards."""
 
     prompts: list[int]  # the draw, every process's groups (indices into task.train)
+    mine: range  # this process's groups, as positions in the draw
     rows: list[Mapping]  # this process's groups' rows
     rollout: Rollout  # this process's groups
     rewards: Tensor  # (n*G,) the whole draw's
@@ -109,10 +125,6 @@ class Round:
         grouped = self.rewards.view(len(self.prompts), -1)  # (n, G)
         return grouped.max(dim=1).values > grouped.min(dim=1).values
 
-    def own_informative(self, world: World) -> Tensor:
-        """This process's groups that vary, as indices into its own groups."""
-        return self.varies()[world.shard(len(self.prompts)).start :][: len(self.rows)].nonzero().squeeze(1)
-
 
 @dataclass
 class Batch:
@@ -120,8 +132,10 @@ class Batch:
 
     rounds: list[Round]
     rows: list[Mapping]  # this process's trained groups' rows
-    rollout: Rollout  # this process's trained groups
+    rollout: Rollout  # this process's trained groups: world.split(N / G) of the batch's
     rewards: Tensor  # (N,) the whole trained batch's
+    lengths: Tensor  # (N,) the whole trained batch's completion lengths: its tokens in the loss
+    truncated: Tensor  # (N,) the whole trained batch's
 
     def generated_rewards(self) -> Tensor:
         return torch.cat([r.rewards for r in self.rounds])  # (R*G,) every group generated this step
@@ -146,6 +160,19 @@ class Batch:
         total = sum(len(r.prompts) for r in self.rounds)
         keys = self.rounds[0].reward_means
         return {k: sum(r.reward_means[k] * len(r.prompts) for r in self.rounds) / total for k in keys}
+
+
+def empty_rollout(group_size: int) -> Rollout:
+    """No groups: the share of a process that a draw or a batch smaller than the world leaves empty."""
+    return Rollout(prompt_ids=[], completion_ids=torch.zeros((0, 1), dtype=torch.long), mask=torch.zeros((0, 1)),
+                   logprobs=torch.zeros((0, 1)), truncated=torch.zeros(0, dtype=torch.bool), texts=[],
+                   group_size=group_size)
+
+
+def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
+    """The rollout with its tensors on ``device`` (on the CPU to send it to another process)."""
+    tensors = ("completion_ids", "mask", "logprobs", "truncated")
+    return replace(rollout, **{name: getattr(rollout, name).to(device) for name in tensors})
 
 
 @dataclass
@@ -275,8 +302,6 @@ class GRPOTrainer:
                 f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
                 f"processes ({self.world.size}): each process samples whole groups"
             )
-        if config.fsdp and config.lora_rank > 0:
-            raise ConfigError("fsdp with lora_rank > 0 is not supported yet")
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
         if model is None:
             policy = load_policy(config.model, device=self.device)
@@ -287,14 +312,13 @@ class GRPOTrainer:
         if config.lora_rank > 0:
             model = add_lora(model, config.lora_rank, config.lora_alpha or None)
         self.model, self.tokenizer = model, tokenizer
-        self.reference = self._reference_model()
         self.world.broadcast_parameters(model)
+        self.reference = self._reference_model()
         self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
         params = [p for p in model.parameters() if p.requires_grad]
         # the fused kernel updates in place, with none of the foreach path's parameter-sized temporaries
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
                                            fused=None if config.fsdp else True)
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.prompt_rng = random.Random(config.seed)
         self.sampler = make_sampler(
             config.sampler, len(self.task.train), config.group_size, rng=self.prompt_rng, seed=config.seed,
@@ -307,13 +331,14 @@ class GRPOTrainer:
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
 
-    def _reference_model(self) -> nn.Module | None:
-        """The frozen reference for the KL term; none when beta = 0. LoRA reuses the base weights."""
+    def _reference_model(self) -> Policy | None:
+        """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
+        LoRA reuses the base weights."""
         if self.config.beta == 0.0 or self.config.lora_rank > 0:
             return None
         ref = copy.deepcopy(self.model).eval()
         ref.requires_grad_(False)
-        return ref
+        return shard_policy(ref, self.world)
 
     # ---- one GRPO step, in the algorithm's order ----
 
@@ -327,19 +352,19 @@ class GRPOTrainer:
         stats = StepStats()
         if cfg.mask_truncated:  # DAPO's overlong filtering: cut completions leave the loss and its normaliser
             batch.rollout.mask *= (~batch.rollout.truncated).unsqueeze(1).to(batch.rollout.mask.dtype)
+            batch.lengths = torch.where(batch.truncated, 0, batch.lengths)
         if batch.rewards.numel():
             advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale)  # (N,)
             ref_logp = self._reference_logprobs(batch.rollout)
             self.model.train()
             for group in self.optimizer.param_groups:
                 group["lr"] = self.learning_rate(step)
-            stats = self.update(batch.rollout, advantages, ref_logp)
+            stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
         t_end = time.perf_counter()
 
         self.top_completions = self._best_completions(batch)
         if cfg.sample_every and step % cfg.sample_every == 0:
-            own = slice(batch.rewards.numel() // self.world.size * self.world.rank, None)
-            self._write_samples(step, batch.rows, batch.rollout, batch.rewards[own], advantages[own])
+            self._write_samples(step, batch, advantages)
         generated = batch.generated_rewards()
         t_gen = sum(r.seconds_generate for r in batch.rounds)
         return {
@@ -369,69 +394,102 @@ class GRPOTrainer:
         With filter_groups (DAPO's dynamic sampling), groups whose rewards are
         all equal are dropped and further rounds are generated until there are
         B informative groups, at most max_gen_rounds rounds; the batch trained
-        is then the informative groups (fewer than B if the rounds ran out:
+        is then the first B informative groups (fewer if the rounds ran out:
         the ``shortfall``), and the loss normaliser is theirs. Each further
         round draws the missing groups divided by the informative share so far
-        (at most B). Under torchrun each process keeps its own informative
-        groups and the batch is W times the fewest any process holds.
+        (at most B). Every count is the whole draw's, so under torchrun the
+        rounds, the draws and the batch are those of one process.
         """
-        cfg, world, g = self.config, self.world, self.config.group_size
-        want = cfg.prompts_per_step // world.size  # informative groups each process needs
+        cfg, g = self.config, self.config.group_size
         rounds: list[Round] = []
         n = cfg.prompts_per_step
         while True:
             drawn_before = {i for r in rounds for i in r.prompts}
             drawn = self.sampler.draw(n, step, exclude=drawn_before)
-            rounds.append(self._generate_round(drawn))
+            rounds.append(self._generate_round(drawn, step, len(rounds)))
             self.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g))
             if not cfg.filter_groups:
-                return Batch(rounds, rounds[-1].rows, rounds[-1].rollout, rounds[-1].rewards)
-            have = sum(len(r.own_informative(world)) for r in rounds)
-            missing = world.max(want - have)
+                last = rounds[-1]
+                return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated)
+            have = sum(int(r.varies().sum()) for r in rounds)
+            missing = cfg.prompts_per_step - have
             if missing <= 0 or len(rounds) == cfg.max_gen_rounds:
                 break
-            share = sum(int(r.varies().sum()) for r in rounds) / sum(len(r.prompts) for r in rounds)
-            n = world.size * min(want, math.ceil(missing / share) if share > 0 else want)
-        return self._informative_batch(rounds, want)
+            share = have / sum(len(r.prompts) for r in rounds)
+            n = min(cfg.prompts_per_step, math.ceil(missing / share) if share > 0 else cfg.prompts_per_step)
+        return self._informative_batch(rounds)
 
-    def _informative_batch(self, rounds: list[Round], want: int) -> Batch:
-        """The informative groups of the rounds, in order: as many on every process (at most want)."""
+    def _informative_batch(self, rounds: list[Round]) -> Batch:
+        """The first B informative groups of the rounds (in draw order), this process's share of them.
+
+        The groups chosen live on the processes that sampled them; each sends
+        its chosen ones to all, and each process keeps ``world.split`` of the
+        batch, as when every group is informative.
+        """
         world, g = self.world, self.config.group_size
-        have = sum(len(r.own_informative(world)) for r in rounds)
-        keep = min(want, -world.max(-have))  # the fewest any process holds
-        parts, rows, rewards = [], [], []
-        for r in rounds:
-            own = r.own_informative(world)[: keep - sum(len(p.prompt_ids) for p in parts)]
-            if len(own):
-                parts.append(r.rollout.select_groups(own))
-                rows += [r.rows[int(i)] for i in own]
-                start = world.shard(len(r.prompts)).start
-                rewards.append(r.rewards.view(-1, g)[own + start].reshape(-1))
-        rollout = (concat_rollouts(parts, self.tokenizer.pad_token_id) if parts
-                   else rounds[0].rollout.select_groups(torch.zeros(0, dtype=torch.long)))
-        own_rewards = torch.cat(rewards) if rewards else rounds[0].rewards[:0]
-        return Batch(rounds, rows, rollout, world.gather(own_rewards))
+        chosen = [(k, int(i)) for k, r in enumerate(rounds) for i in r.varies().nonzero().squeeze(1)]
+        chosen = chosen[: self.config.prompts_per_step]  # (round, group in its draw) in draw order
 
-    def _generate_round(self, drawn: list[int]) -> Round:
-        """Generate and score the groups of the global draw that are this process's."""
-        rows_idx = [drawn[i] for i in self.world.shard(len(drawn))]  # this process's groups
+        def whole(name: str) -> Tensor:  # (B'*G,) the chosen groups' values of a whole-draw field
+            parts = [getattr(rounds[k], name).view(-1, g)[i] for k, i in chosen]
+            return torch.cat(parts) if parts else getattr(rounds[0], name)[:0]
+
+        sent = {}  # batch position -> (rollout of the group, its row): the groups this process sampled
+        for place, (k, i) in enumerate(chosen):
+            r = rounds[k]
+            if i in r.mine:
+                local = i - r.mine.start
+                sent[place] = (moved(r.rollout.select_groups(torch.tensor([local])), "cpu"), r.rows[local])
+        if world.size > 1:
+            sent = {place: part for parts in world.gather_objects(sent) for place, part in parts.items()}
+        mine = [sent[place] for place in world.split(len(chosen))]
+        rollout = (concat_rollouts([part for part, _ in mine], self.tokenizer.pad_token_id) if mine
+                   else empty_rollout(g))
+        return Batch(rounds, [row for _, row in mine], moved(rollout, self.device), whole("rewards"),
+                     whole("lengths"), whole("truncated"))
+
+    def _generate_round(self, drawn: list[int], step: int, index: int) -> Round:
+        """Generate and score the groups of the global draw that are this process's.
+
+        Completion j of the draw samples from the random stream of (seed, step,
+        round, j) (grpo/streams.py), so it is the same whichever process samples it.
+        """
+        g = self.config.group_size
+        mine = self.world.split(len(drawn))  # this process's groups
+        rows_idx = [drawn[i] for i in mine]
         rows = [self.task.train[i] for i in rows_idx]
-        rollout, own_rewards, reward_means, seconds = self.sample_and_score(rows_idx, self.generator)  # (N/W,)
-        rewards = self.world.gather(own_rewards.to(self.device))  # (N,) the whole draw's
-        means = self.world.sum(torch.tensor(list(reward_means.values()), dtype=torch.float64)) / self.world.size
+        streams = stream_keys(self.config.seed, step, index, torch.arange(mine.start * g, mine.stop * g,
+                                                                          device=self.device))
+        if rows_idx:
+            rollout, own_rewards, reward_means, seconds = self.sample_and_score(rows_idx, streams=streams)
+        else:  # fewer groups in the draw than processes
+            rollout, own_rewards, reward_means, seconds = empty_rollout(g), torch.zeros(0), {}, 0.0
+            if self.world.fsdp:  # the others' generation gathers the sharded parameters: take part
+                self.policy.without_grad(lambda model: None)
+        rewards = self.world.gather(own_rewards.to(self.device))  # (n*G,) the whole draw's
         return Round(
-            prompts=drawn, rows=rows, rollout=rollout, rewards=rewards,
+            prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
             lengths=self.world.gather(rollout.lengths), truncated=self.world.gather(rollout.truncated),
-            reward_means=dict(zip(reward_means, means.tolist(), strict=True)),  # equal shares per process
+            reward_means=self._whole_draw_means(len(rows_idx), reward_means),
             explored=getattr(self.sampler, "explored", 0), seconds_generate=seconds,
         )
 
+    def _whole_draw_means(self, groups: int, means: dict[str, float]) -> dict[str, float]:
+        """The scorer's per-process means over the whole draw, each process weighted by its groups."""
+        if self.world.size == 1:
+            return means
+        parts = self.world.gather_objects((groups, means))
+        total = max(sum(count for count, _ in parts), 1)
+        keys = list(dict.fromkeys(key for _, m in parts for key in m))
+        return {key: sum(count * m.get(key, 0.0) for count, m in parts) / total for key in keys}
+
     def sample_and_score(
-        self, prompts: Sequence[int], generator: torch.Generator,
-        stop_early: Callable[[int, int], bool] | None = None,
+        self, prompts: Sequence[int], generator: torch.Generator | None = None,
+        stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
     ) -> tuple[Rollout, Tensor, dict[str, float], float]:
         """A group for each of these training prompts, scored: the rollout, its rewards (n*G,), the
-        scorer's metrics and the seconds generation took. Training rounds and the pre-flight check share it."""
+        scorer's metrics and the seconds generation took. Training rounds (with a random stream per
+        completion) and the pre-flight check (with a generator) share it."""
         cfg = self.config
         t0 = time.perf_counter()
         self.model.eval()
@@ -440,7 +498,7 @@ class GRPOTrainer:
                 generate, self.tokenizer, [self.train_prompts[i] for i in prompts],
                 group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                stop_strings=cfg.stop, generator=generator, stop_early=stop_early,
+                stop_strings=cfg.stop, generator=generator, streams=streams, stop_early=stop_early,
             )
         seconds = time.perf_counter() - t0
         group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
@@ -463,7 +521,7 @@ class GRPOTrainer:
         wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
         trained = batch.rewards.view(-1, g)  # (B', G)
         trained_zero_var = trained.max(dim=1).values == trained.min(dim=1).values  # (B',)
-        trained_tokens = self.world.gather(batch.rollout.lengths).view(-1, g).sum(dim=1).float()  # (B',)
+        trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
         skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # update() skips these groups' passes
         drawn = sum(len(r.prompts) for r in batch.rounds)
         out = {
@@ -495,7 +553,7 @@ class GRPOTrainer:
         """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
         g, scored = self.config.group_size, []
         for r in batch.rounds:
-            first = self.world.shard(len(r.prompts)).start * g
+            first = r.mine.start * g
             scored += zip(r.rewards[first : first + len(r.rollout.texts)].tolist(), r.rollout.texts, strict=True)
         best: dict[str, float] = {}
         for reward, text in sorted(scored, key=lambda pair: -pair[0]):
@@ -518,29 +576,31 @@ class GRPOTrainer:
     def _reference_logprobs(self, rollout: Rollout) -> Tensor | None:
         if self.config.beta == 0.0:
             return None
-        ref = self.reference
-        ctx = self.model.disable_adapter() if ref is None else nullcontext()
+        ref = self.reference if self.reference is not None else self.policy
+        if not rollout.prompt_ids:  # a process with no group of the batch (under FSDP: join the gathers)
+            ref.without_grad(lambda model: None)
+            return rollout.logprobs
+        ctx = self.model.disable_adapter() if self.reference is None else nullcontext()
         with ctx, self.autocast:
-            logp, _ = rollout_logprobs(
-                ref if ref is not None else self.model, rollout, self.tokenizer.pad_token_id,
-                temperature=self.config.temperature,
-            )
+            logp, _ = ref.without_grad(
+                rollout_logprobs, rollout, self.tokenizer.pad_token_id, temperature=self.config.temperature)
         return logp.float()
 
-    def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None) -> StepStats:
+    def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None, lengths: Tensor) -> StepStats:
         """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
 
         The old policy is the sampling-time one (rollout.logprobs): with mu = 1
         and one minibatch the update is on-policy and the ratio is 1.
         Under torchrun ``rollout`` and ``ref_logp`` hold this process's groups
-        and ``advantages`` the whole batch's; minibatches and normalisers are
-        the whole batch's, and the gradients are summed over processes.
+        (``world.split`` of the batch's) and ``advantages`` and ``lengths`` (the
+        tokens each completion puts in the loss) the whole batch's; minibatches
+        and normalisers are the whole batch's, and the gradients are summed
+        over processes.
         """
         cfg = self.config
         g = cfg.group_size
         n_groups = advantages.numel() // g
-        first = self.world.shard(n_groups).start  # global index of this process's first group
-        lengths = self.world.gather(rollout.lengths)  # (N,) for the global normaliser
+        first = self.world.split(n_groups).start  # global index of this process's first group
         informative = (advantages.view(n_groups, g) != 0).any(dim=1)  # (B,)
         skip = cfg.skip_zero_advantage and cfg.beta == 0.0
         stats = StepStats()
@@ -559,12 +619,17 @@ class GRPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 minibatch_loss = 0.0
                 for micro, micro_weight in pad_micro_batches(self._micro_batches(rollout, own), self.world):
+                    if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
+                        self.policy(_zero_loss).backward()
+                        continue
                     sub = rollout.select_groups(micro)
                     sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
                     with self.autocast:
+                        # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
+                        # as often (the shared-prefix pass makes a data-dependent number of calls)
                         logp, entropy = self.policy(
                             rollout_logprobs, sub, self.tokenizer.pad_token_id,
-                            temperature=cfg.temperature, with_entropy=True,
+                            temperature=cfg.temperature, with_entropy=True, share_prefix=not self.world.fsdp,
                         )
                     loss, m = policy_loss(
                         logp.float(), sub.logprobs, advantages[sub_rows + first * g], sub.mask,
@@ -574,9 +639,6 @@ class GRPOTrainer:
                         max_tokens=cfg.max_new_tokens, total_tokens=total_tokens,
                         total_sequences=total_sequences,
                     )
-                    if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
-                        (loss * 0.0).backward()
-                        continue
                     loss.backward()
                     w = float(sub.mask.sum())
                     weight += w
@@ -638,21 +700,25 @@ class GRPOTrainer:
     def evaluate(self, on_batch: Callable[[int], None] | None = None, limit: int | None = None) -> EvalResult:
         """Greedy pass@1, and pass@k / maj@k from eval_samples samples, on the held-out prompts.
 
-        The sampling generator is reseeded each time, so successive evaluations
-        draw with the same random numbers and differ only by the model. Under
-        torchrun each process scores every W-th prompt and the scores are summed.
+        Sample j of held-out prompt i draws from the stream of (seed, step 0,
+        round 0, i * eval_samples + j), at every evaluation and whichever process
+        scores it: successive evaluations differ only by the model, and pass@k is
+        the same on any number of processes. Under torchrun each process scores
+        every W-th prompt and the scores are summed.
         """
         cfg = self.config
         rank, size = self.world.rank, self.world.size
         n = len(self.heldout_prompts) if limit is None else limit
         prompts, rows = self.heldout_prompts[:n][rank::size], list(self.task.heldout)[:n][rank::size]
+        k = max(cfg.eval_samples, 1)
+        mine_rows = torch.arange(rank, n, size, device=self.device).repeat_interleave(k) * k
+        streams = stream_keys(cfg.seed, 0, 0, mine_rows + torch.arange(k, device=self.device).repeat(len(prompts)))
         with self.autocast:
             mine = self.policy.without_grad(
                 evaluate, self.tokenizer, prompts, rows, self.task.reward,
                 max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
                 samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
-                generator=torch.Generator(device=self.device).manual_seed(cfg.seed + 1 + rank), on_batch=on_batch,
-                stop_strings=cfg.stop,
+                streams=streams, on_batch=on_batch, stop_strings=cfg.stop,
             )
         if size == 1:
             return mine
@@ -667,18 +733,23 @@ class GRPOTrainer:
             maj_at=dict(zip(keys_m, means[1 + len(keys_p) :], strict=True)), solved=mine.solved,
         )
 
-    def _write_samples(self, step: int, rows: Sequence[Mapping], rollout: Rollout, rewards: Tensor, adv: Tensor) -> None:
-        if self.run_dir is None:
-            return
-        with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
-            for i, text in enumerate(rollout.texts):
-                row = rows[i // self.config.group_size]
-                f.write(json.dumps({
-                    "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")),
-                    "completion": text, "reward": rewards[i].item(), "advantage": adv[i].item(),
-                }) + "\n")
+    def _write_samples(self, step: int, batch: Batch, advantages: Tensor) -> None:
+        """Every trained completion of the step, with its reward and advantage, to completions.jsonl
+        (each process's, gathered by rank 0 in batch order)."""
+        g = self.config.group_size
+        first = self.world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
+        lines = [json.dumps({
+            "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")), "completion": text,
+            "reward": batch.rewards[first + i].item(), "advantage": advantages[first + i].item(),
+        }) for i, (row, text) in enumerate(zip([r for r in batch.rows for _ in range(g)], batch.rollout.texts,
+                                                strict=True))]
+        lines = [line for part in self.world.gather_objects(lines) for line in part]
+        if self.run_dir is not None:
+            with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in lines)
 
     run_dir: Path | None = None
+    saving: bool = False
 
     def train(self, run_dir: Path | None = None, *, resume: bool = False) -> dict:
         """Run config.steps GRPO steps with held-out evaluation before, after and every eval_every
@@ -693,6 +764,7 @@ class GRPOTrainer:
         """
         main = self.world.is_main  # only rank 0 writes
         self.run_dir = run_dir if main else None
+        self.saving = run_dir is not None  # on every process: under FSDP all take part in a checkpoint
         start = time.perf_counter()
         saved = self._resume(run_dir) if resume else {"step": 0, "history": [], "bad_in_a_row": 0}
         preflight = None if resume or self.config.preflight == "off" else self._preflight()
@@ -861,18 +933,35 @@ class GRPOTrainer:
             )
         requested = stop is not None and stop.received is not None
         due = step % cfg.save_every == 0 or step == cfg.steps or requested or final
-        # Under FSDP each rank holds a shard of the weights and optimiser: not checkpointed yet.
-        if self.run_dir is not None and due and bad_in_a_row == 0 and not self.world.fsdp:
-            try:
-                checkpoint.save(
-                    self.run_dir, step, model=self.model, owner=self, config=cfg.to_dict(),
-                    extra=extra, keep=cfg.keep_checkpoints,
-                )
-            except checkpoint.CheckpointError as err:
-                raise RunStopped(f"{err}; the run stopped at step {step}") from err
+        if self.saving and due and bad_in_a_row == 0:
+            self._save_checkpoint(step, extra)
         if requested:
             raise RunStopped(f"stopped by {stop.received.name} after step {step}; {self._where()}",
                              exit_code=128 + int(stop.received))
+
+    def _save_checkpoint(self, step: int, extra: dict) -> None:
+        """Rank 0 writes the whole weights and optimiser state; under FSDP each process writes its
+        shards of them into the folder rank 0 begins, which rank 0 then completes."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        weights = optimizer = tmp = failure = None
+        if self.world.fsdp:
+            tmp = self.world.broadcast_object(checkpoint.begin(self.run_dir, step) if self.run_dir else None)
+            try:
+                save_shards(self.model, self.optimizer, tmp / checkpoint.SHARDS)
+            except (OSError, CheckpointException) as err:  # raised on every process when one fails
+                failure = f"cannot write the shards of checkpoint {step} into {tmp}: {err}; the run stopped"
+        else:
+            weights, optimizer = training_state(self.model, self.optimizer)
+        if self.run_dir is not None and failure is None:
+            try:
+                checkpoint.save(self.run_dir, step, weights=weights, optimizer=optimizer, owner=self, tmp=tmp,
+                                config=self.config.to_dict(), extra=extra, keep=self.config.keep_checkpoints)
+            except checkpoint.CheckpointError as err:
+                failure = f"{err}; the run stopped at step {step}"
+        failure = self.world.broadcast_object(failure)  # every process stops, not rank 0 alone
+        if failure:
+            raise RunStopped(failure)
 
     def _where(self) -> str:
         path = checkpoint.latest(self.run_dir) if self.run_dir is not None else None
@@ -886,7 +975,10 @@ class GRPOTrainer:
         if path is None:
             raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
         checkpoint.remove_partial(run_dir)
-        return checkpoint.restore(path, model=self.model, owner=self)
+        return checkpoint.restore(
+            path, model=self.model, owner=self,
+            load=lambda weights, state, shards: load_shards(self.model, self.optimizer, shards) if shards
+            else load_training_state(self.model, self.optimizer, weights, state))
 
     def _evaluate_with(self, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
         """Evaluate under an evaluation progress bar; return the result and the seconds it took.
@@ -899,6 +991,12 @@ class GRPOTrainer:
         with bar.evaluating(passes * size) as advance:
             result = self.evaluate(on_batch=advance, limit=size if subset else None)
         return result, time.perf_counter() - start
+
+
+def _zero_loss(model: nn.Module) -> Tensor:
+    """0 x a one-token forward: runs every layer once, as a micro-batch does, and adds nothing."""
+    hidden = model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device))
+    return (hidden.last_hidden_state.sum() + model.get_output_embeddings().weight.sum()) * 0.0
 
 
 def default_run_dir(config: TrainConfig) -> Path:

@@ -33,12 +33,12 @@ def make_tokenizer():
     return fast
 
 
-def make_model(vocab_size: int, seed: int = 0):
+def make_model(vocab_size: int, seed: int = 0, layers: int = 2, hidden: int = 32):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=1,
     )

@@ -1,10 +1,9 @@
 """One GRPO step per case, run by torchrun (N processes) or in-process (a world of one).
 
-Sampling is made independent of the world size for the comparison: each
-prompt's group is drawn with a generator seeded by the prompt itself, so a
-group's completions are the same whichever process samples it. Everything
-after sampling (rewards, advantages, normalisers, gradients) is the code
-under test.
+Nothing is replaced: sampling draws each completion's random numbers from
+its own stream (grpo/streams.py), so the same global batch is sampled
+whatever the number of processes, and everything after it (rewards, group
+filtering, advantages, normalisers, gradients) is the code under test.
 
 Usage: python -m torch.distributed.run --nproc-per-node 2 tests/distributed_worker.py OUT CASES_JSON
 """
@@ -12,11 +11,11 @@ Usage: python -m torch.distributed.run --nproc-per-node 2 tests/distributed_work
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -25,7 +24,7 @@ from conftest import make_model, make_tokenizer  # noqa: E402
 import grpo.trainer  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.distributed import full_state_dict  # noqa: E402
-from grpo.rollout import Rollout, generate  # noqa: E402
+from grpo.rollout import Rollout  # noqa: E402
 from grpo.tasks import Task  # noqa: E402
 
 
@@ -42,36 +41,17 @@ def rare_first_char(completion, example):
 REWARDS = {"first_char": first_char, "rare_first_char": rare_first_char}
 
 
-def generate_per_prompt(model, tokenizer, prompts, *, group_size, generator=None, **kw) -> Rollout:
-    """generate() one prompt at a time, each with a generator seeded by its token ids."""
-    parts = [
-        generate(model, tokenizer, [p], group_size=group_size,
-                 generator=torch.Generator().manual_seed(sum(i * t for i, t in enumerate(p, 1))), **kw)
-        for p in prompts
-    ]
-    width = max(r.mask.shape[1] for r in parts)
-
-    def cat(name: str, value: float) -> torch.Tensor:
-        return torch.cat([F.pad(getattr(r, name), (0, width - r.mask.shape[1]), value=value) for r in parts])
-
-    return Rollout(
-        prompt_ids=[r.prompt_ids[0] for r in parts],
-        completion_ids=cat("completion_ids", tokenizer.pad_token_id),
-        mask=cat("mask", 0.0),
-        logprobs=cat("logprobs", 0.0),
-        truncated=torch.cat([r.truncated for r in parts]),
-        texts=[t for r in parts for t in r.texts],
-        group_size=group_size,
-    )
-
-
 def run_case(case: dict) -> dict:
-    """Build the tiny model, take one step; return the full parameters and the step's metrics."""
+    """Build the tiny model, take one step; return the full parameters, the step's metrics, every
+    completion generated (the whole draws', in order), the trained groups' prompts and, with
+    ``same_prompt`` (every row asks the same), each process's own completions."""
     case = dict(case)
     reward = REWARDS[case.pop("reward", "first_char")]
+    same_prompt = case.pop("same_prompt", False)
+    shape = {key: case.pop(key) for key in ("layers", "hidden") if key in case}
     tokenizer = make_tokenizer()
-    model = make_model(len(tokenizer), seed=3)
-    rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
+    model = make_model(len(tokenizer), seed=3, **shape)
+    rows = [{"prompt": "say a" if same_prompt else f"say a {i}", "answer": "a"} for i in range(40)]
     config = TrainConfig(**{
         "temperature": 1.0, "sampler": "uniform", "filter_groups": False,
         "preflight": "off", "steps": 1, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 6, "lr": 1e-3,
@@ -81,15 +61,47 @@ def run_case(case: dict) -> dict:
     trainer = grpo.trainer.GRPOTrainer(
         config, model=model, tokenizer=tokenizer, task=Task("tiny", rows[:32], rows[32:], reward), progress=False,
     )
-    original = grpo.trainer.generate
-    grpo.trainer.generate = generate_per_prompt
-    try:
-        metrics = trainer.step(1)
-    finally:
-        grpo.trainer.generate = original
+    batches = []
+    sample_batch = trainer.sample_batch
+    trainer.sample_batch = lambda step: batches.append(sample_batch(step)) or batches[-1]
+    metrics = trainer.step(1)
+    if config.eval_samples:  # sampled pass@k after the step, as its processes share out the prompts
+        metrics.update(trainer.evaluate().metrics())
     state = full_state_dict(model, trainer.world) or model.state_dict()
-    return {"params": {k: v.detach().clone() for k, v in state.items()}, "metrics": metrics,
-            "world_size": trainer.world.size}
+    world, batch = trainer.world, batches[0]
+    own = [completions(r.rollout) for r in batch.rounds]
+    return {
+        "params": {k: v.detach().clone() for k, v in state.items()}, "metrics": metrics,
+        "world_size": world.size,
+        "generated": [sum(parts, []) for parts in zip(*world.gather_objects(own), strict=True)],
+        "trained_prompts": sum(world.gather_objects([str(row["prompt"]) for row in batch.rows]), []),
+        "own_completions": world.gather_objects(sum(own, [])),
+        "state_bytes": world.gather_objects(state_bytes(trainer)),
+        "fsdp_units": [fsdp_units(trainer.policy), fsdp_units(trainer.reference)],
+        "peak_rss_mib": world.gather_objects(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def fsdp_units(module: torch.nn.Module | None) -> int:
+    from torch.distributed.fsdp import FSDPModule
+
+    return 0 if module is None else sum(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def state_bytes(trainer: grpo.trainer.GRPOTrainer) -> int:
+    """Bytes this process holds of parameters, gradients and optimiser state (its shards under FSDP)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(trainer.model.parameters())
+    tensors = params + [p.grad for p in params if p.grad is not None]
+    tensors += [v for state in trainer.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def completions(rollout: Rollout) -> list[list[int]]:
+    """Each row's sampled token ids."""
+    return [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)]
 
 
 def main() -> None:

@@ -79,7 +79,6 @@ def test_checkpoint_holds_every_stateful_attribute(tmp_path):
     again.train(tmp_path / "run", resume=True)
     assert again.curriculum.seen == {3: 2, 7: 1}
     assert again.prompt_rng.getstate() == trainer.prompt_rng.getstate()
-    assert torch.equal(again.generator.get_state(), trainer.generator.get_state())
 
     without = tiny_trainer(steps=1)  # a trainer lacking the part cannot silently resume
     with pytest.raises(checkpoint.CheckpointError, match="curriculum"):
@@ -157,3 +156,46 @@ def test_too_many_bad_steps_stop_the_run_with_the_last_good_checkpoint(tmp_path)
     assert checkpoint.read_meta(checkpoint.latest(run))["step"] == 2
     logged = metrics_lines(run)
     assert [row["bad_steps_in_a_row"] for row in logged if "bad_steps_in_a_row" in row] == [0, 0, 1, 2, 3]
+
+
+def test_a_run_resumed_in_a_new_process_is_bitwise_the_straight_run(tmp_path):
+    """The CLI with its defaults (pre-flight check, frontier sampler, filter-groups, evaluations whose
+    frequency is fixed from measured timings), 2 steps then resumed to 4 in separate processes: any state
+    a checkpoint missed, or any computation that is not repeatable, would show here."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import make_model, make_tokenizer
+
+    model = tmp_path / "tiny"
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), layers=4, hidden=64).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    root = Path(__file__).parent.parent
+    # two threads: a backward that summed in a thread-dependent order made runs differ by ~4e-9 only then
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "2"}
+    args = ["--model", str(model), "--task", "add", "--eval-size", "8", "--device", "cpu", "--no-progress",
+            "--rewards", f"{root / 'tests' / 'distributed_worker.py'}:rare_first_char", "--save-every", "1"]
+
+    def grpo(*extra: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "grpo", "train", *extra], env=env, capture_output=True,
+                              text=True, timeout=300, cwd=root)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    grpo(*args, "--output", str(tmp_path / "straight"), "--steps", "4")
+    grpo(*args, "--output", str(tmp_path / "split"), "--steps", "2")
+    grpo("--resume", str(tmp_path / "split"), "--steps", "4", "--no-progress")
+    for name in (checkpoint.WEIGHTS, checkpoint.STATE):
+        a, b = (torch.load(checkpoint.latest(tmp_path / run) / name, weights_only=False) for run in ("straight", "split"))
+        if name == checkpoint.WEIGHTS:
+            _same_params(a, b)
+        else:
+            for key, value in a["optimizer"]["state"].items():
+                for k, v in value.items():
+                    assert torch.equal(v, b["optimizer"]["state"][key][k]), (key, k)
+    # (held-out scores aside: a 2-step run evaluates at its end, not at step 2 as the 4-step one does)
+    lines = [[{k: v for k, v in row.items() if not k.startswith("heldout")} for row in metrics_lines(tmp_path / run)]
+             for run in ("straight", "split")]
+    assert lines[0] == lines[1]
