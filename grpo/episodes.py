@@ -306,6 +306,14 @@ class _Transcripts:
         )
 
 
+def episode_total(task_reward: float, episode: Episode | None) -> float:
+    """An episode's reward: the task's reward of its last policy turn plus the environment's (discounted)
+    per-turn rewards; 0 when the environment raised. A single-turn completion (None): the task's."""
+    if episode is None:
+        return task_reward
+    return 0.0 if episode.env_error is not None else task_reward + episode.reward
+
+
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Per-step figures over the episodes: turns and tool calls per episode; parse failures, tool
     errors, tool timeouts and environment errors (counts); seconds in tools and in environments

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from grpo.episodes import Agent, Episode, episode_total
 from grpo.rollout import generate
 
 RewardFn = Callable[[str, Mapping], float]
@@ -105,26 +106,37 @@ def completions(
     generator: torch.Generator | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
-) -> tuple[list[str], list[bool]]:
-    """``samples`` completions per prompt (grouped by prompt) and whether each hit the token limit;
-    temperature 0 is greedy."""
+    agent: Agent | None = None,
+    rows: Sequence[Mapping] = (),
+) -> tuple[list[str], list[bool], list[Episode | None]]:
+    """``samples`` completions per prompt (grouped by prompt), whether each hit the token limit, and each
+    one's episode record (None for a single-turn task); temperature 0 is greedy. With an ``agent`` each
+    completion is an episode opened from its row (``rows``), and its text is the last policy turn."""
     was_training = model.training
     model.eval()
     texts: list[str] = []
     truncated: list[bool] = []
+    episodes: list[Episode | None] = []
     per_batch = max(1, batch_size // samples)
     for i in range(0, len(prompts), per_batch):
         batch = prompts[i : i + per_batch]
-        rollout = generate(
-            model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, generator=generator, stop_strings=stop_strings,
-        )
+        if agent is None:
+            rollout = generate(
+                model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
+                temperature=temperature, generator=generator, stop_strings=stop_strings,
+            )
+        else:
+            rollout = agent.run(
+                model, tokenizer, rows[i : i + per_batch], group_size=samples, max_new_tokens=max_new_tokens,
+                temperature=temperature, generator=generator, stop_strings=stop_strings,
+            )
         texts.extend(rollout.texts)
         truncated.extend(rollout.truncated.tolist())
+        episodes.extend(rollout.episodes or [None] * len(rollout.texts))
         if on_batch is not None:
             on_batch(len(batch))
     model.train(was_training)
-    return texts, truncated
+    return texts, truncated, episodes
 
 
 def scored_rows(rows: Sequence[Mapping], truncated: Sequence[bool], samples: int = 1) -> list[Mapping]:
@@ -143,14 +155,17 @@ def greedy_accuracy(
     batch_size: int = 128,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
+    agent: Agent | None = None,
 ) -> tuple[float, list[str]]:
-    """Fraction of prompts whose greedy completion earns the checker's full reward (1.0)."""
-    texts, truncated = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
-                                   temperature=0.0, batch_size=batch_size, on_batch=on_batch,
-                                   stop_strings=stop_strings)
+    """Fraction of prompts whose greedy completion earns the checker's full reward (1.0); an episode's
+    reward adds the environment's to the checker's."""
+    texts, truncated, extra = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
+                                          temperature=0.0, batch_size=batch_size, on_batch=on_batch,
+                                          stop_strings=stop_strings, agent=agent, rows=rows)
     if not texts:
         return 0.0, texts
-    correct = sum(reward(t, row) >= 1.0 for t, row in zip(texts, scored_rows(rows, truncated), strict=True))
+    marked = scored_rows(rows, truncated)
+    correct = sum(episode_total(reward(t, row), e) >= 1.0 for t, row, e in zip(texts, marked, extra, strict=True))
     return correct / len(texts), texts
 
 
@@ -169,24 +184,27 @@ def evaluate(
     generator: torch.Generator | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
+    agent: Agent | None = None,
 ) -> EvalResult:
     """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n)."""
     bad = [k for k in ks if not 0 < k <= samples] if samples else []
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
     acc, _ = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
+                             batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings, agent=agent)
     if not samples or not prompts:
         return EvalResult(acc, len(prompts))
-    texts, truncated = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, batch_size=batch_size, generator=generator,
-                                   on_batch=on_batch, stop_strings=stop_strings)
+    texts, truncated, extra = completions(
+        model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
+        batch_size=batch_size, generator=generator, on_batch=on_batch, stop_strings=stop_strings, agent=agent,
+        rows=rows)
     marked = scored_rows(rows, truncated, samples)
     pass_sums = dict.fromkeys(ks, 0.0)
     maj_sums = dict.fromkeys(ks, 0.0)
     for p in range(len(rows)):
         group = texts[p * samples : (p + 1) * samples]
-        correct = [reward(t, r) >= 1.0 for t, r in zip(group, marked[p * samples : (p + 1) * samples], strict=True)]
+        block = slice(p * samples, (p + 1) * samples)
+        correct = [episode_total(reward(t, r), e) >= 1.0 for t, r, e in zip(group, marked[block], extra[block], strict=True)]
         answers = [answer_key(t) for t in group]
         for k in ks:
             pass_sums[k] += pass_at_k(samples, sum(correct), k)

@@ -35,13 +35,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from grpo.config import ConfigError
+
 PLAIN_CALL = re.compile(r"<tool>(.*?)(</tool>|$)", re.DOTALL)
 NATIVE_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 MAX_RESULT_CHARS = 2000  # a tool's answer is cut to this, so one call cannot flood the context
 
 
-class ToolError(ValueError):
-    """A tool that cannot be used (no type hints or docstring, not found); the message names it."""
+class ToolError(ConfigError):
+    """A tool or environment that cannot be used (no type hints or docstring, not found); the message names it."""
 
 
 @dataclass(frozen=True)
@@ -152,16 +154,19 @@ class ToolBox:
     """The tools of a run: their schemas, and forked worker processes that run calls with a timeout.
 
     A worker whose call runs past ``timeout`` is killed and replaced. With
-    ``workers=0`` calls run in this process, without a timeout (tests).
+    ``workers=0`` calls run in this process, without a timeout (tests). ``withheld``: the tools are
+    described but every call gets an error (a control run: the same prompts, no results).
     """
 
-    def __init__(self, fns: Sequence[Callable], *, timeout: float = 10.0, workers: int = 1) -> None:
-        self.fns = {fn.__name__: fn for fn in fns}
+    def __init__(self, fns: Sequence[Callable], *, timeout: float = 10.0, workers: int = 1,
+                 withheld: bool = False) -> None:
         self.schemas = [tool_schema(fn) for fn in fns]
+        self.fns = {} if withheld else {fn.__name__: fn for fn in fns}
+        self.withheld = withheld
         self.timeout = timeout
         self.order = list(self.fns)
         self.ctx = mp.get_context("fork")
-        self.workers = [self._start() for _ in range(workers if fns else 0)]
+        self.workers = [self._start() for _ in range(workers if self.fns else 0)]
 
     def _start(self) -> tuple[mp.Process, Connection]:
         parent, child = self.ctx.Pipe()
@@ -194,6 +199,8 @@ class ToolBox:
         for j, call in enumerate(calls):
             if call.error is not None:
                 results[j] = ToolResult(f"error: {call.error}", error=True)
+            elif self.withheld:
+                results[j] = ToolResult(f"error: tool {call.name!r} is not available", error=True)
             elif call.name not in self.fns:
                 known = ", ".join(self.order) or "none"
                 results[j] = ToolResult(f"error: unknown tool {call.name!r} (tools: {known})", error=True)
