@@ -7,8 +7,9 @@ import json
 import torch
 from conftest import make_model, make_tokenizer
 from test_checkpoint import _same_params
-from tiny_run import metrics_lines, params, tiny_config, tiny_task
+from tiny_run import count_a, metrics_lines, params, tiny_config, tiny_task
 
+from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
 
@@ -34,12 +35,12 @@ def double(x: int) -> int:
     return 2 * x
 
 
-def agent_trainer(env=Talk, tools=None, **kw) -> GRPOTrainer:
+def agent_trainer(env=Talk, tools=None, task=None, **kw) -> GRPOTrainer:
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)
     # any "a" ends a turn, so the random tiny model takes several
     config = tiny_config(stop=("a",), max_new_tokens=8, max_turns=3, **kw)
-    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=tiny_task(), env=env, tools=tools,
+    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task or tiny_task(), env=env, tools=tools,
                        progress=False)
 
 
@@ -78,3 +79,37 @@ def test_tools_make_episodes_with_the_tools_described(tmp_path):
         trainer.train(tmp_path / "run")
     finally:
         trainer.toolbox.close()
+
+
+def _readme_block(after: str) -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("```python\n", text.index(after)) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def test_readme_examples_run(monkeypatch, tmp_path):
+    """The README's tool and environment examples, with grpo.train pointed at the tiny model and task."""
+    import grpo
+
+    def tiny_train(config, **kw):
+        rows = [{"prompt": f"guess {i}", "answer": str(i)} for i in range(40)]
+        task = Task("numbers", rows[:32], rows[32:], count_a)
+        trainer = agent_trainer(env=kw.get("env"), tools=kw.get("tools"), task=task, steps=1)
+        try:
+            return trainer.train(tmp_path / f"run{len(list(tmp_path.iterdir()))}")
+        finally:
+            if trainer.toolbox is not None:
+                trainer.toolbox.close()
+
+    monkeypatch.setattr(grpo, "train", tiny_train)
+    tools_example = {}
+    exec(_readme_block("Tools are typed functions"), tools_example)
+    assert tools_example["lookup"]("grpo") == "group relative policy optimization"
+    env_example = {}
+    exec(_readme_block("An environment is a class"), env_example)
+    env = env_example["Guess"]()
+    env.reset({"answer": "42"})
+    assert env.step([{"role": "assistant", "content": "50"}]) == ([{"role": "user", "content": "lower"}], 0.0, False)
+    assert env.step([{"role": "assistant", "content": "42"}]) == (None, 1.0, True)
