@@ -136,6 +136,7 @@ class Agent:
     turn_discount: float = 1.0
     on_error: str = "zero"
     schemas: list[dict] = field(default_factory=list)  # passed to the template as tools=, when it renders them
+    reencode: bool = False  # encode the whole conversation again each turn (bench/bench_rollout.py's baseline)
 
     def encode(self, tokenizer: object, messages: Messages) -> list[int]:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **self._template_extra())
@@ -181,7 +182,7 @@ class Agent:
             turn = sample_turn(
                 decoder, lm_head, tokenizer, state, max_new_tokens=int(budget.max()), stops=stops,
                 budget=budget.to(device), temperature=temperature, top_p=top_p, top_k=top_k,
-                stop_strings=stop_strings, generator=generator, keep_paused=self.max_turns > 1,
+                stop_strings=stop_strings, generator=generator, keep_paused=self.max_turns > 1 and not self.reencode,
             )
             going, chunks = [], []
             for j, i in enumerate(live):
@@ -204,8 +205,12 @@ class Agent:
                 chunks.append([int(ids[-1]), *env_ids])  # the turn's last token was never run
             if not going:
                 break
-            state = prefill(decoder, lm_head, resume(turn.paused, going), chunks, tokenizer.pad_token_id)
             live = [live[j] for j in going]
+            if self.reencode:
+                conversations = [prompts[i // group_size] + record.ids[i] for i in live]
+                state = start_state(decoder, lm_head, conversations, 1, tokenizer.pad_token_id)
+            else:
+                state = prefill(decoder, lm_head, resume(turn.paused, going), chunks, tokenizer.pad_token_id)
         for episode, env in zip(episodes, envs, strict=True):
             episode.stats.update(getattr(env, "stats", {}))
         return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, device)

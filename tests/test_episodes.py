@@ -131,3 +131,16 @@ def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, toke
 def test_episode_record_keeps_the_opening_apart():
     e = Episode([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], opening=1)
     assert e.transcript() == [{"role": "assistant", "content": "a"}]
+
+
+def test_continued_cache_and_reencoding_sample_the_same_greedy_episodes(tiny_model, tokenizer):
+    def greedy(reencode):
+        agent = Agent(Echo, max_turns=4, max_episode_tokens=200, reencode=reencode)
+        # the random tiny model's greedy turns are newlines: three end a turn
+        return agent.run(tiny_model, tokenizer, ROWS, group_size=2, max_new_tokens=12, stop_strings=("\n\n\n",),
+                         temperature=0.0)
+
+    a, b = greedy(False), greedy(True)
+    assert max(e.turns for e in a.episodes) >= 2
+    assert [e.messages for e in a.episodes] == [e.messages for e in b.episodes]
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)

@@ -83,7 +83,8 @@ def calc(heldout_size: int = 256) -> Task:
     rng.shuffle(rows)
     return Task(
         "calc", rows[heldout_size:], rows[:heldout_size], calc_reward, SYSTEM_PROMPT,
-        # a call is about 20 tokens, the answer under 10; the call, its result and the answer are 2 turns
-        defaults={"max_new_tokens": 32, "max_turns": 3},
+        # a call is about 20 tokens, the answer under 10: the call and, after its result, the answer are
+        # 2 turns; a third turn (after an error) rarely rescued an episode and cost the most tokens
+        defaults={"max_new_tokens": 32, "max_turns": 2},
         tools=(calculator,),
     )
