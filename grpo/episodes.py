@@ -137,6 +137,7 @@ class Agent:
     on_error: str = "zero"
     schemas: list[dict] = field(default_factory=list)  # passed to the template as tools=, when it renders them
     reencode: bool = False  # encode the whole conversation again each turn (bench/bench_rollout.py's baseline)
+    warned: bool = field(default=False, repr=False)  # an environment's first raise was reported
 
     def encode(self, tokenizer: object, messages: Messages) -> list[int]:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **self._template_extra())
@@ -150,8 +151,8 @@ class Agent:
         except Exception as err:
             if self.on_error == "raise":
                 raise EpisodeError(f"environment {fn.__qualname__} raised (on_error='raise'): {err}") from err
-            if not getattr(self, "_warned", False):
-                self._warned = True
+            if not self.warned:
+                self.warned = True
                 warnings.warn(f"environment {fn.__qualname__} raised; the episode ends with reward 0 (later "
                               f"ones are counted in env_errors):\n{traceback.format_exc()}", RuntimeWarning,
                               stacklevel=2)

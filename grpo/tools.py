@@ -29,6 +29,7 @@ import inspect
 import json
 import multiprocessing as mp
 import re
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,8 +140,15 @@ class ToolResult:
 
 
 def _worker_loop(conn: Connection, fns: Sequence[Callable]) -> None:
+    # Ctrl-C and SIGTERM reach the whole process group: the trainer finishes its step, so its tools must live
+    # on; a worker ends when the trainer closes the pipe (or exits: recv() then fails)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     while True:
-        job = conn.recv()
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
         if job is None:
             return
         job_id, k, args, kwargs = job
@@ -181,6 +189,14 @@ class ToolBox:
         proc.join()
         conn.close()
         self.workers[i] = self._start()
+
+    def _send(self, i: int, job: tuple) -> None:
+        """Give worker i a job; a worker that died while idle (a signal, the OOM killer) is replaced first."""
+        try:
+            self.workers[i][1].send(job)
+        except OSError:  # BrokenPipeError: its end of the pipe is gone
+            self._replace(i)
+            self.workers[i][1].send(job)
 
     def describe(self) -> str:
         """The tools in the plain tag format, for a system message (templates without tools)."""
@@ -228,8 +244,7 @@ class ToolBox:
             for i in range(len(self.workers)):
                 if i not in busy and todo:
                     j = todo.pop()
-                    call = calls[j]
-                    self.workers[i][1].send((j, self.order.index(call.name), call.args, dict(call.kwargs)))
+                    self._send(i, (j, self.order.index(calls[j].name), calls[j].args, dict(calls[j].kwargs)))
                     busy[i] = (j, time.monotonic() + self.timeout)
             conns = {self.workers[i][1]: i for i in busy}
             deadline = min(d for _, d in busy.values())

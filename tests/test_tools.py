@@ -116,3 +116,16 @@ def test_load_functions_from_a_file(tmp_path):
         load_functions(f"{path}:g")
     with pytest.raises(ToolError, match="does not exist"):
         load_functions("nowhere.py:f")
+
+
+def test_a_worker_killed_while_idle_is_replaced():
+    import os
+    import signal
+
+    box = ToolBox([lookup], timeout=2.0)
+    try:
+        os.kill(box.workers[0][0].pid, signal.SIGKILL)
+        box.workers[0][0].join(timeout=5)
+        assert box.run([ToolCall("lookup", ("a",))])[0].text == "1"
+    finally:
+        box.close()
