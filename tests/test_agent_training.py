@@ -35,11 +35,11 @@ def double(x: int) -> int:
     return 2 * x
 
 
-def agent_trainer(env=Talk, tools=None, task=None, **kw) -> GRPOTrainer:
+def agent_trainer(env=Talk, tools=None, task=None, env_spec="", tools_spec="", **kw) -> GRPOTrainer:
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)
     # any "a" ends a turn, so the random tiny model takes several
-    config = tiny_config(stop=("a",), max_new_tokens=8, max_turns=3, **kw)
+    config = tiny_config(stop=("a",), max_new_tokens=8, max_turns=3, env=env_spec, tools=tools_spec, **kw)
     return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task or tiny_task(), env=env, tools=tools,
                        progress=False)
 
@@ -113,3 +113,20 @@ def test_readme_examples_run(monkeypatch, tmp_path):
     env.reset({"answer": "42"})
     assert env.step([{"role": "assistant", "content": "50"}]) == ([{"role": "user", "content": "lower"}], 0.0, False)
     assert env.step([{"role": "assistant", "content": "42"}]) == (None, 1.0, True)
+
+
+def test_env_and_tools_options_load_from_files(tmp_path):
+    """--env path.py:Class and --tools path.py:fn, as the command line gives them."""
+    (tmp_path / "my_env.py").write_text(
+        "class Once:\n"
+        "    def reset(self, example):\n        return [{'role': 'user', 'content': example['prompt']}]\n"
+        "    def step(self, messages):\n        return None, 0.5, True\n")
+    trainer = agent_trainer(env=None, env_spec=f"{tmp_path / 'my_env.py'}:Once")
+    episodes = trainer.agent.run(trainer.model, trainer.tokenizer, trainer.task.train[:1], group_size=2,
+                                 max_new_tokens=4, stop_strings=("a",)).episodes
+    assert all(e.reward == 0.5 or e.turns == 1 for e in episodes)
+    trainer = agent_trainer(env=None, tools_spec="grpo.tasks.calc:calculator")
+    try:
+        assert trainer.toolbox.order == ["calculator"]
+    finally:
+        trainer.toolbox.close()
