@@ -342,6 +342,9 @@ def _eval_task(args: argparse.Namespace) -> Task:
 
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
+        if task.tools or task.env:
+            raise ConfigError(f"grpo eval does not run episodes yet: {task.name} uses tools or an environment; "
+                              "a run's held-out accuracy with them is in its summary.json")
         return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt,
                     task.defaults)
     rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,

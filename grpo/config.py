@@ -45,7 +45,13 @@ class TrainConfig:
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
     reward_workers: int = field(**_doc("worker processes computing rewards (0: in the trainer's process, no timeout)", default=2))
     reward_timeout: float = field(**_doc("seconds one reward call may take before it counts as an error", default=30.0))
-    on_error: str = field(**_doc("a reward call that raises or times out: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
+    on_error: str = field(**_doc("a reward call that raises or times out, or an environment that raises: zero (score 0, count, warn) or raise (stop the run)", default="zero"))
+    tools: str = field(**_doc("tools the policy may call, path/to/file.py:fn1,fn2 or module:fn1 (typed functions with docstrings); empty: the task's own; none: the task's tools withheld (calls get an error: the control run)", default=""))
+    env: str = field(**_doc("environment class, path/to/file.py:Class or module:Class, with reset(example) -> messages and step(messages) -> (reply, reward, done); one instance per episode", default=""))
+    max_turns: int = field(**_doc("most policy turns per episode (0: the task's own setting, else 4 with tools or an environment; a task without either is single-turn)", default=0))
+    max_episode_tokens: int = field(**_doc("most tokens per episode after the prompt, the environment's included (0: max_turns x (max_new_tokens + 64))", default=0))
+    turn_discount: float = field(**_doc("an environment's reward for turn k counts turn_discount ** (k - 1)", default=1.0))
+    tool_timeout: float = field(**_doc("seconds a tool call may take before the model gets a timeout error", default=10.0))
     sandbox: str = field(**_doc("how code rewards run untrusted code: strict (bubblewrap: own namespaces, read-only system, no network, no parent's files) or weak (an in-process guard the code can defeat; for machines without bubblewrap, with a warning)", default="strict"))
     steps: int = field(**_doc("number of GRPO steps, one batch of prompts each (0: the task's setting, see `grpo tasks`; 20 for a task without one)", default=0))
     minutes: float = field(**_doc("end training before a step that would end past this many minutes of training; the final evaluation still runs (0: no limit; for --data without --steps, the data's setting: 10)", default=0.0))
@@ -115,14 +121,14 @@ class TrainConfig:
     def _check_ranges(self) -> None:
         positive = ("prompts_per_step", "epochs", "minibatches",
                     "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
-                    "reward_timeout", "max_gen_rounds", "sampler_half_life", "no_signal_steps", "preflight_prompts")
+                    "reward_timeout", "tool_timeout", "max_gen_rounds", "sampler_half_life", "no_signal_steps", "preflight_prompts")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
-                        "reward_workers")
+                        "reward_workers", "max_turns", "max_episode_tokens")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -158,7 +164,7 @@ class TrainConfig:
             raise ConfigError(f"eval_k must lie in 1..eval_samples ({self.eval_samples}), got {list(self.eval_k)}")
 
     def _check_fractions(self) -> None:
-        for name in ("explore_frac",):
+        for name in ("explore_frac", "turn_discount"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from grpo.episodes import Agent, Episode, episode_total
 from grpo.rollout import generate
 
 RewardFn = Callable[[str, Mapping], float]
@@ -107,28 +108,40 @@ def completions(
     streams: Tensor | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
-) -> tuple[list[str], list[bool]]:
-    """``samples`` completions per prompt (grouped by prompt) and whether each hit the token limit;
-    temperature 0 is greedy. ``streams`` (len(prompts) * samples, 2): each completion's random
-    stream (grpo/streams.py), else they draw from ``generator``."""
+    agent: Agent | None = None,
+    rows: Sequence[Mapping] = (),
+) -> tuple[list[str], list[bool], list[Episode | None]]:
+    """``samples`` completions per prompt (grouped by prompt), whether each hit the token limit, and each
+    one's episode record (None for a single-turn task); temperature 0 is greedy. With an ``agent`` each
+    completion is an episode opened from its row (``rows``), and its text is the last policy turn.
+    ``streams`` (len(prompts) * samples, 2): each completion's random stream (grpo/streams.py), else
+    they draw from ``generator``."""
     was_training = model.training
     model.eval()
     texts: list[str] = []
     truncated: list[bool] = []
+    episodes: list[Episode | None] = []
     per_batch = max(1, batch_size // samples)
     for i in range(0, len(prompts), per_batch):
         batch = prompts[i : i + per_batch]
-        rollout = generate(
-            model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, generator=generator, stop_strings=stop_strings,
-            streams=None if streams is None else streams[i * samples : (i + len(batch)) * samples],
-        )
+        part = None if streams is None else streams[i * samples : (i + len(batch)) * samples]
+        if agent is None:
+            rollout = generate(
+                model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
+                temperature=temperature, generator=generator, stop_strings=stop_strings, streams=part,
+            )
+        else:
+            rollout = agent.run(
+                model, tokenizer, rows[i : i + per_batch], group_size=samples, max_new_tokens=max_new_tokens,
+                temperature=temperature, generator=generator, stop_strings=stop_strings, streams=part,
+            )
         texts.extend(rollout.texts)
         truncated.extend(rollout.truncated.tolist())
+        episodes.extend(rollout.episodes or [None] * len(rollout.texts))
         if on_batch is not None:
             on_batch(len(batch))
     model.train(was_training)
-    return texts, truncated
+    return texts, truncated, episodes
 
 
 def scored_rows(rows: Sequence[Mapping], truncated: Sequence[bool], samples: int = 1) -> list[Mapping]:
@@ -147,15 +160,17 @@ def greedy_accuracy(
     batch_size: int = 128,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
+    agent: Agent | None = None,
 ) -> tuple[float, list[str], list[bool]]:
     """Fraction of prompts whose greedy completion earns the checker's full reward (1.0); the completions;
-    which prompts earned it."""
-    texts, truncated = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
-                                   temperature=0.0, batch_size=batch_size, on_batch=on_batch,
-                                   stop_strings=stop_strings)
+    which prompts earned it. An episode's reward adds the environment's to the checker's."""
+    texts, truncated, extra = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
+                                          temperature=0.0, batch_size=batch_size, on_batch=on_batch,
+                                          stop_strings=stop_strings, agent=agent, rows=rows)
     if not texts:
         return 0.0, texts, []
-    solved = [reward(t, row) >= 1.0 for t, row in zip(texts, scored_rows(rows, truncated), strict=True)]
+    marked = scored_rows(rows, truncated)
+    solved = [episode_total(reward(t, row), e) >= 1.0 for t, row, e in zip(texts, marked, extra, strict=True)]
     return sum(solved) / len(texts), texts, solved
 
 
@@ -175,6 +190,7 @@ def evaluate(
     streams: Tensor | None = None,
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
+    agent: Agent | None = None,
 ) -> EvalResult:
     """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n), sampled
     with ``generator`` or, one per completion, ``streams`` (len(prompts) * n, 2)."""
@@ -182,18 +198,21 @@ def evaluate(
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
     acc, _, solved = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings)
+                                     batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings,
+                                     agent=agent)
     if not samples or not prompts:
         return EvalResult(acc, len(prompts), solved=tuple(solved))
-    texts, truncated = completions(model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, batch_size=batch_size, generator=generator,
-                                   streams=streams, on_batch=on_batch, stop_strings=stop_strings)
+    texts, truncated, extra = completions(
+        model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
+        batch_size=batch_size, generator=generator, streams=streams, on_batch=on_batch, stop_strings=stop_strings,
+        agent=agent, rows=rows)
     marked = scored_rows(rows, truncated, samples)
     pass_sums = dict.fromkeys(ks, 0.0)
     maj_sums = dict.fromkeys(ks, 0.0)
     for p in range(len(rows)):
         group = texts[p * samples : (p + 1) * samples]
-        correct = [reward(t, r) >= 1.0 for t, r in zip(group, marked[p * samples : (p + 1) * samples], strict=True)]
+        block = slice(p * samples, (p + 1) * samples)
+        correct = [episode_total(reward(t, r), e) >= 1.0 for t, r, e in zip(group, marked[block], extra[block], strict=True)]
         answers = [answer_key(t) for t in group]
         for k in ks:
             pass_sums[k] += pass_at_k(samples, sum(correct), k)

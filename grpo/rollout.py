@@ -19,7 +19,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -30,26 +30,42 @@ from grpo.streams import stream_uniforms
 
 @dataclass
 class Rollout:
-    """What one step sampled: B prompts, G completions each, as N = B*G rows."""
+    """What one step sampled: B prompts, G episodes each, as N = B*G rows.
+
+    A row is everything after the prompt: the policy's tokens and, in a
+    multi-turn episode, the environment's (tool results, feedback) between
+    its turns. ``mask`` marks the policy's tokens, the only ones the loss and
+    the KL see; ``env_mask`` the environment's, which are context only. A
+    single-turn row is all policy tokens (``env_mask`` None).
+    """
 
     prompt_ids: list[list[int]]  # B prompts' token ids
-    completion_ids: Tensor  # (N, T) sampled tokens, pad after the end
-    mask: Tensor  # (N, T) 1.0 on completion tokens (the stop token included)
-    logprobs: Tensor  # (N, T) log-probs of the sampled tokens at sampling time
-    truncated: Tensor  # (N,) bool: ran into max_new_tokens without a stop token
-    texts: list[str]  # N decoded completions
+    completion_ids: Tensor  # (N, T) the tokens after the prompt, pad after the end
+    mask: Tensor  # (N, T) 1.0 on tokens the policy sampled (each turn's stop token included)
+    logprobs: Tensor  # (N, T) log-probs of the sampled tokens at sampling time (0 elsewhere)
+    truncated: Tensor  # (N,) bool: a turn ran into its token limit without a stop token
+    texts: list[str]  # N decoded completions (in an episode: the last policy turn, what the task scores)
     group_size: int
+    env_mask: Tensor | None = None  # (N, T) 1.0 on environment tokens (context, not trained)
+    episodes: list | None = None  # N grpo.episodes.Episode records (transcripts, counts), or None
 
     @property
     def lengths(self) -> Tensor:
-        return self.mask.sum(dim=1).long()  # (N,)
+        """(N,) policy tokens per row: what the loss normalises by."""
+        return self.mask.sum(dim=1).long()
+
+    @property
+    def spans(self) -> Tensor:
+        """(N,) tokens per row up to its last policy or environment token: what a forward pass runs."""
+        used = self.mask if self.env_mask is None else self.mask + self.env_mask  # (N, T)
+        last = torch.where(used > 0, torch.arange(1, used.shape[1] + 1, device=used.device), 0)
+        return last.max(dim=1).values.long() if used.shape[1] else used.sum(dim=1).long()
 
     def select_groups(self, groups: Tensor) -> Rollout:
         """The sub-rollout made of the given group indices (whole groups)."""
         g = self.group_size
         rows = (groups.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
-        width = int(self.mask[rows].sum(dim=1).max().item()) if len(rows) else 0
-        width = max(width, 1)
+        width = max(int(self.spans[rows].max().item()) if len(rows) else 0, 1)
         return Rollout(
             prompt_ids=[self.prompt_ids[int(i)] for i in groups],
             completion_ids=self.completion_ids[rows, :width],
@@ -58,6 +74,8 @@ class Rollout:
             truncated=self.truncated[rows],
             texts=[self.texts[int(i)] for i in rows],
             group_size=g,
+            env_mask=None if self.env_mask is None else self.env_mask[rows, :width],
+            episodes=None if self.episodes is None else [self.episodes[int(i)] for i in rows],
         )
 
 
@@ -68,6 +86,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     def cat(name: str, value: float) -> Tensor:
         return torch.cat([F.pad(getattr(r, name), (0, width - r.mask.shape[1]), value=value) for r in parts])
 
+    multi_turn = any(r.env_mask is not None for r in parts)
+    if multi_turn:
+        parts = [r if r.env_mask is not None else replace(r, env_mask=torch.zeros_like(r.mask)) for r in parts]
     return Rollout(
         prompt_ids=[p for r in parts for p in r.prompt_ids],
         completion_ids=cat("completion_ids", pad_id),
@@ -76,6 +97,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         truncated=torch.cat([r.truncated for r in parts]),
         texts=[t for r in parts for t in r.texts],
         group_size=parts[0].group_size,
+        env_mask=cat("env_mask", 0.0) if multi_turn else None,
+        episodes=[e for r in parts for e in r.episodes] if all(r.episodes is not None for r in parts) else None,
     )
 
 
@@ -282,6 +305,165 @@ def end_of_turn_ids(model: nn.Module, tokenizer: object) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
+@dataclass
+class DecodeState:
+    """Where sampling continues from, one row per sequence."""
+
+    cache: object  # a transformers Cache of every row's tokens so far
+    attn: Tensor  # (n, L) key mask over the cached positions (0: padding, also between turns)
+    next_pos: Tensor  # (n,) position id of the next token fed
+    logits: Tensor | None  # (n, V) logits of the next token; None for a paused state
+
+
+@dataclass
+class Turn:
+    """One turn sampled for n rows, and the states it left them in."""
+
+    tokens: Tensor  # (n, T) sampled tokens, pad after each row's end
+    logprobs: Tensor  # (n, T) their log-probs at sampling time, 0 after the end
+    lengths: Tensor  # (n,)
+    stopped: Tensor  # (n,) bool: ended on a stop token or string (else on the token limit)
+    paused: list[tuple[Tensor, DecodeState]]  # (rows, their state) without each row's last token fed
+
+
+def sample_turn(
+    decoder: nn.Module,
+    lm_head: nn.Module,
+    tokenizer: object,
+    state: DecodeState,
+    *,
+    max_new_tokens: int,
+    stops: Tensor,
+    budget: Tensor | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_strings: tuple[str, ...] = (),
+    generator: torch.Generator | None = None,
+    streams: Tensor | None = None,
+    drawn: Tensor | None = None,
+    stop_early: Callable[[int, int], bool] | None = None,
+    keep_paused: bool = False,
+) -> Turn:
+    """Sample one turn for every row of ``state`` (consumed) until each stops.
+
+    A row ends at a stop token, at the token that completes one of
+    ``stop_strings``, at its own ``budget`` of tokens (n,) or at
+    max_new_tokens. Rows that end leave the decoding batch; with
+    ``keep_paused`` their cache is kept aside (``Turn.paused``) so that an
+    episode can continue it (see :func:`resume`).
+    ``streams`` (n, 2): each row's random stream (grpo/streams.py), drawn at
+    counter ``drawn`` (n,) + t for its t-th token of the turn (``drawn``: the
+    tokens its episode sampled in earlier turns, so no number is used twice);
+    without it rows draw from ``generator``.
+    """
+    device = state.attn.device
+    pad_id = tokenizer.pad_token_id
+    cache, attn, next_pos, logits = state.cache, state.attn, state.next_pos, state.logits
+    n = attn.shape[0]
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((n, max_new_tokens), device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    stopped = torch.zeros(n, dtype=torch.bool, device=device)
+    paused: list[tuple[Tensor, DecodeState]] = []
+    active = torch.arange(n, device=device)  # rows of the full batch still decoding
+    for t in range(max_new_tokens):
+        uniforms = None
+        if streams is not None:  # (len(active),)
+            uniforms = stream_uniforms(streams[active], t if drawn is None else drawn[active] + t)
+        token, logp = sample_next(
+            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, uniforms=uniforms
+        )
+        tokens[active, t] = token
+        logprobs[active, t] = logp
+        lengths[active] = t + 1
+        done = torch.isin(token, stops)
+        if stop_strings:
+            done |= _ends_with_stop(tokenizer, tokens[active, : t + 1], stop_strings)
+        stopped[active[done]] = True
+        if budget is not None:
+            done |= budget[active] <= t + 1
+        last = t == max_new_tokens - 1 or bool(done.all())
+        if last or (stop_early is not None and stop_early(t + 1, int((~done).sum()))):
+            if keep_paused:
+                paused.append((active, DecodeState(cache, attn, next_pos, None)))
+            break
+        if bool(done.any()):
+            if keep_paused:
+                ended = done.nonzero().squeeze(1)
+                paused.append((active[ended], DecodeState(
+                    _select_rows(cache, ended), attn[ended], next_pos[ended], None)))
+            keep = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
+        attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
+        out = decode(
+            decoder,
+            cache,
+            input_ids=token.unsqueeze(1),
+            attention_mask=attn,
+            position_ids=next_pos.unsqueeze(1),
+            use_cache=True,
+        )
+        cache = out.cache
+        logits = lm_head(out.last_hidden_state[:, -1])
+        next_pos = next_pos + 1
+    return Turn(tokens, logprobs, lengths, stopped, paused)
+
+
+def resume(paused: list[tuple[Tensor, DecodeState]], rows: list[int]) -> DecodeState:
+    """One decoding state for the given rows (in that order), gathered from their paused states.
+
+    The parts hold caches of different lengths: each is left-padded with
+    masked positions to the longest, so a row's keys are [padding][its
+    tokens]; position ids are the rows' own, so the holes change nothing.
+    """
+    from transformers import DynamicCache
+
+    wanted = {r: i for i, r in enumerate(rows)}
+    parts = []  # (indices into the part's rows, order in the result, state)
+    for part_rows, st in paused:
+        pick = [j for j, r in enumerate(part_rows.tolist()) if r in wanted]
+        if pick:
+            parts.append((torch.tensor(pick), [wanted[int(part_rows[j])] for j in pick], st))
+    width = max(st.attn.shape[1] for _, _, st in parts)
+    order = torch.tensor([k for _, ks, _ in parts for k in ks]).argsort()
+    attn = torch.cat([F.pad(st.attn[pick], (width - st.attn.shape[1], 0)) for pick, _, st in parts])[order]
+    next_pos = torch.cat([st.next_pos[pick] for pick, _, st in parts])[order]
+    cache = DynamicCache()
+    for layer in range(len(parts[0][2].cache.layers)):
+        kv = []
+        for name in ("keys", "values"):
+            kv.append(torch.cat([
+                F.pad(getattr(st.cache.layers[layer], name)[pick.to(attn.device)],
+                      (0, 0, width - st.attn.shape[1], 0))
+                for pick, _, st in parts])[order])
+        cache.update(kv[0], kv[1], layer)
+    return DecodeState(cache, attn, next_pos, None)
+
+
+def prefill(
+    decoder: nn.Module, lm_head: nn.Module, state: DecodeState, chunks: list[list[int]], pad_id: int
+) -> DecodeState:
+    """Run each row's new tokens (r rows, any lengths >= 1) onto its cache; return where sampling continues.
+
+    The chunks are left-padded to one block, so every row's last column is
+    a real token and its hidden state gives the next token's logits.
+    """
+    ids, block = left_pad(chunks, pad_id, state.attn.device)  # (r, W)
+    attn = torch.cat([state.attn, block], dim=1)
+    pos = state.next_pos.unsqueeze(1) + _positions(block)  # (r, W)
+    out = decode(decoder, state.cache, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+    return DecodeState(out.cache, attn, state.next_pos + block.sum(dim=1), lm_head(out.last_hidden_state[:, -1]))
+
+
+def start_state(decoder: nn.Module, lm_head: nn.Module, prompt_ids: list[list[int]], group_size: int,
+                pad_id: int) -> DecodeState:
+    """The B prompts run once, their state repeated for the G rows of each group."""
+    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
+    return DecodeState(state.cache, state.attn, state.next_pos, lm_head(state.last_hidden))
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -309,69 +491,32 @@ def generate(
     once, as if that were the limit (the pre-flight check's token-limit fit).
     ``streams`` (N, 2), one key per row (grpo/streams.py), gives each row its own
     random numbers, whatever else is in the batch; without it rows draw from ``generator``.
+    A single-turn episode (grpo/episodes.py) is exactly this.
     """
     check_supported(model)
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id
     stops = torch.tensor(
         stop_token_ids if stop_token_ids is not None else end_of_turn_ids(model, tokenizer), device=device
     )
-    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
-    cache, attn, next_pos = state.cache, state.attn, state.next_pos
-    logits = lm_head(state.last_hidden)  # (N, V)
-
-    n = len(prompt_ids) * group_size
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((n, max_new_tokens), device=device)
-    lengths = torch.zeros(n, dtype=torch.long, device=device)
-    stopped = torch.zeros(n, dtype=torch.bool, device=device)
-    active = torch.arange(n, device=device)  # rows of the full batch still decoding
-    for t in range(max_new_tokens):
-        uniforms = None if streams is None else stream_uniforms(streams[active], t)  # (n,)
-        token, logp = sample_next(
-            logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, uniforms=uniforms
-        )
-        tokens[active, t] = token
-        logprobs[active, t] = logp
-        lengths[active] = t + 1
-        done = torch.isin(token, stops)
-        if stop_strings:
-            done |= _ends_with_stop(tokenizer, tokens[active, : t + 1], stop_strings)
-        stopped[active[done]] = True
-        if t == max_new_tokens - 1 or bool(done.all()):
-            break
-        if stop_early is not None and stop_early(t + 1, int((~done).sum())):
-            break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
-        attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-        out = decode(
-            decoder,
-            cache,
-            input_ids=token.unsqueeze(1),
-            attention_mask=attn,
-            position_ids=next_pos.unsqueeze(1),
-            use_cache=True,
-        )
-        cache = out.cache
-        logits = lm_head(out.last_hidden_state[:, -1])
-        next_pos = next_pos + 1
-
-    width = max(int(lengths.max().item()), 1)
-    mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).float()  # (N, T)
-    tokens, logprobs = tokens[:, :width], logprobs[:, :width] * mask
+    state = start_state(decoder, lm_head, prompt_ids, group_size, tokenizer.pad_token_id)
+    turn = sample_turn(
+        decoder, lm_head, tokenizer, state, max_new_tokens=max_new_tokens, stops=stops,
+        temperature=temperature, top_p=top_p, top_k=top_k, stop_strings=stop_strings, generator=generator,
+        stop_early=stop_early, streams=streams,
+    )
+    width = max(int(turn.lengths.max().item()), 1)
+    mask = (torch.arange(width, device=device) < turn.lengths.unsqueeze(1)).float()  # (N, T)
+    tokens, logprobs = turn.tokens[:, :width], turn.logprobs[:, :width] * mask
     texts = tokenizer.batch_decode(
-        [row[: int(k)].tolist() for row, k in zip(tokens, lengths, strict=False)], skip_special_tokens=True
+        [row[: int(k)].tolist() for row, k in zip(tokens, turn.lengths, strict=False)], skip_special_tokens=True
     )
     return Rollout(
         prompt_ids=[list(p) for p in prompt_ids],
         completion_ids=tokens,
         mask=mask,
         logprobs=logprobs,
-        truncated=~stopped,
+        truncated=~turn.stopped,
         texts=texts,
         group_size=group_size,
     )
@@ -577,15 +722,20 @@ def rollout_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """Current-policy log-probs (and entropy) of a rollout's sampled tokens, (N, T), 0 after each end.
 
-    Only real tokens are run through the output layer: padding costs neither
-    logits nor memory.
+    Each row runs in full (policy and environment tokens, as the episode
+    saw them), but only the policy's tokens go through the output layer:
+    environment tokens and padding cost neither logits nor memory, and their
+    log-probs are 0.
     """
     n, t = rollout.completion_ids.shape
     with grouped_kv_attention(rollout.completion_ids.device):
         hidden, places = completion_hidden(
-            model, rollout.prompt_ids, rollout.completion_ids, rollout.lengths, rollout.group_size, pad_id,
+            model, rollout.prompt_ids, rollout.completion_ids, rollout.spans, rollout.group_size, pad_id,
             share_prefix=share_prefix,
         )
+    if rollout.env_mask is not None:  # environment tokens are context: no logits, no loss, no KL
+        policy = rollout.mask.reshape(-1)[places] > 0
+        hidden, places = hidden[policy], places[policy]
     logp, ent = token_logprobs(
         hidden, model.get_output_embeddings(), rollout.completion_ids.reshape(-1)[places],
         temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy,

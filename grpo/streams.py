@@ -58,11 +58,16 @@ def stream_keys(*parts: int | Tensor) -> Tensor:
     return torch.stack(lanes, dim=1)  # (n, 2)
 
 
-def stream_uniforms(keys: Tensor, position: int) -> Tensor:
-    """Each stream's uniform number in [0, 1) at ``position`` (a token index): keys (n, 2) -> (n,) float32.
+def stream_uniforms(keys: Tensor, position: int | Tensor) -> Tensor:
+    """Each stream's uniform number in [0, 1) at ``position`` (a token index, or one per stream (n,)):
+    keys (n, 2) -> (n,) float32.
 
     24 bits, the resolution of ``torch.rand`` in float32.
     """
-    h = _mix(keys[:, 0] ^ _mix(torch.full_like(keys[:, 0], position & _M32)))
+    if isinstance(position, Tensor):
+        at = position.to(keys.dtype) & _M32
+    else:
+        at = torch.full_like(keys[:, 0], position & _M32)
+    h = _mix(keys[:, 0] ^ _mix(at))
     h = _mix(h ^ keys[:, 1])
     return (h >> 8).float() * (1.0 / (1 << 24))

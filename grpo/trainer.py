@@ -71,6 +71,7 @@ from grpo.distributed import (
     to_float,
     training_state,
 )
+from grpo.episodes import Agent, ToolEnv, episode_metrics, episode_total, template_features
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
@@ -84,6 +85,7 @@ from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
+from grpo.tools import ToolBox, load_functions
 
 RewardFn = Callable[[str, Mapping], float]
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
@@ -215,6 +217,11 @@ def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
     if not values.get("max_new_tokens", config.max_new_tokens):
         values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
     steps = values.setdefault("steps", config.steps or DEFAULT_STEPS)
+    agentic = bool(task.tools or task.env or config.tools or config.env)
+    turns = values.get("max_turns", config.max_turns) or (4 if agentic else 1)
+    values["max_turns"] = turns
+    if not config.max_episode_tokens:
+        values["max_episode_tokens"] = turns * (values.get("max_new_tokens", config.max_new_tokens) + 64)
     if config.alarm_window == 0:
         values["alarm_window"] = alarm_window_for(steps)
     return replace(config, **values)
@@ -268,6 +275,8 @@ class GRPOTrainer:
         rewards: Sequence[RewardFn | str] | None = None,
         progress: bool = True,
         world: World | None = None,
+        tools: Sequence[Callable] | None = None,
+        env: Callable | None = None,
     ) -> None:
         self.progress = progress
         self.task = task if task is not None else load_task(
@@ -282,7 +291,8 @@ class GRPOTrainer:
         self.config = config = settle_config(config, self.task)
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
         self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
-        if needs_sandbox(self.reward_fns):  # process-wide, before the reward workers fork, so they inherit it
+        # process-wide, before the reward workers fork, so they inherit it
+        if needs_sandbox([*self.reward_fns, *([self.task.env] if self.task.env else [])]):
             set_sandbox(check_sandbox(config.sandbox))
         weights = config.reward_weights or (1.0,) * len(self.reward_fns)
         style = config.reward_style if reward_specs else "auto"
@@ -312,6 +322,7 @@ class GRPOTrainer:
         if config.lora_rank > 0:
             model = add_lora(model, config.lora_rank, config.lora_alpha or None)
         self.model, self.tokenizer = model, tokenizer
+        self.agent = self._agent(tools, env)  # None: single-turn (the one-turn episode is plain sampling)
         self.world.broadcast_parameters(model)
         self.reference = self._reference_model()
         self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
@@ -330,6 +341,32 @@ class GRPOTrainer:
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
+
+    def _agent(self, tools: Sequence[Callable] | None, env: Callable | None) -> Agent | None:
+        """How episodes run: the given, configured or task's environment, else the given, configured or
+        task's tools as a ToolEnv; None (single-turn) when there is neither."""
+        cfg, task = self.config, self.task
+        make_env = env or (load_functions(cfg.env, "environment")[0] if cfg.env else None) or task.env
+        withheld = cfg.tools == "none"
+        if tools is None:
+            tools = load_functions(cfg.tools) if cfg.tools and not withheld else list(task.tools)
+        if make_env is not None and tools:
+            raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+        schemas: list[dict] = []
+        if make_env is None:
+            if not tools:
+                return None
+            box = self.toolbox = ToolBox(tools, timeout=cfg.tool_timeout, withheld=withheld)
+            native, role = template_features(self.tokenizer, box.schemas)
+            schemas = box.schemas if native else []
+
+            def make_env() -> ToolEnv:  # one per episode
+                return ToolEnv(box, task.messages, role, native)
+
+        return Agent(make_env, max_turns=cfg.max_turns, max_episode_tokens=cfg.max_episode_tokens,
+                     turn_discount=cfg.turn_discount, on_error=cfg.on_error, schemas=schemas)
+
+    toolbox: ToolBox | None = None
 
     def _reference_model(self) -> Policy | None:
         """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
@@ -377,6 +414,7 @@ class GRPOTrainer:
             "completion_len_max": batch.generated_lengths().max().item(),
             "truncated_frac": torch.cat([r.truncated for r in batch.rounds]).float().mean().item(),
             "repeat_ngram_frac": repeated_ngram_frac(batch.rollout.completion_ids, batch.rollout.mask),
+            **self._episode_metrics(batch),
             **{k: v for k, v in vars(stats).items()},
             "lr": self.learning_rate(step),
             "time_generate": t_gen,
@@ -493,18 +531,24 @@ class GRPOTrainer:
         cfg = self.config
         t0 = time.perf_counter()
         self.model.eval()
+        sampling = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                        top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
         with self.autocast:
-            rollout = self.policy.without_grad(
-                generate, self.tokenizer, [self.train_prompts[i] for i in prompts],
-                group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                stop_strings=cfg.stop, generator=generator, streams=streams, stop_early=stop_early,
-            )
+            if self.agent is None:  # single-turn: each episode is one sampled completion
+                rollout = self.policy.without_grad(
+                    generate, self.tokenizer, [self.train_prompts[i] for i in prompts], stop_early=stop_early,
+                    streams=streams, **sampling)
+            else:
+                rollout = self.policy.without_grad(
+                    self.agent.run, self.tokenizer, [self.task.train[i] for i in prompts], streams=streams,
+                    **sampling)
         seconds = time.perf_counter() - t0
         group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
-        ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)]
+        ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
         rewards, metrics = self.score(
             rollout.texts, group_rows, rollout.lengths.tolist(), ids, truncated=rollout.truncated.tolist())
+        if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
+            rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
         return rollout, rewards, metrics, seconds
 
     def _group_metrics(self, batch: Batch, advantages: Tensor, seconds_generate: float) -> dict[str, float]:
@@ -548,6 +592,19 @@ class GRPOTrainer:
         if cfg.sampler != "uniform":
             out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn
         return out
+
+    def _episode_metrics(self, batch: Batch) -> dict[str, float]:
+        """Turns, tool use, errors and environment time over every episode generated this step (summed
+        over processes); nothing for a single-turn run."""
+        if self.agent is None:
+            return {}
+        own = episode_metrics([e for r in batch.rounds for e in r.rollout.episodes or []])
+        n = sum(len(r.rollout.texts) for r in batch.rounds)
+        means = ("turns_per_episode", "tool_calls_per_episode", "env_token_frac")
+        totals = self.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in own] + [n],
+                                             dtype=torch.float64)).tolist()
+        count = max(totals[-1], 1.0)
+        return {k: v / count if k in means else v for k, v in zip(own, totals[:-1], strict=True)}
 
     def _best_completions(self, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
         """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
@@ -718,7 +775,7 @@ class GRPOTrainer:
                 evaluate, self.tokenizer, prompts, rows, self.task.reward,
                 max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
                 samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
-                streams=streams, on_batch=on_batch, stop_strings=cfg.stop,
+                streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=self.agent,
             )
         if size == 1:
             return mine
@@ -738,9 +795,13 @@ class GRPOTrainer:
         (each process's, gathered by rank 0 in batch order)."""
         g = self.config.group_size
         first = self.world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
+        episodes = batch.rollout.episodes
         lines = [json.dumps({
             "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")), "completion": text,
             "reward": batch.rewards[first + i].item(), "advantage": advantages[first + i].item(),
+            # the whole episode after the prompt, role-tagged
+            **({} if episodes is None else {"transcript": episodes[i].transcript(), "turns": episodes[i].turns,
+                                            "env_error": episodes[i].env_error}),
         }) for i, (row, text) in enumerate(zip([r for r in batch.rows for _ in range(g)], batch.rollout.texts,
                                                 strict=True))]
         lines = [line for part in self.world.gather_objects(lines) for line in part]
@@ -1015,9 +1076,17 @@ def train(
     rewards: Sequence[RewardFn | str] | None = None,
     run_dir: str | Path | None = None,
     progress: bool = True,
+    tools: Sequence[Callable] | None = None,
+    env: Callable | None = None,
     **overrides: object,
 ) -> dict:
-    """Python entry point: ``grpo.train(TrainConfig(steps=10), rewards=[my_reward])``."""
+    """Python entry point: ``grpo.train(TrainConfig(steps=10), rewards=[my_reward])``; ``tools=[fn, ...]``
+    or ``env=MyEnv`` (a class or factory: one environment per episode) make the episodes multi-turn."""
     config = replace(config or TrainConfig(), **overrides)
-    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task, rewards=rewards, progress=progress)
-    return trainer.train(Path(run_dir) if run_dir is not None else None)
+    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task, rewards=rewards, progress=progress,
+                          tools=tools, env=env)
+    try:
+        return trainer.train(Path(run_dir) if run_dir is not None else None)
+    finally:
+        if trainer.toolbox is not None:
+            trainer.toolbox.close()

@@ -12,7 +12,7 @@ from grpo.config import TrainConfig
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
-TIMING = ("time_generate", "time_generate_zero_var", "time_reward", "time_update", "time_step", "time_eval", "tokens_per_second")
+TIMING = ("seconds_env", "seconds_tools", "time_generate", "time_generate_zero_var", "time_reward", "time_update", "time_step", "time_eval", "tokens_per_second")
 
 
 def count_a(completion, example):

@@ -25,7 +25,7 @@ def load_task(
             heldout = heldout_rows(eval_data, "", heldout_size, prompt_field=prompt_field, answer_field=answer_field,
                                    prompt_template=prompt_template, require_answer=require_answer)
         return Task(built.name, built.train, heldout, built.reward, system_prompt or built.system_prompt,
-                    built.defaults)
+                    built.defaults, built.tools, built.env)
     from grpo.rewards.math import math_answer
 
     return dataset_task(data, reward=math_answer, heldout_size=heldout_size, prompt_field=prompt_field,

@@ -15,7 +15,8 @@ class TaskError(ValueError):
 @dataclass(frozen=True)
 class Task:
     """Rows with at least ``prompt`` (the user message) and ``answer``; a reward; a system prompt;
-    the settings tuned for it (``defaults``: TrainConfig fields a run leaves at 0 take these)."""
+    the settings tuned for it (``defaults``: TrainConfig fields a run leaves at 0 take these); for an
+    agentic task, the tools the policy may call or the environment class it plays (grpo/episodes.py)."""
 
     name: str
     train: Sequence[Mapping]
@@ -23,6 +24,8 @@ class Task:
     reward: RewardFn
     system_prompt: str | None = None
     defaults: Mapping[str, object] = field(default_factory=dict)
+    tools: tuple[Callable, ...] = ()
+    env: Callable | None = None  # a factory of environments, one per episode
 
     def messages(self, row: Mapping) -> list[dict[str, str]]:
         """The chat messages for a row (the tokenizer's chat template renders them); a conversational
@@ -57,7 +60,9 @@ def describe_tasks() -> list[str]:
         task = get_task(name, heldout_size=0)
         settings = ", ".join(f"{k}={v}" for k, v in task.defaults.items()) or "none"
         doc = (_BUILDERS[name].__doc__ or "").strip().splitlines()[0]
-        lines.append(f"{name:<10} {doc} [{len(task.train)} prompts; reward {task.reward.__name__}; "
+        agent = (f"; tools {', '.join(t.__name__ for t in task.tools)}" if task.tools else "") + (
+            f"; environment {task.env.__name__}" if task.env else "")
+        lines.append(f"{name:<10} {doc} [{len(task.train)} prompts; reward {task.reward.__name__}{agent}; "
                      f"task settings: {settings}]")
     return lines
 
@@ -72,5 +77,7 @@ def get_task(name: str, *, heldout_size: int = 256) -> Task:
 
 def _load_builtins() -> None:
     import grpo.tasks.arithmetic  # noqa: F401  (each module registers its tasks)
+    import grpo.tasks.calc  # noqa: F401
+    import grpo.tasks.code_retry  # noqa: F401
     import grpo.tasks.coding  # noqa: F401
     import grpo.tasks.countdown  # noqa: F401

@@ -1,0 +1,343 @@
+"""Episodes: the policy takes turns with an environment (tools, feedback), all G episodes of a prompt batched.
+
+An environment is any class with
+
+    reset(example) -> messages            the opening conversation for a task row
+    step(messages) -> (reply, reward, done)   after each policy turn: the messages to
+                                          append (None: none), a reward for the turn (None: 0)
+                                          and whether the episode is over
+
+and one instance is made per episode, so state never leaks between episodes.
+Tools are the environment :class:`ToolEnv`: a turn with tool calls gets their
+results back, a turn without ends the episode. A single-turn task is the
+one-turn episode, sampled by :func:`grpo.rollout.generate` itself.
+
+The KV cache continues across turns: after a turn the environment's tokens
+(rendered by the chat template) are run onto each episode's cache, and the
+conversation is never encoded again. Finished episodes leave the batch.
+The episode's reward is the task's reward of the last policy turn plus the
+environment's per-turn rewards, summed with weight turn_discount ** (turn - 1);
+every policy token of the episode gets the one advantage (no per-turn credit).
+
+An environment whose reset or step raises ends its episode with reward 0
+(counted as ``env_errors``), or stops the run with on_error = "raise".
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from grpo.rollout import Rollout, check_supported, end_of_turn_ids, prefill, resume, sample_turn, start_state
+from grpo.tools import ToolBox, parse_tool_calls
+
+Messages = list[dict]
+SENTINEL = "\u2063grpo-turn\u2063"  # stands in for a policy turn when the template renders the next messages
+
+
+class Environment(Protocol):
+    def reset(self, example: Mapping) -> Messages: ...
+
+    def step(self, messages: Messages) -> tuple[Messages | None, float | None, bool]: ...
+
+
+class EpisodeError(RuntimeError):
+    """An environment raised and on_error is "raise"."""
+
+
+@dataclass
+class Episode:
+    """One episode's transcript and counts."""
+
+    messages: Messages  # role-tagged, the opening conversation included
+    opening: int  # how many of the messages are the opening
+    turns: int = 0
+    reward: float = 0.0  # the environment's per-turn rewards, discounted and summed
+    env_error: str | None = None  # the traceback's last line when the environment raised
+    env_tokens: int = 0
+    policy_tokens: int = 0
+    seconds_env: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)  # the environment's own counts (tool calls, ...)
+
+    def transcript(self) -> Messages:
+        """The messages after the opening: what the policy wrote and what came back."""
+        return self.messages[self.opening :]
+
+
+class ToolEnv:
+    """Tools as an environment: each policy turn's calls are run and their results come back in one
+    message per call; a turn without a call ends the episode. The tools are described to the model
+    in the template's own way (``tools=``) or, for templates without tools, in the system message."""
+
+    def __init__(self, tools: ToolBox, opening: Callable[[Mapping], Messages], role: str, native: bool) -> None:
+        self.tools, self.opening, self.role, self.native = tools, opening, role, native
+        self.stats = {"tool_calls": 0.0, "parse_failures": 0.0, "tool_errors": 0.0, "tool_timeouts": 0.0,
+                      "seconds_tools": 0.0}
+
+    def reset(self, example: Mapping) -> Messages:
+        messages = [dict(m) for m in self.opening(example)]
+        if self.native:
+            return messages
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{self.tools.describe()}"
+            return messages
+        return [{"role": "system", "content": self.tools.describe()}, *messages]
+
+    def step(self, messages: Messages) -> tuple[Messages | None, float | None, bool]:
+        calls = parse_tool_calls(messages[-1]["content"])
+        if not calls:
+            return None, None, True
+        start = time.perf_counter()
+        results = self.tools.run(calls)
+        self.stats["seconds_tools"] += time.perf_counter() - start
+        self.stats["tool_calls"] += len(calls)
+        self.stats["parse_failures"] += sum(c.error is not None for c in calls)
+        self.stats["tool_errors"] += sum(r.error for r in results)
+        self.stats["tool_timeouts"] += sum(r.timed_out for r in results)
+        return [{"role": self.role, "content": r.text} for r in results], None, False
+
+
+def template_features(tokenizer: object, schemas: list[dict]) -> tuple[bool, str]:
+    """Whether the chat template renders ``tools=`` (its own call format), and the role its tool
+    results take: "tool" when the template renders that role, else "user"."""
+    base = [{"role": "user", "content": "u"}]
+    plain = tokenizer.apply_chat_template(base, tokenize=False)
+    try:
+        native = bool(schemas) and tokenizer.apply_chat_template(base, tools=schemas, tokenize=False) != plain
+    except Exception:
+        native = False
+    try:
+        shown = tokenizer.apply_chat_template(
+            [*base, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "MARK-7"}], tokenize=False)
+        role = "tool" if "MARK-7" in shown else "user"
+    except Exception:
+        role = "user"
+    return native, role
+
+
+@dataclass
+class Agent:
+    """How the episodes of a run go: the environment factory and the limits.
+
+    ``max_new_tokens`` (the run's) caps each turn; ``max_episode_tokens`` every
+    token after the prompt, the environment's included.
+    """
+
+    make_env: Callable[[], Environment]
+    max_turns: int
+    max_episode_tokens: int
+    turn_discount: float = 1.0
+    on_error: str = "zero"
+    schemas: list[dict] = field(default_factory=list)  # passed to the template as tools=, when it renders them
+    reencode: bool = False  # encode the whole conversation again each turn (bench/bench_rollout.py's baseline)
+    warned: bool = field(default=False, repr=False)  # an environment's first raise was reported
+
+    def encode(self, tokenizer: object, messages: Messages) -> list[int]:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **self._template_extra())
+        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+
+    def _call(self, episode: Episode, fn: Callable, *args: object) -> object:
+        """Run an environment method, timed; a raise ends the episode (or the run, with on_error raise)."""
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        except Exception as err:
+            if self.on_error == "raise":
+                raise EpisodeError(f"environment {fn.__qualname__} raised (on_error='raise'): {err}") from err
+            if not self.warned:
+                self.warned = True
+                warnings.warn(f"environment {fn.__qualname__} raised; the episode ends with reward 0 (later "
+                              f"ones are counted in env_errors):\n{traceback.format_exc()}", RuntimeWarning,
+                              stacklevel=2)
+            episode.env_error = f"{type(err).__name__}: {err}"
+            return None
+        finally:
+            episode.seconds_env += time.perf_counter() - start
+
+    @torch.no_grad()
+    def run(
+        self, model: nn.Module, tokenizer: object, rows: Sequence[Mapping], *, group_size: int, max_new_tokens: int,
+        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop_strings: tuple[str, ...] = (),
+        generator: torch.Generator | None = None, streams: Tensor | None = None,
+    ) -> Rollout:
+        """G episodes for each row, batched; the rollout of their whole transcripts (policy tokens in
+        ``mask``, the environment's in ``env_mask``) with each one's :class:`Episode`. ``streams``
+        (len(rows) * G, 2): each episode's random stream (grpo/streams.py), counted along its
+        transcript, else episodes draw from ``generator``."""
+        check_supported(model)
+        decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+        device = next(model.parameters()).device
+        stops = torch.tensor(end_of_turn_ids(model, tokenizer), device=device)
+        envs = [self.make_env() for _ in range(len(rows) * group_size)]
+        episodes, prompts = self._open(envs, rows, group_size, tokenizer)
+        record = _Transcripts(len(envs))
+        state = start_state(decoder, lm_head, prompts, group_size, tokenizer.pad_token_id)
+        live = list(range(len(envs)))  # the state's rows, as episode indices
+        for turn_no in range(1, self.max_turns + 1):
+            budget = torch.tensor([min(max_new_tokens, self.max_episode_tokens - record.used(i)) for i in live])
+            rows_streams = None if streams is None else streams[torch.tensor(live, device=streams.device)]
+            drawn = torch.tensor([record.used(i) for i in live], device=device)  # where each stream goes on
+            turn = sample_turn(
+                decoder, lm_head, tokenizer, state, max_new_tokens=int(budget.max()), stops=stops,
+                budget=budget.to(device), temperature=temperature, top_p=top_p, top_k=top_k,
+                stop_strings=stop_strings, generator=generator, streams=rows_streams, drawn=drawn,
+                keep_paused=self.max_turns > 1 and not self.reencode,
+            )
+            going, chunks = [], []
+            for j, i in enumerate(live):
+                ids = turn.tokens[j, : int(turn.lengths[j])]
+                record.add(i, ids.tolist(), turn.logprobs[j, : len(ids)].tolist())
+                episodes[i].messages.append(
+                    {"role": "assistant", "content": tokenizer.decode(ids.tolist(), skip_special_tokens=True)})
+                episodes[i].turns += 1
+                if not bool(turn.stopped[j]):
+                    record.truncated[i] = True  # cut by a token limit: the episode ends there
+                    continue
+                env_ids = self._respond(envs[i], episodes[i], turn_no, tokenizer, int(ids[-1]), stops)
+                if env_ids is None:
+                    continue
+                if record.used(i) + len(env_ids) >= self.max_episode_tokens:
+                    record.truncated[i] = True  # no room left for another turn
+                    continue
+                record.add(i, env_ids, None)
+                going.append(j)
+                chunks.append([int(ids[-1]), *env_ids])  # the turn's last token was never run
+            if not going:
+                break
+            live = [live[j] for j in going]
+            if self.reencode:
+                conversations = [prompts[i // group_size] + record.ids[i] for i in live]
+                state = start_state(decoder, lm_head, conversations, 1, tokenizer.pad_token_id)
+            else:
+                state = prefill(decoder, lm_head, resume(turn.paused, going), chunks, tokenizer.pad_token_id)
+        for episode, env in zip(episodes, envs, strict=True):
+            episode.stats.update(getattr(env, "stats", {}))
+        return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, device)
+
+    def _open(self, envs: list[Environment], rows: Sequence[Mapping], group_size: int,
+              tokenizer: object) -> tuple[list[Episode], list[list[int]]]:
+        """Reset every environment; a group's prompt is its first episode's opening conversation."""
+        episodes, prompts = [], []
+        for b, row in enumerate(rows):
+            opened = []
+            for env in envs[b * group_size : (b + 1) * group_size]:
+                episode = Episode([], 0)
+                messages = self._call(episode, env.reset, row)
+                opened.append((episode, messages))
+            good = [m for _, m in opened if m is not None]
+            if not good:
+                raise EpisodeError(f"every environment's reset raised for row {b}: {opened[0][0].env_error}")
+            for episode, messages in opened:
+                episode.messages = [dict(m) for m in (messages if messages is not None else good[0])]
+                episode.opening = len(episode.messages)
+                episodes.append(episode)
+            prompts.append(self.encode(tokenizer, good[0]))
+        return episodes, prompts
+
+    def _respond(self, env: Environment, episode: Episode, turn_no: int, tokenizer: object, last: int,
+                 stops: Tensor) -> list[int] | None:
+        """The environment's answer to a finished turn as token ids, or None when the episode ends."""
+        if episode.env_error is not None:
+            return None
+        out = self._call(episode, env.step, [dict(m) for m in episode.messages])
+        if out is None:
+            return None
+        reply, reward, done = out
+        episode.reward += float(reward or 0.0) * self.turn_discount ** (turn_no - 1)
+        if done or not reply or turn_no == self.max_turns:
+            return None
+        stop_text = tokenizer.decode([last]) if last in stops.tolist() else ""
+        ids = continuation_ids(tokenizer, episode.messages, list(reply), self._template_extra(), stop_text=stop_text)
+        episode.messages.extend(dict(m) for m in reply)
+        episode.env_tokens += len(ids)
+        return ids
+
+    def _template_extra(self) -> dict:
+        return {"tools": self.schemas} if self.schemas else {}
+
+
+def continuation_ids(tokenizer: object, messages: Messages, reply: Messages, extra: dict, *,
+                     stop_text: str) -> list[int]:
+    """The tokens the chat template puts between the end of the last policy turn and the next one:
+    the turn's closing, the reply messages, the next turn's opening.
+
+    The last turn is rendered as a placeholder, so the template's text after it
+    is exactly what follows the policy's tokens; the policy's own stop token
+    (``stop_text``, already sampled) is not repeated.
+    """
+    conv = [*messages[:-1], {"role": "assistant", "content": SENTINEL}]
+    text = tokenizer.apply_chat_template([*conv, *reply], add_generation_prompt=True, tokenize=False, **extra)
+    after = text[text.rindex(SENTINEL) + len(SENTINEL) :]
+    if stop_text and after.startswith(stop_text):
+        after = after[len(stop_text) :]
+    return list(tokenizer(after, add_special_tokens=False)["input_ids"])
+
+
+class _Transcripts:
+    """Each episode's tokens after the prompt as the policy and the environment add them."""
+
+    def __init__(self, n: int) -> None:
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.policy: list[list[float]] = [[] for _ in range(n)]
+        self.truncated = [False] * n
+
+    def used(self, i: int) -> int:
+        return len(self.ids[i])
+
+    def add(self, i: int, ids: list[int], logprobs: list[float] | None) -> None:
+        self.ids[i] += ids
+        self.logprobs[i] += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.policy[i] += [1.0 if logprobs is not None else 0.0] * len(ids)
+
+    def rollout(self, prompts: list[list[int]], group_size: int, episodes: list[Episode], pad_id: int,
+                device: torch.device) -> Rollout:
+        n, width = len(self.ids), max(max(len(x) for x in self.ids), 1)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        mask, env_mask, logprobs = torch.zeros(n, width), torch.zeros(n, width), torch.zeros(n, width)
+        for i in range(n):
+            k = len(self.ids[i])
+            ids[i, :k] = torch.tensor(self.ids[i], dtype=torch.long)
+            mask[i, :k] = torch.tensor(self.policy[i])
+            env_mask[i, :k] = 1.0 - mask[i, :k]
+            logprobs[i, :k] = torch.tensor(self.logprobs[i])
+            episodes[i].policy_tokens = int(mask[i].sum())
+        texts = [next((m["content"] for m in reversed(e.messages) if m["role"] == "assistant"), "") for e in episodes]
+        return Rollout(
+            prompt_ids=prompts, completion_ids=ids.to(device), mask=mask.to(device), logprobs=logprobs.to(device),
+            truncated=torch.tensor(self.truncated, device=device), texts=texts, group_size=group_size,
+            env_mask=env_mask.to(device), episodes=episodes,
+        )
+
+
+def episode_total(task_reward: float, episode: Episode | None) -> float:
+    """An episode's reward: the task's reward of its last policy turn plus the environment's (discounted)
+    per-turn rewards; 0 when the environment raised. A single-turn completion (None): the task's."""
+    if episode is None:
+        return task_reward
+    return 0.0 if episode.env_error is not None else task_reward + episode.reward
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Per-step figures over the episodes: turns and tool calls per episode; parse failures, tool
+    errors, tool timeouts and environment errors (counts); seconds in tools and in environments
+    (tools included); the environment's share of the tokens after the prompts."""
+    n = max(len(episodes), 1)
+    total = {key: sum(e.stats.get(key, 0.0) for e in episodes)
+             for key in ("tool_calls", "parse_failures", "tool_errors", "tool_timeouts", "seconds_tools")}
+    env_tokens = sum(e.env_tokens for e in episodes)
+    return {
+        "turns_per_episode": sum(e.turns for e in episodes) / n,
+        "tool_calls_per_episode": total.pop("tool_calls") / n,
+        **total,
+        "env_errors": float(sum(e.env_error is not None for e in episodes)),
+        "seconds_env": sum(e.seconds_env for e in episodes),
+        "env_token_frac": env_tokens / max(env_tokens + sum(e.policy_tokens for e in episodes), 1),
+    }

@@ -1,0 +1,51 @@
+"""The embedded SmolLM2-135M in episodes: code with sandboxed test feedback over several turns, and calc's calls."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from grpo.models import load_policy
+
+    return load_policy("smollm2")
+
+
+def test_code_retry_episodes_take_several_turns_with_feedback_masks_and_rewards(policy):
+    from grpo.episodes import Agent, episode_total
+    from grpo.rollout import rollout_logprobs
+    from grpo.tasks import get_task
+
+    task = get_task("code-retry")
+    agent = Agent(task.env, max_turns=3, max_episode_tokens=600)
+    r = agent.run(policy.model, policy.tokenizer, task.train[:2], group_size=3, max_new_tokens=96, temperature=0.7,
+                  generator=torch.Generator().manual_seed(0))
+    several = [e for e in r.episodes if e.turns > 1]
+    assert several, [e.transcript() for e in r.episodes]
+    for i, e in enumerate(r.episodes):
+        feedback = [m["content"] for m in e.transcript() if m["role"] == "user"]
+        assert len(feedback) == e.turns - 1 or e.turns == 3 or r.truncated[i]
+        assert all("tests passed" in f for f in feedback)
+        assert 0.0 <= episode_total(0.0, e) <= 1.0 and e.env_error is None
+        assert e.policy_tokens == int(r.mask[i].sum()) and e.env_tokens == int(r.env_mask[i].sum())
+    # the training pass sees each whole transcript and gives the sampling log-probs back
+    logp, _ = rollout_logprobs(policy.model, r, policy.tokenizer.pad_token_id, temperature=0.7)
+    torch.testing.assert_close(logp, r.logprobs, atol=2e-4, rtol=1e-3)
+
+
+def test_calc_episodes_call_the_calculator(policy):
+    from grpo.episodes import Agent, ToolEnv, episode_metrics, template_features
+    from grpo.tasks import get_task
+    from grpo.tools import ToolBox
+
+    task = get_task("calc", heldout_size=4)
+    box = ToolBox(task.tools, workers=0)
+    native, role = template_features(policy.tokenizer, box.schemas)
+    assert (native, role) == (False, "tool")  # SmolLM2's template ignores tools=, renders any role
+    agent = Agent(lambda: ToolEnv(box, task.messages, role, native), max_turns=3, max_episode_tokens=300)
+    r = agent.run(policy.model, policy.tokenizer, task.heldout, group_size=1, max_new_tokens=32, temperature=0.0)
+    called = [e for e in r.episodes if e.stats["tool_calls"] and e.turns > 1]
+    assert called and all(e.transcript()[1]["role"] == "tool" for e in called)
+    assert episode_metrics(r.episodes)["tool_calls_per_episode"] > 0

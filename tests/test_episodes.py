@@ -1,0 +1,146 @@
+"""Multi-turn episodes: the continued cache is exact, environment tokens are context only, limits hold."""
+
+import pytest
+import torch
+
+from grpo.algorithm import policy_loss
+from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics
+from grpo.rollout import rollout_logprobs
+
+
+class Echo:
+    """Answers every turn with a short message that differs by turn; rewards 0.5 a turn; done after 3 turns."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, example):
+        return [{"role": "system", "content": "Talk."}, {"role": "user", "content": example["prompt"]}]
+
+    def step(self, messages):
+        self.turns += 1
+        return [{"role": "user", "content": "more" + "!" * self.turns}], 0.5, self.turns >= 3
+
+
+class Broken(Echo):
+    def step(self, messages):
+        raise RuntimeError("env bug")
+
+
+ROWS = [{"prompt": "hi", "answer": ""}, {"prompt": "tell me more", "answer": ""}]
+
+
+def _run(model, tokenizer, env=Echo, *, max_turns=4, max_episode_tokens=200, seed=0, **kw):
+    agent = Agent(env, max_turns=max_turns, max_episode_tokens=max_episode_tokens, **kw)
+    # any "a" ends a turn, so the random tiny model takes several turns
+    return agent.run(model, tokenizer, ROWS, group_size=3, max_new_tokens=12, stop_strings=("a",),
+                     generator=torch.Generator().manual_seed(seed))
+
+
+def _text(tokenizer, ids, policy):
+    """The transcript as the messages hold it: the policy's turns decoded without the special tokens a
+    random model writes anywhere (its end-of-turn token kept), the environment's tokens as they are."""
+    out, start = "", 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids) or policy[k] != policy[start]:
+            seg = ids[start:k]
+            if policy[start]:
+                end = "<|im_end|>" if seg[-1] == tokenizer.eos_token_id else ""
+                out += tokenizer.decode(seg, skip_special_tokens=True) + end
+            else:
+                out += tokenizer.decode(seg)
+            start = k
+    return out
+
+
+def _full_forward(model, prompt, ids):
+    logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1)
+
+
+def test_episodes_take_several_turns_and_record_the_transcript(tiny_model, tokenizer):
+    r = _run(tiny_model, tokenizer)
+    turns = [e.turns for e in r.episodes]
+    assert max(turns) >= 2, turns
+    for i, e in enumerate(r.episodes):
+        roles = [m["role"] for m in e.transcript()]
+        assert roles[0] == "assistant" and roles.count("assistant") == e.turns
+        assert e.policy_tokens == int(r.mask[i].sum()) and e.env_tokens == int(r.env_mask[i].sum())
+        assert e.reward == pytest.approx(0.5 * min(e.turns, 3) if not r.truncated[i] else 0.5 * (e.turns - 1))
+    assert (r.mask * r.env_mask).sum() == 0  # a token is the policy's or the environment's
+    m = episode_metrics(r.episodes)
+    assert m["turns_per_episode"] == pytest.approx(sum(turns) / len(turns)) and 0 < m["env_token_frac"] < 1
+
+
+def test_continued_cache_logprobs_match_a_fresh_forward_of_the_transcript(tiny_model, tokenizer):
+    r = _run(tiny_model, tokenizer)
+    spans = r.spans
+    for i in range(len(r.texts)):
+        n = int(spans[i])
+        ids = r.completion_ids[i, :n].tolist()
+        fresh = _full_forward(tiny_model, r.prompt_ids[i // 3], ids)
+        policy = r.mask[i, :n] > 0
+        torch.testing.assert_close(r.logprobs[i, :n][policy], fresh[policy], atol=1e-5, rtol=1e-5)
+        # the transcript's tokens are the chat template's rendering of the episode's messages
+        rendered = tokenizer.apply_chat_template(r.episodes[i].messages, tokenize=False)
+        decoded = tokenizer.decode(r.prompt_ids[i // 3]) + _text(tokenizer, ids, r.mask[i, :n].tolist())
+        assert rendered.startswith(decoded) and rendered[len(decoded) :] in ("\n", "<|im_end|>\n")
+    for share_prefix in (True, False):
+        logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id, share_prefix=share_prefix)
+        torch.testing.assert_close(logp, r.logprobs, atol=1e-5, rtol=1e-5)
+        assert torch.all(logp[r.env_mask > 0] == 0)
+
+
+def test_gradient_ignores_the_environment_tokens_own_logprobs(tiny_model, tokenizer):
+    r = _run(tiny_model, tokenizer)
+    adv = torch.linspace(-1, 1, len(r.texts))
+
+    def grads(old_logprobs, shift_env):
+        tiny_model.zero_grad()
+        logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
+        # what the loss would see if the environment tokens' log-probs were part of it
+        logp = logp + shift_env * r.env_mask
+        loss, _ = policy_loss(logp, old_logprobs, adv, r.mask)
+        loss.backward()
+        return [p.grad.clone() for p in tiny_model.parameters()]
+
+    base = grads(r.logprobs, 0.0)
+    changed = grads(r.logprobs + 3.0 * r.env_mask, -5.0)
+    for a, b in zip(base, changed, strict=True):
+        torch.testing.assert_close(a, b)
+    assert any(g.abs().sum() > 0 for g in base)
+
+
+def test_episode_token_limit_and_turn_limit(tiny_model, tokenizer):
+    r = _run(tiny_model, tokenizer, max_turns=2)
+    assert max(e.turns for e in r.episodes) <= 2
+    r = _run(tiny_model, tokenizer, max_episode_tokens=30)
+    assert int(r.spans.max()) <= 30
+
+
+def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, tokenizer):
+    with pytest.warns(RuntimeWarning, match="env bug"):
+        r = _run(tiny_model, tokenizer, env=Broken)
+    stopped = [e for e in r.episodes if e.env_error]
+    assert stopped and all(e.turns == 1 and e.reward == 0 for e in stopped)
+    assert episode_metrics(r.episodes)["env_errors"] == len(stopped)
+    with pytest.raises(EpisodeError, match="env bug"):
+        _run(tiny_model, tokenizer, env=Broken, on_error="raise")
+
+
+def test_episode_record_keeps_the_opening_apart():
+    e = Episode([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], opening=1)
+    assert e.transcript() == [{"role": "assistant", "content": "a"}]
+
+
+def test_continued_cache_and_reencoding_sample_the_same_greedy_episodes(tiny_model, tokenizer):
+    def greedy(reencode):
+        agent = Agent(Echo, max_turns=4, max_episode_tokens=200, reencode=reencode)
+        # the random tiny model's greedy turns are newlines: three end a turn
+        return agent.run(tiny_model, tokenizer, ROWS, group_size=2, max_new_tokens=12, stop_strings=("\n\n\n",),
+                         temperature=0.0)
+
+    a, b = greedy(False), greedy(True)
+    assert max(e.turns for e in a.episodes) >= 2
+    assert [e.messages for e in a.episodes] == [e.messages for e in b.episodes]
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
