@@ -66,6 +66,23 @@ def fitted_change(values: Sequence[float]) -> float:
     return float(slope * (x[-1] - x[0]))
 
 
+def rise_beyond_noise(values: Sequence[float], floor: float) -> float:
+    """The least fitted change of ``values`` that counts as a rise: ``floor``, or twice the standard
+    deviation a fitted change has when the series is only noise around its line (the residuals' spread),
+    whichever is larger. Over a 10-step window a reward mean that jitters by 0.06 has fitted changes of
+    about +-0.06 with no trend at all, so a plateau alone would pass a fixed 0.05."""
+    y = np.asarray(values, dtype=float)
+    y = y[np.isfinite(y)]
+    n = len(y)
+    if n < 3:
+        return floor
+    x = np.arange(n, dtype=float)
+    residuals = y - np.polyval(np.polyfit(x, y, 1), x)
+    sigma = float(np.sqrt((residuals**2).sum() / (n - 2)))
+    sd_change = sigma * (n - 1) / math.sqrt(n * (n * n - 1) / 12)
+    return max(floor, 2.0 * sd_change)
+
+
 def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Sequence[float],
           cfg: AlarmConfig) -> str | None:
     """Raw reward flat (and held-out accuracy flat, where measured) while advantages are non-zero."""
@@ -93,19 +110,37 @@ def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
             "--max-new-tokens, or a reward with partial credit")
 
 
-def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
-    """Training reward rising while held-out accuracy (the task's checker) does not follow it."""
+def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig,
+                      first_try: Sequence[float] = ()) -> str | None:
+    """Training reward rising while held-out accuracy (the task's checker) does not follow it; the
+    message names the likelier cause from the reward on first tries at a prompt (``first_try``)."""
     if len(reward) < cfg.window or len(accuracy) < 3:
         return None
     # the held-out subset is noisy (128 prompts: +-4 points): the trend over 3+ evaluations, and the stop
     # needs the alarm to hold at two evaluations in a row (AlarmMonitor.stopping)
     d_reward, d_acc = fitted_change(reward), fitted_change(accuracy)
-    if d_reward > cfg.checker_rise and d_acc < max(cfg.accuracy_flat, cfg.checker_follow * d_reward):
-        return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
-                f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. The policy is learning something the "
-                "held-out checker does not reward: a hole in the training reward, answers memorised for the "
-                "training prompts the sampler keeps returning, or only the sampler moving to easier prompts")
-    return None
+    follow = max(cfg.accuracy_flat, cfg.checker_follow * d_reward)
+    if d_reward <= rise_beyond_noise(reward, cfg.checker_rise) or d_acc >= follow:
+        return None
+    return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
+            f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. {_divergence_cause(first_try, follow)}")
+
+
+def _divergence_cause(first_try: Sequence[float], follow: float) -> str:
+    """Why training reward runs ahead of held-out accuracy, read from the reward on first tries."""
+    tried = [x for x in first_try if math.isfinite(x)]
+    if len(tried) < 3:
+        return ("The policy is learning something the held-out checker does not reward: a hole in the training "
+                "reward, answers memorised for the training prompts the sampler keeps returning, or only the "
+                "sampler moving to easier prompts")
+    change = fitted_change(tried)
+    if change < follow:
+        return (f"On prompts it tries for the first time the reward changed {change:+.3f}: the rise is on prompts "
+                "drawn before, so the policy is memorising the training prompts the sampler keeps returning "
+                "rather than learning the task. Try more training prompts, --sampler uniform, or a lower --lr")
+    return (f"The reward rises on prompts tried for the first time too ({change:+.3f}), so it is not memorising: "
+            "the training reward pays for something the held-out checker does not (audit it with grpo "
+            "check-reward), or the held-out prompts differ from the training prompts")
 
 
 def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
@@ -113,7 +148,7 @@ def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], 
     if len(reward) < cfg.window or len(accuracy) < 2:
         return None
     d_reward, d_acc = fitted_change(reward), accuracy[-1] - accuracy[0]
-    if d_reward > cfg.reward_rise and d_acc < -cfg.accuracy_drop:
+    if d_reward > rise_beyond_noise(reward, cfg.reward_rise) and d_acc < -cfg.accuracy_drop:
         return (f"suspected reward hacking: raw reward {d_reward:+.3f} over {len(reward)} steps "
                 f"while held-out accuracy fell {accuracy[0]:.1%} -> {accuracy[-1]:.1%}")
     return None
@@ -171,7 +206,7 @@ class AlarmMonitor:
     def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
-                    "signal_frac"):
+                    "signal_frac", "reward_first_try"):
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
@@ -223,7 +258,7 @@ class AlarmMonitor:
         reward, accuracy = self._recent("reward_mean"), self._heldout_window(step)
         return {
             "no_signal": no_signal(self.series.get("signal_frac", []), cfg),
-            "checker_suspected": checker_suspected(reward, accuracy, cfg),
+            "checker_suspected": checker_suspected(reward, accuracy, cfg, self._recent("reward_first_try")),
             "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg),
             "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg),
             "length_without_reward": length_without_reward(self._recent("completion_len"), reward, cfg),

@@ -138,8 +138,10 @@ def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], correct: 
     return _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
 
 
-def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str]) -> list[Problem]:
-    """What is wrong, in plain words, with what to try."""
+def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str], *,
+                  tuned_limit: bool = False) -> list[Problem]:
+    """What is wrong, in plain words, with what to try. ``tuned_limit``: the token limit is the task's own
+    tuned setting, whose cuts are meant to teach short answers, so they are not a problem."""
     problems = []
     n = report.prompts * report.group_size
     if report.varying_frac == 0.0:
@@ -150,7 +152,7 @@ def find_problems(report: PreflightReport, reward_names: Sequence[str], constant
             "every other group teaches nothing, so each step generates extra rounds to find informative ones "
             "(filter_groups) and learning will be slow. Try a stronger model, easier prompts, a larger "
             "group_size, or a reward with partial credit.")))
-    if report.truncated_frac > MOSTLY_CUT:
+    if report.truncated_frac > MOSTLY_CUT and not tuned_limit:
         problems.append(Problem("truncation", (
             f"{report.truncated_frac:.0%} of completions hit the {report.max_new_tokens}-token limit; a cut "
             "completion has no final answer and scores 0. Raise --max-new-tokens, or ask for shorter answers "
@@ -292,7 +294,7 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,
                                                        cfg.max_new_tokens)
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
-    report.problems = find_problems(report, names, constant)
+    report.problems = find_problems(report, names, constant, tuned_limit=trainer.tuned_token_limit)
     report.seconds = time.perf_counter() - start
     report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
                                                 dynamic=cfg.filter_groups)

@@ -239,6 +239,28 @@ class FrontierSampler:
         self.now, self.explored = int(state["now"]), int(state["explored"])
 
 
+class DrawCounts:
+    """How many times each training prompt has been drawn, so that a step can tell the groups that are the
+    model's first try at their prompt from those it has trained on before. Their rewards differ when the
+    policy memorises the training prompts a sampler keeps returning: the reward on first tries follows
+    held-out accuracy, the reward on repeats runs ahead of it."""
+
+    def __init__(self, size: int) -> None:
+        self.counts = np.zeros(size, dtype=np.int64)
+
+    def first_tries(self, prompts: Sequence[int]) -> list[bool]:
+        """Which of ``prompts`` were never drawn before; then counts them as drawn."""
+        first = [bool(self.counts[i] == 0) for i in prompts]
+        np.add.at(self.counts, np.asarray(prompts, dtype=np.int64), 1)
+        return first
+
+    def state_dict(self) -> dict:
+        return {"counts": self.counts.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counts = np.array(state["counts"], dtype=np.int64)
+
+
 def make_sampler(name: str, size: int, group_size: int, *, rng: random.Random, seed: int,
                  explore_frac: float, half_life: float) -> UniformSampler | FrontierSampler:
     """The config's sampler over ``size`` training prompts."""

@@ -82,7 +82,7 @@ from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
-from grpo.sampler import make_sampler
+from grpo.sampler import DrawCounts, make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
 from grpo.tools import ToolBox, load_functions
@@ -121,6 +121,7 @@ class Round:
     reward_means: dict[str, float]  # each reward function's mean over the whole draw
     explored: int  # how many prompts of the draw the sampler took by exploration
     seconds_generate: float
+    first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
 
     def varies(self) -> Tensor:
         """(n,) True where a group's rewards are not all equal: its advantages are not all zero."""
@@ -287,6 +288,7 @@ class GRPOTrainer:
         )
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
+        self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
         self.auto_alarm_window = config.alarm_window == 0
         self.config = config = settle_config(config, self.task)
         reward_specs = list(rewards) if rewards is not None else list(config.rewards)
@@ -335,6 +337,7 @@ class GRPOTrainer:
             config.sampler, len(self.task.train), config.group_size, rng=self.prompt_rng, seed=config.seed,
             explore_frac=config.explore_frac, half_life=config.sampler_half_life,
         )
+        self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
         self.train_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.train])
         self.heldout_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.heldout])
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
@@ -407,6 +410,7 @@ class GRPOTrainer:
         return {
             "reward_mean": generated.mean().item(),
             "reward_std": generated.std().item(),
+            **self._first_try_metrics(batch),
             **batch.reward_means(),
             **self._group_metrics(batch, advantages, t_gen),
             "accuracy": self._accuracy(batch.texts(), batch.group_rows(truncated=True), generated),
@@ -510,6 +514,7 @@ class GRPOTrainer:
             lengths=self.world.gather(rollout.lengths), truncated=self.world.gather(rollout.truncated),
             reward_means=self._whole_draw_means(len(rows_idx), reward_means),
             explored=getattr(self.sampler, "explored", 0), seconds_generate=seconds,
+            first_try=self.draws.first_tries(drawn),
         )
 
     def _whole_draw_means(self, groups: int, means: dict[str, float]) -> dict[str, float]:
@@ -550,6 +555,15 @@ class GRPOTrainer:
         if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
             rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
         return rollout, rewards, metrics, seconds
+
+    def _first_try_metrics(self, batch: Batch) -> dict[str, float]:
+        """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
+        the share of groups whose prompt had been drawn before: see DrawCounts and the checker alarm."""
+        g = self.config.group_size
+        first = torch.tensor([f for r in batch.rounds for f in r.first_try], dtype=torch.bool)  # (R,)
+        rewards = batch.generated_rewards().cpu().view(-1, g)  # (R, G)
+        return {"reward_first_try": rewards[first].mean().item() if first.any() else float("nan"),
+                "repeat_frac": 1.0 - first.float().mean().item()}
 
     def _group_metrics(self, batch: Batch, advantages: Tensor, seconds_generate: float) -> dict[str, float]:
         """Where the step's compute went: groups by outcome, and what the uninformative ones cost.

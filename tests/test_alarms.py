@@ -141,6 +141,24 @@ def test_checker_suspected_fires_when_reward_rises_and_heldout_does_not_follow()
     assert "checker_suspected" in first and first["checker_suspected"] <= CFG.window + 5
 
 
+@pytest.mark.parametrize("first_try_rise, cause", [
+    (0.0, "memorising the training prompts"),  # first tries flat: the rise is on repeats
+    (0.6, "not memorising"),  # first tries rise with the reward: a hole in it, or other held-out prompts
+    (None, "a hole in the training reward, answers memorised"),  # no first tries seen: both said
+])
+def test_checker_suspected_names_the_likelier_cause(first_try_rise, cause):
+    stream = healthy()
+    for i, m in enumerate(stream):
+        if "heldout_accuracy" in m:
+            m["heldout_accuracy"] = 0.1
+        m["reward_first_try"] = float("nan") if first_try_rise is None else 0.1 + first_try_rise * i / STEPS
+    monitor = AlarmMonitor(STEPS, CFG)
+    messages = {}
+    for step, m in enumerate(stream, start=1):
+        messages.update(monitor.observe(step, m)[1])
+    assert cause in messages["checker_suspected"]
+
+
 def test_checker_suspected_stays_quiet_when_heldout_follows_a_slower_rise():
     # reward +0.6 over the run, held-out +0.15 (a quarter of it): slow learning, not a gamed checker
     stream = healthy()
@@ -175,5 +193,26 @@ def test_a_noisy_run_that_learns_is_not_stopped():
 
 def test_a_noisy_run_whose_heldout_stays_flat_is_stopped():
     # the same reward rise with held-out accuracy flat: the checker-suspected alarm ends most such runs
+    # (its +0.15 across a 10-step window is 2.5 noise sd; a rise must exceed 2 sd, so about a third pass)
     stopped = [seed for seed in range(40) if noisy_learning_run(seed, gain=0.0).stopping()]
-    assert len(stopped) >= 30, stopped
+    assert len(stopped) >= 24, stopped
+
+
+def test_a_plateau_with_noisy_heldout_raises_no_alarm():
+    # the last 10 steps of a default `add` run (measured): reward +0.057 by its fitted line, within the
+    # noise of 10 steps (sd of such a change 0.037); held-out subset 57.8% -> 57.0% -> 53.9% (128 prompts:
+    # sd 4.4 points each). A fixed 0.05 threshold raised checker_suspected and reward_up_accuracy_down here
+    reward = [0.8125, 0.9196, 0.8080, 0.8711, 0.8945, 0.8477, 0.8973, 0.8672, 0.8828, 0.9219]
+    monitor = AlarmMonitor(20, AlarmConfig(window=10))
+    monitor.observe(0, {"heldout_subset_accuracy": 0.141})
+    raised = {}
+    for step in range(1, 21):
+        m = {"reward_mean": ([0.3, 0.45, 0.55, 0.6, 0.7, 0.68, 0.83, 0.71, 0.75, 0.88] + reward)[step - 1],
+             "adv_nonzero_frac": 0.2, "signal_frac": 0.5, "completion_len": 11.5, "repeat_ngram_frac": 0.0,
+             "entropy": 0.06}
+        m.update({5: {"heldout_subset_accuracy": 0.469}, 10: {"heldout_subset_accuracy": 0.578},
+                  15: {"heldout_subset_accuracy": 0.570}, 20: {"heldout_subset_accuracy": 0.539}}.get(step, {}))
+        raised.update(monitor.observe(step, m)[1])
+    assert not {"checker_suspected", "reward_up_accuracy_down"} & set(raised), raised
+    fixed = AlarmMonitor(20, AlarmConfig(window=10))
+    assert fixed.config.checker_rise < 0.057  # the rise alone clears the old fixed threshold

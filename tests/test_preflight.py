@@ -233,3 +233,18 @@ def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):
     resumed = tiny_trainer(reward=never, steps=8, no_signal_steps=3, early_stop=True).train(tmp_path / "b", resume=True)
     assert straight["steps"] == resumed["steps"] == 3
     assert straight["stopped_early"] == resumed["stopped_early"]
+
+
+def test_first_tries_and_repeats_are_logged_and_survive_a_resume(tmp_path):
+    # 32 training prompts, 8 drawn a step: step 1 is all first tries, and by step 6 (48 draws) prompts repeat
+    trainer = tiny_trainer(steps=6, prompts_per_step=8)
+    trainer.train(tmp_path / "run")
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "repeat_frac" in m]
+    assert steps[0]["repeat_frac"] == 0.0 and 0.0 <= steps[0]["reward_first_try"] <= 1.0
+    assert steps[-1]["repeat_frac"] > 0.0
+    assert int(trainer.draws.counts.sum()) == 48
+    resumed = tiny_trainer(steps=6, prompts_per_step=8)
+    tiny_trainer(steps=3, prompts_per_step=8).train(tmp_path / "half")
+    resumed.train(tmp_path / "half", resume=True)
+    assert (resumed.draws.counts == trainer.draws.counts).all()  # the counts travel in the checkpoint
