@@ -31,6 +31,7 @@ import numpy as np
 ALARMS = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down", "length_without_reward",
           "repetition_rising", "entropy_collapse")
 STOPPING = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down")
+MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: the reward is the repeats'
 CONFIRM = 2  # a trend alarm stops the run once it has held at this many held-out evaluations in a row
 
 
@@ -123,24 +124,31 @@ def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: A
     if d_reward <= rise_beyond_noise(reward, cfg.checker_rise) or d_acc >= follow:
         return None
     return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
-            f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. {_divergence_cause(first_try, follow)}")
+            f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. {_divergence_cause(reward, first_try)}")
 
 
-def _divergence_cause(first_try: Sequence[float], follow: float) -> str:
-    """Why training reward runs ahead of held-out accuracy, read from the reward on first tries."""
+def _divergence_cause(reward: Sequence[float], first_try: Sequence[float]) -> str:
+    """Why training reward runs ahead of held-out accuracy, read from the reward on first tries at a prompt.
+
+    A hole in the reward pays on any prompt, first try or not; memorising pays only on prompts drawn
+    before. So the window's mean reward on first tries is compared with its mean reward overall: levels,
+    not trends, because a step holds only a few first tries and their trend is mostly noise.
+    """
     tried = [x for x in first_try if math.isfinite(x)]
     if len(tried) < 3:
         return ("The policy is learning something the held-out checker does not reward: a hole in the training "
                 "reward, answers memorised for the training prompts the sampler keeps returning, or only the "
                 "sampler moving to easier prompts")
-    change = fitted_change(tried)
-    if change < follow:
-        return (f"On prompts it tries for the first time the reward changed {change:+.3f}: the rise is on prompts "
-                "drawn before, so the policy is memorising the training prompts the sampler keeps returning "
-                "rather than learning the task. Try more training prompts, --sampler uniform, or a lower --lr")
-    return (f"The reward rises on prompts tried for the first time too ({change:+.3f}), so it is not memorising: "
-            "the training reward pays for something the held-out checker does not (audit it with grpo "
-            "check-reward), or the held-out prompts differ from the training prompts")
+    first, overall = float(np.mean(tried)), float(np.nanmean(reward))
+    if overall - first > MEMORISED_GAP:
+        return (f"Its reward on prompts tried for the first time averaged {first:.2f} against {overall:.2f} "
+                "overall: the reward comes from prompts drawn before, so the policy is memorising the training "
+                "prompts the sampler keeps returning rather than learning the task. Try more training prompts, "
+                "--sampler uniform, or a lower --lr")
+    return (f"Its reward on prompts tried for the first time averaged {first:.2f}, as high as overall "
+            f"({overall:.2f}), so it is not memorising: the training reward pays for something the held-out "
+            "checker does not (audit it with grpo check-reward), or the held-out prompts differ from the "
+            "training prompts")
 
 
 def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:

@@ -298,6 +298,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     report.seconds = time.perf_counter() - start
     report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
                                                 dynamic=cfg.filter_groups)
+    if report.fitted_max_new_tokens is not None and samples.lengths:
+        # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
+        report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))
     return report
 
 
@@ -305,7 +308,7 @@ def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_ro
                           dynamic: bool) -> float:
     """Generation seconds a training step can expect: a round of B prompts at the check's pace per prompt,
     times the rounds dynamic sampling needs to find B varying groups at the check's share (at most
-    max_rounds). Sampling at the fitted limit is cheaper; the estimate ignores that."""
+    max_rounds). run_preflight scales it down to a fitted token limit."""
     per_prompt = report.seconds / max(report.prompts, 1)
     needed = 1 if not dynamic else min(max_rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else max_rounds
     return per_prompt * prompts_per_step * needed

@@ -142,8 +142,8 @@ def test_checker_suspected_fires_when_reward_rises_and_heldout_does_not_follow()
 
 
 @pytest.mark.parametrize("first_try_rise, cause", [
-    (0.0, "memorising the training prompts"),  # first tries flat: the rise is on repeats
-    (0.6, "not memorising"),  # first tries rise with the reward: a hole in it, or other held-out prompts
+    (0.0, "memorising the training prompts"),  # first tries stay low: the reward is the repeats'
+    (0.6, "not memorising"),  # first tries score as the rest: a hole in the reward, or other held-out prompts
     (None, "a hole in the training reward, answers memorised"),  # no first tries seen: both said
 ])
 def test_checker_suspected_names_the_likelier_cause(first_try_rise, cause):
