@@ -85,8 +85,9 @@ def rise_beyond_noise(values: Sequence[float], floor: float) -> float:
 
 
 def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Sequence[float],
-          cfg: AlarmConfig) -> str | None:
-    """Raw reward flat (and held-out accuracy flat, where measured) while advantages are non-zero."""
+          cfg: AlarmConfig, first_try: Sequence[float] = ()) -> str | None:
+    """Raw reward flat (and held-out accuracy flat, where measured) while advantages are non-zero; the
+    message adds when the reward comes from prompts drawn before (see ``_divergence_cause``)."""
     if len(reward) < cfg.window:
         return None
     d_reward = fitted_change(reward)
@@ -96,8 +97,10 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Seque
     if len(accuracy) >= 2 and abs(accuracy[-1] - accuracy[0]) >= cfg.accuracy_flat:
         return None
     held = f", held-out accuracy {accuracy[0]:.1%} -> {accuracy[-1]:.1%}" if len(accuracy) >= 2 else ""
+    tried = [x for x in first_try if math.isfinite(x)]
+    memorised = len(tried) >= 3 and float(np.nanmean(reward)) - float(np.mean(tried)) > MEMORISED_GAP
     return (f"stall: raw reward changed {d_reward:+.3f} over {len(reward)} steps{held}, "
-            f"while {signal:.0%} of advantages are non-zero")
+            f"while {signal:.0%} of advantages are non-zero" + (f". {_divergence_cause(reward, tried)}" if memorised else ""))
 
 
 def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
@@ -267,7 +270,7 @@ class AlarmMonitor:
         return {
             "no_signal": no_signal(self.series.get("signal_frac", []), cfg),
             "checker_suspected": checker_suspected(reward, accuracy, cfg, self._recent("reward_first_try")),
-            "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg),
+            "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg, self._recent("reward_first_try")),
             "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg),
             "length_without_reward": length_without_reward(self._recent("completion_len"), reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),

@@ -216,3 +216,22 @@ def test_a_plateau_with_noisy_heldout_raises_no_alarm():
     assert not {"checker_suspected", "reward_up_accuracy_down"} & set(raised), raised
     fixed = AlarmMonitor(20, AlarmConfig(window=10))
     assert fixed.config.checker_rise < 0.057  # the rise alone clears the old fixed threshold
+
+
+@pytest.mark.parametrize("first_try, memorising", [(0.17, True), (0.7, False)])
+def test_a_stall_on_repeated_prompts_says_the_reward_comes_from_them(first_try, memorising):
+    # a subtraction file (measured): training reward flat near 0.73 on prompts the sampler returns, 0.17 on
+    # first tries, held-out accuracy flat near 10%: the stall's message says where the reward comes from
+    rng = np.random.default_rng(0)
+    monitor = AlarmMonitor(30, AlarmConfig(window=6))
+    monitor.observe(0, {"heldout_subset_accuracy": 0.1})
+    messages = {}
+    for step in range(1, 31):
+        m = {"reward_mean": 0.73 + rng.normal(0, 0.02), "adv_nonzero_frac": 0.8, "signal_frac": 0.7,
+             "completion_len": 12.0, "repeat_ngram_frac": 0.0, "entropy": 0.5,
+             "reward_first_try": first_try + rng.normal(0, 0.05)}
+        if step % 3 == 0:
+            m["heldout_subset_accuracy"] = 0.1
+        messages.update(monitor.observe(step, m)[1])
+    assert messages["stall"].startswith("stall: ")
+    assert ("memorising" in messages["stall"]) == memorising
