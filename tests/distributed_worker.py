@@ -61,6 +61,7 @@ def run_case(case: dict) -> dict:
     trainer = grpo.trainer.GRPOTrainer(
         config, model=model, tokenizer=tokenizer, task=Task("tiny", rows[:32], rows[32:], reward), progress=False,
     )
+    held = watch_gathered_layers(trainer) if trainer.world.fsdp else []
     batches = []
     sample_batch = trainer.sample_batch
     trainer.sample_batch = lambda step: batches.append(sample_batch(step)) or batches[-1]
@@ -78,8 +79,27 @@ def run_case(case: dict) -> dict:
         "own_completions": world.gather_objects(sum(own, [])),
         "state_bytes": world.gather_objects(state_bytes(trainer)),
         "fsdp_units": [fsdp_units(trainer.policy), fsdp_units(trainer.reference)],
+        "layers_held": world.gather_objects(max(held, default=0)),
         "peak_rss_mib": world.gather_objects(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
+
+
+def watch_gathered_layers(trainer: grpo.trainer.GRPOTrainer) -> list[int]:
+    """At each decoder layer's forward in a training pass (with grad), how many of the policy's layers are
+    gathered in full: FSDP2 swaps a unit's sharded parameters (DTensors) for whole ones while gathered."""
+    from torch.distributed.tensor import DTensor
+
+    from grpo.distributed import decoder_layers
+
+    layers, held = decoder_layers(trainer.model), []
+
+    def count(module: torch.nn.Module, args: object) -> None:
+        if torch.is_grad_enabled():
+            held.append(sum(not isinstance(next(layer.parameters()), DTensor) for layer in layers))
+
+    for layer in layers:
+        layer.register_forward_pre_hook(count)
+    return held
 
 
 def fsdp_units(module: torch.nn.Module | None) -> int:

@@ -94,3 +94,37 @@ def test_preflight_on_a_users_short_answer_data_fits_the_token_limit(tmp_path):
     fitted = [line for line in result.stdout.splitlines() if "token limit fitted to the data" in line]
     assert fitted and 16 <= int(fitted[0].rsplit("=", 1)[1]) < 256, result.stdout
     assert "pass rate" in result.stdout and "groups that vary" in result.stdout
+
+
+def test_the_embedded_model_resumed_in_a_new_process_is_bitwise_the_straight_run(tmp_path):
+    """2 steps, then resumed to 4 in a new process, against 4 straight (issue 15: a resumed run once ended
+    2.4e-7 away). Each run is its own process, which starts from nothing but the checkpoint's files."""
+    from grpo import checkpoint
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["--prompts-per-step", "2", "--group-size", "4", "--eval-size", "8", "--max-new-tokens", "16",
+            "--no-preflight", "--no-save-model", "--save-every", "2", "--no-progress"]
+
+    def grpo(*extra: str) -> None:
+        result = subprocess.run([sys.executable, "-m", "grpo", "train", *extra], capture_output=True, text=True,
+                                env=env, timeout=900, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-2000:]
+
+    grpo(*args, "--steps", "4", "--output", str(tmp_path / "straight"))
+    grpo(*args, "--steps", "2", "--output", str(tmp_path / "split"))
+    grpo("--resume", str(tmp_path / "split"), "--steps", "4", "--no-progress")
+    ends = [checkpoint.latest(tmp_path / run) for run in ("straight", "split")]
+    assert [checkpoint.read_meta(p)["step"] for p in ends] == [4, 4]
+    a, b = (torch.load(p / checkpoint.WEIGHTS, weights_only=True) for p in ends)
+    assert a.keys() == b.keys()
+    apart = {name: (a[name] - b[name]).abs().max().item() for name in a if not torch.equal(a[name], b[name])}
+    assert not apart, f"{len(apart)} of {len(a)} tensors differ, by at most {max(apart.values()):.3g}"
+    del a, b
+    a, b = (torch.load(p / checkpoint.STATE, weights_only=False)["optimizer"]["state"] for p in ends)
+    assert a.keys() == b.keys()
+    for name in a:
+        for key, value in a[name].items():
+            assert torch.equal(value, b[name][key]), (name, key)
+    rows = [[{k: v for k, v in json.loads(line).items() if not k.startswith(("time", "heldout", "tokens_per_second"))}
+             for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("straight", "split")]
+    assert rows[0] == rows[1]
