@@ -35,6 +35,12 @@ Each draw of n prompts:
 
 Old evidence decays: counts are multiplied by 0.5 every ``half_life`` steps,
 so a prompt solved long ago drifts back to the prior and is tried again.
+Evidence from before an update that trained on the prompt is dropped: a mixed
+group is trained on, and the update moves that prompt's pass rate on purpose,
+so the group describes a policy that no longer exists. Without this a prompt
+once half-solved stays "likely mixed" through many all-correct groups after the
+policy has learned it, and the sampler keeps paying for solved prompts (on a
+user's division file: 70% of the generated groups all correct, 85% repeats).
 
 Samplers are deterministic functions of their seed and of the rewards they
 observe; every process under torchrun holds the same sampler, feeds it the
@@ -117,6 +123,7 @@ class FrontierSampler:
         self.successes = np.zeros(size)  # s_i, decayed to step seen_at[i]
         self.failures = np.zeros(size)  # f_i
         self.seen_at = np.full(size, -1, dtype=np.int64)  # the step of the latest evidence; -1: never
+        self.trained = np.zeros(size, dtype=bool)  # whether the latest group was mixed, so trained on
         # the exploration draws' measurements, decayed like the counts: [sum, count]
         self.pool_reward = np.array([0.5, 1.0])  # mean reward m (a prior of one half-correct group)
         self.pool_mixed = np.array([0.5, 1.0])  # mixed rate of a uniform draw
@@ -202,10 +209,14 @@ class FrontierSampler:
         idx = np.asarray(prompts, dtype=np.int64)
         self._age_pool(step)
         for i, row in zip(idx, r, strict=True):  # one at a time: a prompt may appear twice
-            keep = 0.5 ** ((step - self.seen_at[i]) / self.half_life) if self.seen_at[i] >= 0 else 1.0
+            if self.trained[i]:
+                keep = 0.0  # the counts predate an update on this prompt
+            else:
+                keep = 0.5 ** ((step - self.seen_at[i]) / self.half_life) if self.seen_at[i] >= 0 else 1.0
             self.successes[i] = keep * self.successes[i] + row.sum()
             self.failures[i] = keep * self.failures[i] + (1.0 - row).sum()
             self.seen_at[i] = step
+            self.trained[i] = bool(row.max() > row.min())
         explored = r[len(r) - self.explored :] if self.explored else r[:0]
         self.pool_reward += [explored.sum(), explored.size]
         self.pool_mixed += [float((explored.max(axis=1) > explored.min(axis=1)).sum()), len(explored)]
@@ -224,7 +235,7 @@ class FrontierSampler:
     def state_dict(self) -> dict:
         return {
             "rng": self.rng.bit_generator.state, "successes": self.successes.copy(),
-            "failures": self.failures.copy(), "seen_at": self.seen_at.copy(),
+            "failures": self.failures.copy(), "seen_at": self.seen_at.copy(), "trained": self.trained.copy(),
             "pool_reward": self.pool_reward.copy(), "pool_mixed": self.pool_mixed.copy(),
             "pool_groups": self.pool_groups.copy(), "now": self.now, "explored": self.explored,
         }
@@ -236,6 +247,7 @@ class FrontierSampler:
         for name in ("successes", "failures", "seen_at", "pool_reward", "pool_mixed"):
             setattr(self, name, np.array(state[name]))
         self.pool_groups = np.array(state.get("pool_groups", np.zeros(3)))  # absent from older checkpoints
+        self.trained = np.array(state.get("trained", np.zeros(self.size, dtype=bool)), dtype=bool)
         self.now, self.explored = int(state["now"]), int(state["explored"])
 
 

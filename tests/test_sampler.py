@@ -143,3 +143,22 @@ def test_a_fitted_weak_prior_ranks_a_once_failed_prompt_below_a_uniform_draw():
     fixed.observe(1, fixed.draw(20, 1), _groups(*[1.0] * 8, *[0.0] * 10, 0.5, 0.5))
     a, b = fixed.posterior(1)
     assert mixed_probability(a[[failed]], b[[failed]], G)[0] > fixed.baseline()  # what the fixed k=2 got wrong
+
+
+def test_evidence_from_before_an_update_on_the_prompt_is_dropped():
+    # prompt 3 was half solved (so trained on), then solved by every completion: it is no longer
+    # worth a group, though its counts with the old half would still call it likely mixed
+    s = FrontierSampler(10, G, seed=0, prior_strength=0.5)
+    s.observe(1, [3, 4], _groups(0.5, 1.0))
+    s.observe(2, [3, 4], _groups(1.0, 1.0))
+    assert s.successes[3] == pytest.approx(G) and s.failures[3] == 0.0  # the mixed group's counts are gone
+    decay = 0.5 ** (1 / s.half_life)  # prompt 4's first group was all correct, not trained on: it stays
+    assert s.successes[4] == pytest.approx(decay * G + G)
+    a, b = s.posterior(2)
+    assert mixed_probability(a[[3]], b[[3]], G)[0] < 0.2
+    kept = 0.5 * decay * G + G, 0.5 * decay * G  # what accumulating the counts would have left
+    assert mixed_probability(np.array([0.25 + kept[0]]), np.array([0.25 + kept[1]]), G)[0] > 0.3
+    state = s.state_dict()
+    t = FrontierSampler(10, G, seed=0, prior_strength=0.5)
+    t.load_state_dict(state)
+    assert t.trained.tolist() == s.trained.tolist() and not t.trained[3]
