@@ -1,5 +1,5 @@
-"""Alarms over the metric stream: no signal, checker suspected, stall, suspected reward hacking,
-entropy collapse.
+"""Alarms over the metric stream: no signal, checker suspected, stall, reward up while held-out
+accuracy falls, suspected reward hacking, entropy collapse.
 
 Advantages are relative within a group, so the objective never sees whether
 typical reward is rising: a run can look busy while the policy stalls, and a
@@ -86,16 +86,20 @@ def rise_beyond_noise(values: Sequence[float], floor: float) -> float:
 
 def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Sequence[float],
           cfg: AlarmConfig, first_try: Sequence[float] = ()) -> str | None:
-    """Raw reward flat (and held-out accuracy flat, where measured) while advantages are non-zero; the
-    message adds when the reward comes from prompts drawn before (see ``_divergence_cause``)."""
+    """Raw reward not rising beyond its noise (and held-out accuracy not rising, where measured) while
+    advantages are non-zero: the updates have something to learn from and the run does not improve.
+    A falling reward or accuracy is no better than a flat one. The message adds when the reward comes
+    from prompts drawn before (see ``_divergence_cause``)."""
     if len(reward) < cfg.window:
         return None
     d_reward = fitted_change(reward)
     signal = float(np.nanmean(adv_nonzero)) if len(adv_nonzero) else 0.0
-    if abs(d_reward) >= cfg.reward_flat or signal < cfg.adv_nonzero_min:
+    if d_reward > rise_beyond_noise(reward, cfg.reward_flat) or signal < cfg.adv_nonzero_min:
         return None
-    if len(accuracy) >= 2 and abs(accuracy[-1] - accuracy[0]) >= cfg.accuracy_flat:
-        return None
+    if len(accuracy) >= 2:
+        d_acc = fitted_change(accuracy) if len(accuracy) >= 3 else accuracy[-1] - accuracy[0]
+        if d_acc >= cfg.accuracy_flat:
+            return None
     held = f", held-out accuracy {accuracy[0]:.1%} -> {accuracy[-1]:.1%}" if len(accuracy) >= 2 else ""
     tried = [x for x in first_try if math.isfinite(x)]
     memorised = len(tried) >= 3 and float(np.nanmean(reward)) - float(np.mean(tried)) > MEMORISED_GAP
@@ -154,14 +158,17 @@ def _divergence_cause(reward: Sequence[float], first_try: Sequence[float]) -> st
             "training prompts")
 
 
-def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig) -> str | None:
-    """Training reward rising while held-out accuracy (the task's checker) falls."""
+def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig,
+                            first_try: Sequence[float] = ()) -> str | None:
+    """Training reward rising while held-out accuracy (the task's checker) falls; the message names the
+    likelier cause as checker_suspected does (a policy memorising its prompts also gets worse elsewhere)."""
     if len(reward) < cfg.window or len(accuracy) < 2:
         return None
     d_reward, d_acc = fitted_change(reward), accuracy[-1] - accuracy[0]
     if d_reward > rise_beyond_noise(reward, cfg.reward_rise) and d_acc < -cfg.accuracy_drop:
-        return (f"suspected reward hacking: raw reward {d_reward:+.3f} over {len(reward)} steps "
-                f"while held-out accuracy fell {accuracy[0]:.1%} -> {accuracy[-1]:.1%}")
+        return (f"reward up, held-out accuracy down: raw reward {d_reward:+.3f} over {len(reward)} steps "
+                f"while held-out accuracy fell {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. "
+                f"{_divergence_cause(reward, first_try)}")
     return None
 
 
@@ -212,7 +219,7 @@ class AlarmMonitor:
         self.heldout: list[tuple[int, float]] = []  # (step, accuracy)
         self.active: dict[str, bool] = dict.fromkeys(ALARMS, False)
         self.messages: dict[str, str] = {}
-        self.confirmed: dict[str, int] = dict.fromkeys(ALARMS, 0)  # held-out evaluations in a row it held at
+        self.trend_held = 0  # held-out evaluations in a row at which some stopping trend alarm was on
 
     def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings."""
@@ -227,31 +234,34 @@ class AlarmMonitor:
         messages = self._check(step)
         warnings = {name: msg for name, msg in messages.items() if msg and not self.active[name]}
         self.messages = {name: msg for name, msg in messages.items() if msg}
-        for name, msg in messages.items():
-            self.confirmed[name] = 0 if msg is None else self.confirmed[name] + (watched is not None)
+        trend = any(messages[name] for name in STOPPING if name != "no_signal")
+        self.trend_held = 0 if not trend else self.trend_held + (watched is not None)
         self.active = {name: msg is not None for name, msg in messages.items()}
         return {f"alarm/{name}": float(on) for name, on in self.active.items()}, warnings
 
     def state(self) -> dict:
         """What a checkpoint keeps, so that a resumed run's alarms see the steps before it."""
-        return {"series": self.series, "heldout": self.heldout, "active": self.active, "confirmed": self.confirmed}
+        return {"series": self.series, "heldout": self.heldout, "active": self.active, "trend_held": self.trend_held}
 
     def load_state(self, state: dict | None) -> None:
         if state:
             self.series = {k: list(v) for k, v in state["series"].items()}
             self.heldout = [tuple(x) for x in state["heldout"]]
             self.active.update(state["active"])
-            self.confirmed.update(state["confirmed"])
+            self.trend_held = int(state.get("trend_held", 0))  # absent from older checkpoints
 
     def stopping(self) -> str | None:
         """The message of the first active alarm that means the run will not learn, if any.
 
-        no_signal counts its own steps; a trend alarm must have held at CONFIRM held-out
-        evaluations in a row, so one noisy evaluation does not end a run that is learning.
+        no_signal counts its own steps; trend alarms must have held at CONFIRM held-out evaluations
+        in a row, so one noisy evaluation does not end a run that is learning. They may take turns
+        (a flat reward raises stall, a step later a rising one raises checker_suspected): any of them
+        on counts, and the message is the first one on now.
         """
-        for name in STOPPING:
-            if name in self.messages and (name == "no_signal" or self.confirmed[name] >= CONFIRM):
-                return self.messages[name]
+        if "no_signal" in self.messages:
+            return self.messages["no_signal"]
+        if self.trend_held >= CONFIRM:
+            return next((self.messages[name] for name in STOPPING if name in self.messages), None)
         return None
 
     def _recent(self, key: str) -> list[float]:
@@ -271,7 +281,7 @@ class AlarmMonitor:
             "no_signal": no_signal(self.series.get("signal_frac", []), cfg),
             "checker_suspected": checker_suspected(reward, accuracy, cfg, self._recent("reward_first_try")),
             "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg, self._recent("reward_first_try")),
-            "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg),
+            "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg, self._recent("reward_first_try")),
             "length_without_reward": length_without_reward(self._recent("completion_len"), reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from grpo.alarms import AlarmConfig, AlarmMonitor, fitted_change
+from grpo.alarms import AlarmConfig, AlarmMonitor, fitted_change, reward_up_accuracy_down
 
 STEPS = 40
 CFG = AlarmConfig()  # window 20
@@ -235,3 +235,13 @@ def test_a_stall_on_repeated_prompts_says_the_reward_comes_from_them(first_try, 
         messages.update(monitor.observe(step, m)[1])
     assert messages["stall"].startswith("stall: ")
     assert ("memorising" in messages["stall"]) == memorising
+
+
+def test_reward_up_accuracy_down_names_the_cause_from_first_tries():
+    reward = list(np.linspace(0.2, 0.8, CFG.window))
+    accuracy = [0.45, 0.40, 0.35]
+    memorising = reward_up_accuracy_down(reward, accuracy, CFG, first_try=[0.2] * CFG.window)
+    assert memorising is not None and "memorising the training prompts" in memorising
+    hole = reward_up_accuracy_down(reward, accuracy, CFG, first_try=reward)
+    assert hole is not None and "not memorising" in hole and "grpo check-reward" in hole
+    assert reward_up_accuracy_down(reward, [0.35, 0.40, 0.45], CFG, first_try=reward) is None
