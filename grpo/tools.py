@@ -27,16 +27,15 @@ import importlib
 import importlib.util
 import inspect
 import json
-import multiprocessing as mp
 import re
 import signal
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from grpo.config import ConfigError
+from grpo.workers import ForkPool
 
 PLAIN_CALL = re.compile(r"<tool>(.*?)(</tool>|$)", re.DOTALL)
 NATIVE_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
@@ -173,30 +172,8 @@ class ToolBox:
         self.withheld = withheld
         self.timeout = timeout
         self.order = list(self.fns)
-        self.ctx = mp.get_context("fork")
-        self.workers = [self._start() for _ in range(workers if self.fns else 0)]
-
-    def _start(self) -> tuple[mp.Process, Connection]:
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker_loop, args=(child, list(self.fns.values())), daemon=True)
-        proc.start()
-        child.close()
-        return proc, parent
-
-    def _replace(self, i: int) -> None:
-        proc, conn = self.workers[i]
-        proc.kill()
-        proc.join()
-        conn.close()
-        self.workers[i] = self._start()
-
-    def _send(self, i: int, job: tuple) -> None:
-        """Give worker i a job; a worker that died while idle (a signal, the OOM killer) is replaced first."""
-        try:
-            self.workers[i][1].send(job)
-        except OSError:  # BrokenPipeError: its end of the pipe is gone
-            self._replace(i)
-            self.workers[i][1].send(job)
+        self.pool: ForkPool[ToolResult] | None = (
+            ForkPool(_worker_loop, (list(self.fns.values()),), workers, timeout) if workers and self.fns else None)
 
     def describe(self) -> str:
         """The tools in the plain tag format, for a system message (templates without tools)."""
@@ -229,7 +206,7 @@ class ToolBox:
         return results  # type: ignore[return-value]
 
     def _execute(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        if not self.workers:
+        if self.pool is None:
             out = []
             for call in calls:
                 try:
@@ -237,44 +214,18 @@ class ToolBox:
                 except Exception as err:
                     out.append(ToolResult(f"error: {type(err).__name__}: {err}", error=True))
             return out
-        results: list[ToolResult | None] = [None] * len(calls)
-        todo = list(range(len(calls)))[::-1]
-        busy: dict[int, tuple[int, float]] = {}  # worker -> (call, deadline)
-        while todo or busy:
-            for i in range(len(self.workers)):
-                if i not in busy and todo:
-                    j = todo.pop()
-                    self._send(i, (j, self.order.index(calls[j].name), calls[j].args, dict(calls[j].kwargs)))
-                    busy[i] = (j, time.monotonic() + self.timeout)
-            conns = {self.workers[i][1]: i for i in busy}
-            deadline = min(d for _, d in busy.values())
-            for conn in wait(list(conns), timeout=max(0.0, deadline - time.monotonic())):
-                i = conns[conn]
-                try:
-                    j, result = conn.recv()
-                except (EOFError, OSError):  # the tool killed its worker
-                    j, result = busy[i][0], ToolResult("error: the tool's process died", error=True)
-                    self._replace(i)
-                results[j] = result
-                del busy[i]
-            for i, (j, deadline) in list(busy.items()):
-                if time.monotonic() >= deadline:
-                    results[j] = ToolResult(f"error: the tool timed out after {self.timeout:g} s",
-                                            error=True, timed_out=True)
-                    self._replace(i)
-                    del busy[i]
-        return results  # type: ignore[return-value]
+        jobs = [(self.order.index(call.name), call.args, dict(call.kwargs)) for call in calls]
+
+        def failed(j: int, timed_out: bool) -> ToolResult:
+            if timed_out:
+                return ToolResult(f"error: the tool timed out after {self.timeout:g} s", error=True, timed_out=True)
+            return ToolResult("error: the tool's process died", error=True)
+
+        return self.pool.map(jobs, failed)
 
     def close(self) -> None:
-        for proc, conn in self.workers:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-            proc.join(timeout=1)
-            if proc.is_alive():
-                proc.kill()
-        self.workers = []
+        if self.pool is not None:
+            self.pool.close()
 
 
 def load_functions(spec: str, what: str = "tool") -> list[Callable]:

@@ -10,18 +10,17 @@ reported once with its traceback as a warning, and then either scored 0
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
-import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 import torch
 from torch import Tensor
 
 from grpo.rewards.resolve import RewardError
 from grpo.rewards.styles import CallResult, call_batch, detect_style
+from grpo.workers import ForkPool
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -41,81 +40,6 @@ def _worker_loop(conn: Connection, fns: Sequence[RewardFn], styles: Sequence[str
             return
         job_id, k, texts, rows, ids = job
         conn.send((job_id, call_batch(fns[k], styles[k], texts, rows, ids)))
-
-
-class WorkerPool:
-    """Forked worker processes; a worker whose call runs past the timeout is killed and replaced.
-
-    Fork (not spawn) so that any callable works, lambdas and closures included;
-    the workers never touch torch or the GPU.
-    """
-
-    def __init__(self, fns: Sequence[RewardFn], workers: int, timeout: float,
-                 styles: Sequence[str] | None = None) -> None:
-        self.fns, self.timeout = list(fns), timeout
-        self.styles = list(styles) if styles is not None else ["grpo"] * len(self.fns)
-        self.ctx = mp.get_context("fork")
-        self.workers = [self._start() for _ in range(workers)]
-
-    def _start(self) -> tuple[mp.Process, Connection]:
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker_loop, args=(child, self.fns, self.styles), daemon=True)
-        proc.start()
-        child.close()
-        return proc, parent
-
-    def _replace(self, i: int) -> None:
-        proc, conn = self.workers[i]
-        proc.kill()
-        proc.join()
-        conn.close()
-        self.workers[i] = self._start()
-
-    def map(self, jobs: Sequence[Job]) -> list[list[CallResult]]:
-        """Run jobs, each a call on a batch of one or more completions; each job's results, in job order.
-
-        The timeout is per job: a job that runs past it fails every completion it holds.
-        """
-        results: list[list[CallResult] | None] = [None] * len(jobs)
-        todo = list(range(len(jobs)))[::-1]
-        busy: dict[int, tuple[int, float]] = {}  # worker -> (job, deadline)
-        while todo or busy:
-            for i in range(len(self.workers)):
-                if i not in busy and todo:
-                    j = todo.pop()
-                    self.workers[i][1].send((j, *jobs[j]))
-                    busy[i] = (j, time.monotonic() + self.timeout)
-            conns = {self.workers[i][1]: i for i in busy}
-            next_deadline = min(d for _, d in busy.values())
-            for conn in wait(list(conns), timeout=max(0.0, next_deadline - time.monotonic())):
-                i = conns[conn]
-                try:
-                    j, result = conn.recv()
-                except (EOFError, OSError):  # the worker died mid-call (a reward killed it)
-                    j = busy[i][0]
-                    result = [CallResult(0.0, "reward worker process died during the call")] * len(jobs[j][1])
-                    self._replace(i)
-                results[j] = result
-                del busy[i]
-            now = time.monotonic()
-            for i, (j, deadline) in list(busy.items()):
-                if now >= deadline:
-                    failed = CallResult(0.0, f"reward call timed out after {self.timeout:g} s", timed_out=True)
-                    results[j] = [failed] * len(jobs[j][1])
-                    self._replace(i)
-                    del busy[i]
-        return results  # type: ignore[return-value]
-
-    def close(self) -> None:
-        for proc, conn in self.workers:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-            proc.join(timeout=1)
-            if proc.is_alive():
-                proc.kill()
-        self.workers = []
 
 
 def _unique_names(fns: Sequence[RewardFn]) -> list[str]:
@@ -166,7 +90,7 @@ class RewardScorer:
         self._warned: set[str] = set()
         self._extra_keys: dict[str, list[str]] = {name: [] for name in self.names}
         pooled = [fn for fn in self.fns if not hasattr(fn, "score_batch")]
-        self.pool = WorkerPool(self.fns, workers, timeout, self.styles) if workers > 0 and pooled else None
+        self.pool = ForkPool(_worker_loop, (self.fns, self.styles), workers, timeout) if workers > 0 and pooled else None
 
     def _jobs(self, k: int, texts: Sequence[str], rows: Sequence[Mapping],
               ids: Sequence[Sequence[int]] | None) -> list[Job]:
@@ -185,7 +109,14 @@ class RewardScorer:
             except Exception:
                 return [CallResult(0.0, traceback.format_exc())] * len(texts)
         if self.pool is not None:
-            return [r for chunk in self.pool.map(self._jobs(k, texts, rows, ids)) for r in chunk]
+            jobs = self._jobs(k, texts, rows, ids)
+
+            def failed(j: int, timed_out: bool) -> list[CallResult]:  # the job's every completion fails
+                why = (f"reward call timed out after {self.pool.timeout:g} s" if timed_out
+                       else "reward worker process died during the call")
+                return [CallResult(0.0, why, timed_out=timed_out)] * len(jobs[j][1])
+
+            return [r for chunk in self.pool.map(jobs, failed) for r in chunk]
         return call_batch(fn, self.styles[k], texts, rows, ids)
 
     def _report(self, name: str, results: Sequence[CallResult]) -> None:
