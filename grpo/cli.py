@@ -342,11 +342,8 @@ def _eval_task(args: argparse.Namespace) -> Task:
 
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
-        if task.tools or task.env:
-            raise ConfigError(f"grpo eval does not run episodes yet: {task.name} uses tools or an environment; "
-                              "a run's held-out accuracy with them is in its summary.json")
         return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt,
-                    task.defaults)
+                    task.defaults, task.tools, task.env)
     rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
                      prompt_template=args.prompt_template, require_answer=not args.rewards)
     if len(rows) < 2 and args.rows == "heldout":
@@ -383,9 +380,10 @@ def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
+    from grpo.episodes import make_agent
     from grpo.evaluate import encode_prompts, evaluate
     from grpo.models import check_model, load_policy
-    from grpo.trainer import pick_device
+    from grpo.trainer import pick_device, settle_config
 
     if args.eval_size <= 0 or args.max_new_tokens < 0:
         raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
@@ -401,10 +399,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
-    result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
-                      max_new_tokens=limit, samples=args.samples, ks=args.k,
-                      temperature=args.temperature, stop_strings=tuple(args.stop),
-                      generator=torch.Generator(device=device).manual_seed(args.seed))
+    # a task with tools or an environment is scored on whole episodes, with its own turn settings
+    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit), task)
+    agent, toolbox = make_agent(episodes, task, policy.tokenizer)
+    try:
+        result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
+                          max_new_tokens=limit, samples=args.samples, ks=args.k,
+                          temperature=args.temperature, stop_strings=tuple(args.stop),
+                          generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent)
+    finally:
+        if toolbox is not None:
+            toolbox.close()
     name = args.data or args.task
     if args.json:
         print(json.dumps({"model": args.model, "task": name, "heldout_size": result.size,

@@ -35,8 +35,9 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from grpo.config import ConfigError, TrainConfig
 from grpo.rollout import Rollout, check_supported, end_of_turn_ids, prefill, resume, sample_turn, start_state
-from grpo.tools import ToolBox, parse_tool_calls
+from grpo.tools import ToolBox, load_functions, parse_tool_calls
 
 Messages = list[dict]
 SENTINEL = "\u2063grpo-turn\u2063"  # stands in for a policy turn when the template renders the next messages
@@ -341,3 +342,31 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "seconds_env": sum(e.seconds_env for e in episodes),
         "env_token_frac": env_tokens / max(env_tokens + sum(e.policy_tokens for e in episodes), 1),
     }
+
+
+def make_agent(config: TrainConfig, task: object, tokenizer: object, *, tools: Sequence[Callable] | None = None,
+               env: Callable | None = None) -> tuple[Agent | None, ToolBox | None]:
+    """How a run's episodes go: the given, configured or task's (``task``: a grpo.tasks.Task) environment,
+    else the given, configured or task's tools as a ToolEnv; (None, None) for a single-turn task. The
+    ToolBox, when there is one, holds worker processes: close it when done. ``config`` is settled."""
+    make_env = env or (load_functions(config.env, "environment")[0] if config.env else None) or task.env
+    withheld = config.tools == "none"
+    if tools is None:
+        tools = load_functions(config.tools) if config.tools and not withheld else list(task.tools)
+    if make_env is not None and tools:
+        raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+    schemas: list[dict] = []
+    box = None
+    if make_env is None:
+        if not tools:
+            return None, None
+        box = ToolBox(tools, timeout=config.tool_timeout, withheld=withheld)
+        native, role = template_features(tokenizer, box.schemas)
+        schemas = box.schemas if native else []
+
+        def make_env() -> ToolEnv:  # one per episode
+            return ToolEnv(box, task.messages, role, native)
+
+    agent = Agent(make_env, max_turns=config.max_turns, max_episode_tokens=config.max_episode_tokens,
+                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas)
+    return agent, box

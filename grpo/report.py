@@ -1,5 +1,6 @@
 """`grpo report`: a run's curves as report.png and an HTML page with the plots, config, summary
-and best/worst sample completions; for one run or two side by side, finished or still running.
+and best/worst sample completions; for a run with tools or an environment also one whole episode
+transcript and a tool-use table; for one run or two side by side, finished or still running.
 
 Everything is read from the run directory: config.json, metrics.jsonl (one
 record per step, plus the held-out evaluations at step 0 and at the end),
@@ -263,6 +264,29 @@ def sample_table(run: Run) -> str:
     return "".join(parts)
 
 
+# per-step episode metrics (grpo/episodes.py episode_metrics), first and latest, for the tool-use table
+EPISODE_KEYS = (("turns_per_episode", ".2f"), ("tool_calls_per_episode", ".2f"), ("parse_failures", ".0f"),
+                ("tool_errors", ".0f"), ("tool_timeouts", ".0f"), ("env_errors", ".0f"),
+                ("seconds_tools", ".1f"), ("seconds_env", ".1f"), ("env_token_frac", ".1%"))
+
+
+def episode_section(run: Run) -> str:
+    """For a run with tools or an environment: how tool use went, first step to latest, and the best
+    episode of the latest sampled step as a role-tagged transcript; empty for a single-turn run."""
+    rows = [[key, _change(run, key, spec)] for key, spec in EPISODE_KEYS if run.series(key)[0]]
+    episodes = [c for c in run.completions if c.get("transcript")]
+    if not rows and not episodes:
+        return ""
+    parts = ["<h4>tool use (first step → latest)</h4>" + _table(["metric", "value"], rows)] if rows else []
+    if episodes:
+        step = max(c["step"] for c in episodes)
+        best = max((c for c in episodes if c["step"] == step), key=lambda c: c["reward"])
+        turns = [[m.get("role", "?"), m.get("content", "")] for m in best["transcript"]]
+        parts.append(f"<h4>an episode (step {step}, reward {best['reward']:.3g}, the best of its step)</h4>"
+                     + _table(["role", "content"], turns))
+    return "".join(parts)
+
+
 STYLE = """
 body { font-family: DejaVu Sans, sans-serif; margin: 24px; color: #222; max-width: 1500px; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
@@ -278,7 +302,7 @@ def page(runs: Sequence[Run], png: bytes) -> str:
     image = base64.b64encode(png).decode()
     per_run = "".join(
         f"<div><h3>{html.escape(r.name)}</h3><h4>summary</h4>{summary_table(r)}"
-        f"<h4>sample completions</h4>{sample_table(r)}</div>"
+        f"<h4>sample completions</h4>{sample_table(r)}{episode_section(r)}</div>"
         for r in runs
     )
     return (

@@ -71,7 +71,7 @@ from grpo.distributed import (
     to_float,
     training_state,
 )
-from grpo.episodes import Agent, ToolEnv, episode_metrics, episode_total, template_features
+from grpo.episodes import episode_metrics, episode_total, make_agent
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
@@ -85,7 +85,7 @@ from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
-from grpo.tools import ToolBox, load_functions
+from grpo.tools import ToolBox
 
 RewardFn = Callable[[str, Mapping], float]
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
@@ -324,7 +324,8 @@ class GRPOTrainer:
         if config.lora_rank > 0:
             model = add_lora(model, config.lora_rank, config.lora_alpha or None)
         self.model, self.tokenizer = model, tokenizer
-        self.agent = self._agent(tools, env)  # None: single-turn (the one-turn episode is plain sampling)
+        # None: single-turn (the one-turn episode is plain sampling)
+        self.agent, self.toolbox = make_agent(config, self.task, self.tokenizer, tools=tools, env=env)
         self.world.broadcast_parameters(model)
         self.reference = self._reference_model()
         self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
@@ -344,30 +345,6 @@ class GRPOTrainer:
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
-
-    def _agent(self, tools: Sequence[Callable] | None, env: Callable | None) -> Agent | None:
-        """How episodes run: the given, configured or task's environment, else the given, configured or
-        task's tools as a ToolEnv; None (single-turn) when there is neither."""
-        cfg, task = self.config, self.task
-        make_env = env or (load_functions(cfg.env, "environment")[0] if cfg.env else None) or task.env
-        withheld = cfg.tools == "none"
-        if tools is None:
-            tools = load_functions(cfg.tools) if cfg.tools and not withheld else list(task.tools)
-        if make_env is not None and tools:
-            raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
-        schemas: list[dict] = []
-        if make_env is None:
-            if not tools:
-                return None
-            box = self.toolbox = ToolBox(tools, timeout=cfg.tool_timeout, withheld=withheld)
-            native, role = template_features(self.tokenizer, box.schemas)
-            schemas = box.schemas if native else []
-
-            def make_env() -> ToolEnv:  # one per episode
-                return ToolEnv(box, task.messages, role, native)
-
-        return Agent(make_env, max_turns=cfg.max_turns, max_episode_tokens=cfg.max_episode_tokens,
-                     turn_discount=cfg.turn_discount, on_error=cfg.on_error, schemas=schemas)
 
     toolbox: ToolBox | None = None
 

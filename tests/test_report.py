@@ -80,3 +80,24 @@ def test_cli_report_and_its_errors(tmp_path, capsys):
     assert "has no metrics.jsonl" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["report"])
+
+
+def test_a_run_with_tools_shows_an_episode_and_its_tool_use(tmp_path):
+    run_dir = make_run(tmp_path / "calc", finished=True)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        for s, calls in ((13, 0.25), (14, 0.875)):
+            f.write(json.dumps({"step": s, "reward_mean": 0.4, "turns_per_episode": 1 + calls,
+                                "tool_calls_per_episode": calls, "parse_failures": 3.0, "tool_errors": 1.0}) + "\n")
+    transcript = [{"role": "user", "content": "What is 12 * 34 + 5?"},
+                  {"role": "assistant", "content": '<tool>calculator("12 * 34 + 5")</tool>'},
+                  {"role": "tool", "content": "413"}, {"role": "assistant", "content": "413"}]
+    with (run_dir / "completions.jsonl").open("a") as f:
+        for reward, t in ((1.0, transcript), (0.0, transcript[:1] + [{"role": "assistant", "content": "408"}])):
+            f.write(json.dumps({"step": 14, "prompt": "q", "completion": t[-1]["content"], "reward": reward,
+                                "transcript": t, "turns": len(t) // 2}) + "\n")
+    text = write_report([run_dir])[1].read_text()
+    assert "tool use (first step → latest)" in text
+    assert "0.25 (step 13) → 0.88 (step 14)" in text  # tool calls per episode
+    assert "reward 1, the best of its step" in text and "&lt;tool&gt;calculator(" in text and ">413<" in text
+    plain = write_report([make_run(tmp_path / "add", finished=True)])[1].read_text()
+    assert "tool use" not in plain and "an episode" not in plain
