@@ -245,3 +245,24 @@ def test_reward_up_accuracy_down_names_the_cause_from_first_tries():
     hole = reward_up_accuracy_down(reward, accuracy, CFG, first_try=reward)
     assert hole is not None and "not memorising" in hole and "grpo check-reward" in hole
     assert reward_up_accuracy_down(reward, [0.35, 0.40, 0.45], CFG, first_try=reward) is None
+
+
+def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch):
+    # measured on a multiplication file: stall, then checker_suspected, then stall again, each on for
+    # fewer than two evaluations; the run learned nothing and must stop, with the alarm that is on now
+    from grpo.alarms import ALARMS
+
+    monitor = AlarmMonitor(40, AlarmConfig(window=6))
+    turns = iter([{"stall": "stall: a"}, {}, {"stall": "stall: b"}, {"checker_suspected": "checker suspected: c"}])
+    monkeypatch.setattr(monitor, "_check", lambda step: {**dict.fromkeys(ALARMS), **next(turns)})
+    monitor.observe(1, {"heldout_subset_accuracy": 0.2})
+    assert monitor.stopping() is None  # held at one evaluation
+    monitor.observe(2, {"heldout_subset_accuracy": 0.2})
+    assert monitor.stopping() is None  # a step with none on starts the count again
+    monitor.observe(3, {"heldout_subset_accuracy": 0.2})
+    monitor.observe(4, {"heldout_subset_accuracy": 0.2})
+    assert monitor.stopping() == "checker suspected: c"
+    state = monitor.state()
+    again = AlarmMonitor(40, AlarmConfig(window=6))
+    again.load_state(state)
+    assert again.trend_held == 2
