@@ -93,12 +93,12 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Seque
     if len(reward) < cfg.window:
         return None
     d_reward = fitted_change(reward)
-    signal = float(np.nanmean(adv_nonzero)) if len(adv_nonzero) else 0.0
-    if d_reward > rise_beyond_noise(reward, cfg.reward_flat) or signal < cfg.adv_nonzero_min:
+    signal = float(np.nanmean(adv_nonzero)) if np.isfinite(adv_nonzero).any() else 0.0
+    if d_reward > rise_beyond_noise(reward, cfg.reward_flat) or not signal >= cfg.adv_nonzero_min:
         return None
-    if len(accuracy) >= 2:
-        d_acc = fitted_change(accuracy) if len(accuracy) >= 3 else accuracy[-1] - accuracy[0]
-        if d_acc >= cfg.accuracy_flat:
+    if accuracy:  # held-out is watched: its trend over 3+ evaluations decides (one pair is mostly noise)
+        measured = [a for a in accuracy if math.isfinite(a)]
+        if len(measured) < 3 or not fitted_change(measured) < cfg.accuracy_flat:
             return None
     held = f", held-out accuracy {accuracy[0]:.1%} -> {accuracy[-1]:.1%}" if len(accuracy) >= 2 else ""
     tried = [x for x in first_try if math.isfinite(x)]

@@ -303,7 +303,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if world.is_main:
             where = f"{'resuming' if args.resume else 'run directory:'} {run_dir}"
             print(where + (f" ({world.size} processes)" if world.size > 1 else ""), flush=True)
-        summary = trainer.train(run_dir, resume=bool(args.resume))
+        try:
+            summary = trainer.train(run_dir, resume=bool(args.resume))
+        finally:
+            trainer.close()
     finally:
         world.close()
     if world.is_main:
@@ -329,7 +332,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     try:
         report = run_preflight(trainer, fit=trainer.fit_token_limit)
     finally:
-        trainer.score.close()
+        trainer.close()
     print(report.describe())
     return 1 if report.stops("on" if config.preflight == "off" else config.preflight) else 0
 
@@ -352,15 +355,27 @@ def _eval_task(args: argparse.Namespace) -> Task:
     return Task(Path(args.data).stem, [], heldout, math_answer, args.system_prompt or None)
 
 
-def _run_token_limit(model: str) -> int:
-    """The max_new_tokens of the run that saved ``model`` (runs/<run>/model beside runs/<run>/config.json),
-    or 0 when it is not a grpo run's model."""
+EPISODE_FIELDS = ("tools", "env", "max_turns", "max_episode_tokens", "turn_discount", "tool_timeout")
+
+
+def _run_config(model: str) -> dict:
+    """The config.json of the run that saved ``model`` (runs/<run>/model beside runs/<run>/config.json),
+    or {} when it is not a grpo run's model."""
     config = Path(model).parent / "config.json"
     if Path(model).name != "model" or not config.is_file():
-        return 0
+        return {}
     try:
-        return int(json.loads(config.read_text()).get("max_new_tokens", 0))
-    except (ValueError, TypeError, AttributeError):
+        found = json.loads(config.read_text())
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _run_token_limit(model: str) -> int:
+    """The max_new_tokens of the run that saved ``model``, or 0 when it is not a grpo run's model."""
+    try:
+        return int(_run_config(model).get("max_new_tokens", 0))
+    except (ValueError, TypeError):
         return 0
 
 
@@ -399,8 +414,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
-    # a task with tools or an environment is scored on whole episodes, with its own turn settings
-    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit), task)
+    # a task with tools or an environment is scored on whole episodes: with the run's own tools and turn
+    # settings when the model is a run's, else the task's
+    run = _run_config(args.model)
+    same = {k: run[k] for k in EPISODE_FIELDS if k in run}
+    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, **same), task)
     agent, toolbox = make_agent(episodes, task, policy.tokenizer)
     try:
         result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,

@@ -1,4 +1,4 @@
-"""Which prompts next: ``uniform`` (the default) or ``frontier``.
+"""Which prompts next: ``uniform`` or ``frontier`` (the default).
 
 A group whose G rewards are all equal has zero advantages: it costs a full
 rollout and teaches nothing. ``frontier`` spends the batch where the model's
@@ -209,8 +209,8 @@ class FrontierSampler:
         idx = np.asarray(prompts, dtype=np.int64)
         self._age_pool(step)
         for i, row in zip(idx, r, strict=True):  # one at a time: a prompt may appear twice
-            if self.trained[i]:
-                keep = 0.0  # the counts predate an update on this prompt
+            if self.trained[i] and self.seen_at[i] < step:
+                keep = 0.0  # the counts predate an update on this prompt (within a step, none has come)
             else:
                 keep = 0.5 ** ((step - self.seen_at[i]) / self.half_life) if self.seen_at[i] >= 0 else 1.0
             self.successes[i] = keep * self.successes[i] + row.sum()

@@ -28,7 +28,6 @@ import importlib.util
 import inspect
 import json
 import re
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -139,10 +138,6 @@ class ToolResult:
 
 
 def _worker_loop(conn: Connection, fns: Sequence[Callable]) -> None:
-    # Ctrl-C and SIGTERM reach the whole process group: the trainer finishes its step, so its tools must live
-    # on; a worker ends when the trainer closes the pipe (or exits: recv() then fails)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
     while True:
         try:
             job = conn.recv()
@@ -224,8 +219,10 @@ class ToolBox:
         return self.pool.map(jobs, failed)
 
     def close(self) -> None:
+        """Stop the workers; later calls run in this process, without a timeout."""
         if self.pool is not None:
             self.pool.close()
+            self.pool = None
 
 
 def load_functions(spec: str, what: str = "tool") -> list[Callable]:

@@ -348,6 +348,12 @@ class GRPOTrainer:
 
     toolbox: ToolBox | None = None
 
+    def close(self) -> None:
+        """Stop the reward and tool worker processes."""
+        self.score.close()
+        if self.toolbox is not None:
+            self.toolbox.close()
+
     def _reference_model(self) -> Policy | None:
         """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
         LoRA reuses the base weights."""
@@ -1079,5 +1085,4 @@ def train(
     try:
         return trainer.train(Path(run_dir) if run_dir is not None else None)
     finally:
-        if trainer.toolbox is not None:
-            trainer.toolbox.close()
+        trainer.close()

@@ -8,7 +8,10 @@ and replaced, and that job fails with a result the caller builds.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import multiprocessing as mp
+import signal
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
@@ -25,10 +28,14 @@ class ForkPool(Generic[R]):
         self.serve, self.args, self.timeout = serve, args, timeout
         self.ctx = mp.get_context("fork")
         self.workers = [self._start() for _ in range(workers)]
+        # also at interpreter exit, before multiprocessing's own exit handler (atexit runs the latest first;
+        # the Pipe above imported it): that handler terminates and joins, and the workers ignore SIGTERM
+        self._stop = functools.partial(_stop_workers, self.workers)
+        atexit.register(self._stop)
 
     def _start(self) -> tuple[mp.Process, Connection]:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=self.serve, args=(child, *self.args), daemon=True)
+        proc = self.ctx.Process(target=_serve, args=(self.serve, child, *self.args), daemon=True)
         proc.start()
         child.close()
         return proc, parent
@@ -80,12 +87,30 @@ class ForkPool(Generic[R]):
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        for proc, conn in self.workers:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-            proc.join(timeout=1)
-            if proc.is_alive():
-                proc.kill()
-        self.workers = []
+        self._stop()
+        atexit.unregister(self._stop)
+
+
+def _serve(serve: Callable[..., None], conn: Connection, *args: object) -> None:
+    # Ctrl-C and SIGTERM reach the whole process group: the trainer finishes its step, so its rewards and
+    # tools must live on; a worker ends when it is sent None or the pipe closes (the trainer is gone)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        serve(conn, *args)
+    except EOFError:
+        pass
+
+
+def _stop_workers(workers: list[tuple[mp.Process, Connection]]) -> None:
+    """Ask each worker to return (None), then kill any still alive a second later."""
+    for proc, conn in workers:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+        proc.join(timeout=1)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    workers.clear()

@@ -109,3 +109,32 @@ def test_cli_eval_on_a_users_file_scores_the_split_training_held_out(tmp_path):
     (run / "config.json").write_text(json.dumps({"max_new_tokens": 72}))
     assert _run_token_limit(str(run / "model")) == 72
     assert _run_token_limit(str(tmp_path)) == 0  # not a run's model folder
+
+
+def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monkeypatch):
+    """A run trained with its own tools or turn limits is scored with them, not with the task's."""
+    import json
+
+    import grpo.episodes
+    from grpo.cli import main
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"max_new_tokens": 24, "tools": "none", "max_turns": 3,
+                                                  "turn_discount": 0.5}))
+    seen = {}
+
+    def make_agent(config, task, tokenizer, **kw):
+        seen.update(tools=config.tools, max_turns=config.max_turns, turn_discount=config.turn_discount,
+                    max_new_tokens=config.max_new_tokens)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(grpo.episodes, "make_agent", make_agent)
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy", lambda name, device: type("P", (), {"tokenizer": None})())
+    monkeypatch.setattr("grpo.evaluate.encode_prompts", lambda *a: [])
+    try:
+        main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4"])
+    except SystemExit:
+        pass
+    assert seen == {"tools": "none", "max_turns": 3, "turn_discount": 0.5, "max_new_tokens": 24}

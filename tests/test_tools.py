@@ -129,3 +129,16 @@ def test_a_worker_killed_while_idle_is_replaced():
         assert box.run([ToolCall("lookup", ("a",))])[0].text == "1"
     finally:
         box.close()
+
+
+def test_a_process_that_never_closes_its_toolbox_still_exits():
+    # a tool worker ignores SIGTERM (Ctrl-C must let the step finish), and multiprocessing's exit handler
+    # terminates and joins its children: without the pool's own exit handler this process never ended
+    import subprocess
+    import sys
+
+    code = ("from grpo.tasks.calc import calculator\nfrom grpo.tools import ToolBox, parse_tool_calls\n"
+            "box = ToolBox([calculator])\n"
+            "print(box.run(parse_tool_calls('<tool>calculator(\"6 * 7\")</tool>'))[0].text)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr

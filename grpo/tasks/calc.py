@@ -1,11 +1,19 @@
-"""``calc``: multiplication the model cannot do in its head, with a calculator tool it can learn to call.
+"""``calc``: arithmetic the model cannot do in its head, with a calculator tool it can learn to call.
 
-"What is 4721 * 38?" with a 3-4 digit and a 2-3 digit factor. The prompt
-opens with one example exchange (question, a calculator call, its result,
-the answer), so the embedded SmolLM2-135M sometimes writes a well-formed call
-from the start and GRPO has signal. The reward is 1 when the last turn's
-final number is the product. ``--tools none`` withholds the calculator (its
-calls get an error), the control run: the same prompts, no way to the answer.
+"What is 4721 * 38 + 517?": a 3-4 digit times a 2-3 digit factor, plus a
+3-digit term. The prompt opens with one example exchange (a bare product, a
+calculator call, its result, the answer). The embedded SmolLM2-135M copies
+that exchange almost perfectly for a bare product (measured: 87.5% of 64
+held-out products right greedily before any training), which leaves nothing to
+learn; with the added term it rarely calls the calculator with the whole
+expression (1.2% of 256 held-out right greedily, 0.8% of 128 samples at
+temperature 0.7 in the pre-flight check, 6% of groups mixed), so the skill
+GRPO has to find is writing one complete call, with signal from the first
+step. Without the example (the tools described in
+the system message alone) no sample of 128 called the calculator: no signal.
+The reward is 1 when the last turn's final number is the value.
+``--tools none`` withholds the calculator (its calls get an error), the
+control run: the same prompts, no way to the answer.
 """
 
 from __future__ import annotations
@@ -62,29 +70,31 @@ EXAMPLE = [
 ]
 
 
-def _row(a: int, b: int) -> dict:
-    return {"prompt": [*EXAMPLE, {"role": "user", "content": f"What is {a} * {b}?"}], "answer": str(a * b),
-            "question": f"What is {a} * {b}?"}
+def _row(a: int, b: int, c: int) -> dict:
+    question = f"What is {a} * {b} + {c}?"
+    return {"prompt": [*EXAMPLE, {"role": "user", "content": question}], "answer": str(a * b + c),
+            "question": question}
 
 
 def calc_reward(completion: str, example: dict) -> float:
-    """1.0 when the last turn's final number is the product (final_number, with the question as the prompt)."""
+    """1.0 when the last turn's final number is the value (final_number, with the question as the prompt)."""
     return final_number(completion, {**example, "prompt": example["question"]})
 
 
 @register("calc")
 def calc(heldout_size: int = 256) -> Task:
-    """a * b with a of 3-4 digits and b of 2-3, a calculator tool to call (3,000 problems)."""
+    """a * b + c with a of 3-4 digits, b of 2-3 and c of 3, a calculator tool to call (3,000 problems)."""
     rng = random.Random(_SPLIT_SEED)
-    pairs: set[tuple[int, int]] = set()
-    while len(pairs) < 3000:
-        pairs.add((rng.randrange(100, 10000), rng.randrange(10, 1000)))
-    rows = [_row(a, b) for a, b in sorted(pairs)]
+    triples: set[tuple[int, int, int]] = set()
+    while len(triples) < 3000:
+        triples.add((rng.randrange(100, 10000), rng.randrange(10, 1000), rng.randrange(100, 1000)))
+    rows = [_row(a, b, c) for a, b, c in sorted(triples)]
     rng.shuffle(rows)
     return Task(
         "calc", rows[heldout_size:], rows[:heldout_size], calc_reward, SYSTEM_PROMPT,
         # a call is about 20 tokens, the answer under 10: the call and, after its result, the answer are
         # 2 turns; a third turn (after an error) rarely rescued an episode and cost the most tokens
-        defaults={"max_new_tokens": 32, "max_turns": 2},
+        # episodes make a step slow on a CPU (about 80 s): a time budget, as a run on --data has
+        defaults={"max_new_tokens": 32, "max_turns": 2, "steps": 100, "minutes": 10.0},
         tools=(calculator,),
     )
