@@ -595,13 +595,18 @@ class GRPOTrainer:
         over processes); nothing for a single-turn run."""
         if self.agent is None:
             return {}
-        own = episode_metrics([e for r in batch.rounds for e in r.rollout.episodes or []])
+        episodes = [e for r in batch.rounds for e in r.rollout.episodes or []]
+        own = episode_metrics(episodes)
         n = sum(len(r.rollout.texts) for r in batch.rounds)
-        means = ("turns_per_episode", "tool_calls_per_episode", "env_token_frac")
-        totals = self.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in own] + [n],
-                                             dtype=torch.float64)).tolist()
-        count = max(totals[-1], 1.0)
-        return {k: v / count if k in means else v for k, v in zip(own, totals[:-1], strict=True)}
+        env_tokens = sum(e.env_tokens for e in episodes)
+        tokens = env_tokens + sum(e.policy_tokens for e in episodes)
+        means = ("turns_per_episode", "tool_calls_per_episode")
+        keys = [k for k in own if k != "env_token_frac"]
+        totals = self.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in keys]
+                                             + [n, env_tokens, tokens], dtype=torch.float64)).tolist()
+        count = max(totals[-3], 1.0)
+        out = {k: v / count if k in means else v for k, v in zip(keys, totals[:-3], strict=True)}
+        return {**out, "env_token_frac": totals[-2] / max(totals[-1], 1.0)}  # a ratio of the summed tokens
 
     def _best_completions(self, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
         """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""

@@ -49,6 +49,12 @@ def run_case(case: dict) -> dict:
     reward = REWARDS[case.pop("reward", "first_char")]
     same_prompt = case.pop("same_prompt", False)
     shape = {key: case.pop(key) for key in ("layers", "hidden") if key in case}
+    env = None
+    if case.pop("episodes", False):  # multi-turn: any "a" ends a turn, the environment replies until turn 3
+        from test_agent_training import Talk
+
+        env = Talk
+        case = {"stop": ["a"], "max_new_tokens": 64, "max_turns": 3, **case}
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3, **shape)
     rows = [{"prompt": "say a" if same_prompt else f"say a {i}", "answer": "a"} for i in range(40)]
@@ -60,6 +66,7 @@ def run_case(case: dict) -> dict:
     })
     trainer = grpo.trainer.GRPOTrainer(
         config, model=model, tokenizer=tokenizer, task=Task("tiny", rows[:32], rows[32:], reward), progress=False,
+        env=env,
     )
     held = watch_gathered_layers(trainer) if trainer.world.fsdp else []
     batches = []

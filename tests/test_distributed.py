@@ -38,6 +38,7 @@ CASES = [
     {"same_prompt": True},  # every group asks the same: only the random streams tell them apart
     {"fsdp": True, "layers": 6, "hidden": 64, "beta": 0.1},  # sharded layer by layer: the memory it saves
     {"fsdp": True, "lora_rank": 4, "beta": 0.1, "lr": 1e-2},  # LoRA under FSDP; beta: the adapter switched off
+    {"episodes": True, "fsdp": True},  # multi-turn episodes, each process running its share of the groups
 ]
 FILTERED = [i for i, case in enumerate(CASES) if case.get("filter_groups")]
 
@@ -79,10 +80,16 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
         torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
     for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps",
                 "completion_len", "grad_norm", "entropy", "kl", "gen_rounds", "generated_groups", "trained_groups",
-                *(k for k in one["metrics"] if k.startswith("heldout_"))):
+                *(k for k in one["metrics"] if k.startswith("heldout_")),
+                *(("turns_per_episode", "env_token_frac") if CASES[index].get("episodes") else ())):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
     assert two["generated"] == one["generated"]  # the same completions, round by round
     assert two["trained_prompts"] == one["trained_prompts"]  # the same groups, in the same order
+
+
+def test_the_episode_case_runs_several_turns(two_process_results):
+    metrics = two_process_results[CASES.index({"episodes": True, "fsdp": True})]["metrics"]
+    assert metrics["turns_per_episode"] > 1.5 and 0 < metrics["env_token_frac"] < 1
 
 
 def test_dynamic_sampling_cases_need_several_rounds(two_process_results):
