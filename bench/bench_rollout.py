@@ -1,7 +1,9 @@
 """Multi-turn rollouts: the KV cache continued across turns against encoding the conversation again each turn.
 
-The workload is ``calc`` episodes of the embedded SmolLM2-135M (the call, the
-calculator's result, the answer: up to 3 turns of at most 32 tokens), greedy,
+The workload is ``calc`` episodes of the embedded SmolLM2-135M on bare products
+(``calc`` without its added term, which the starting model answers through the
+calculator, so its episodes have several turns: the call, the calculator's
+result, the answer; up to 3 turns of at most 32 tokens), greedy,
 so that both ways sample the same episodes; each way runs the same prompts,
 taking turns, ``--repeats`` times, and the best time counts. "continued" is the
 trainer's way (grpo/episodes.py: the environment's tokens are run onto each
@@ -23,6 +25,7 @@ import torch
 from grpo.episodes import Agent, ToolEnv, template_features
 from grpo.models import load_policy
 from grpo.tasks import get_task
+from grpo.tasks.calc import EXAMPLE
 from grpo.tools import ToolBox
 
 
@@ -44,7 +47,8 @@ def main() -> None:
     policy = load_policy("smollm2", device=torch.device("cpu"))
     policy.model.eval()
     task = get_task("calc")
-    rows = list(task.train[: args.prompts])
+    rows = [{"prompt": [*EXAMPLE, {"role": "user", "content": f"What is {a} * {b}?"}], "answer": str(a * b)}
+            for a, b in ((4721 + 37 * i, 38 + 11 * i) for i in range(args.prompts))]
     box = ToolBox(task.tools, workers=0)  # in-process: the comparison is of the model's work
     native, role = template_features(policy.tokenizer, box.schemas)
 
