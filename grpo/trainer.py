@@ -56,7 +56,7 @@ from torch import Tensor, nn
 
 from grpo import checkpoint
 from grpo.alarms import AlarmConfig, AlarmMonitor
-from grpo.algorithm import group_advantages, policy_loss
+from grpo.algorithm import group_advantages, policy_loss, tis_weights
 from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_STEPS, ConfigError, TrainConfig
 from grpo.distributed import (
     Policy,
@@ -88,6 +88,7 @@ from grpo.tasks import Task, load_task
 from grpo.tools import ToolBox, load_functions
 
 RewardFn = Callable[[str, Mapping], float]
+TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
 
 
@@ -105,6 +106,9 @@ class StepStats:
     optimizer_steps: int = 0
     nonfinite_skipped: int = 0
     trained_sequences: int = 0
+    sampler_logp_diff: float = 0.0  # mean |log pi_trainer - log pi_sampler| over the tokens trained
+    sampler_kl: float = 0.0  # k3 estimate of KL(pi_sampler || pi_trainer)
+    tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
 
 
 @dataclass
@@ -660,8 +664,11 @@ class GRPOTrainer:
     def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None, lengths: Tensor) -> StepStats:
         """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
 
-        The old policy is the sampling-time one (rollout.logprobs): with mu = 1
-        and one minibatch the update is on-policy and the ratio is 1.
+        With mu = 1 and one minibatch the update is on-policy and the ratio is 1.
+        The old policy is the trainer's own log-probs and each token is weighted
+        by its truncated importance ratio to the sampler's (TIS, tis_cap > 0;
+        one extra no-grad pass when off-policy), or, with tis_cap = 0, the
+        sampler's log-probs (rollout.logprobs), as PPO has it.
         Under torchrun ``rollout`` and ``ref_logp`` hold this process's groups
         (``world.split`` of the batch's) and ``advantages`` and ``lengths`` (the
         tokens each completion puts in the loss) the whole batch's; minibatches
@@ -677,6 +684,8 @@ class GRPOTrainer:
         stats = StepStats()
         sums: dict[str, float] = {}
         weight = 0.0
+        # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
+        old_all = self._trainer_logprobs(rollout) if cfg.tis_cap and not self.on_policy else None
         for _ in range(cfg.epochs):
             order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(self.prompt_rng.randrange(2**31)))
             for minibatch in order.chunk(cfg.minibatches):
@@ -702,14 +711,16 @@ class GRPOTrainer:
                             rollout_logprobs, sub, self.tokenizer.pad_token_id,
                             temperature=cfg.temperature, with_entropy=True, share_prefix=not self.world.fsdp,
                         )
+                    old_logp, tis_weight, tis = self._old_policy(logp.float(), sub, micro, old_all)
                     loss, m = policy_loss(
-                        logp.float(), sub.logprobs, advantages[sub_rows + first * g], sub.mask,
+                        logp.float(), old_logp, advantages[sub_rows + first * g], sub.mask,
                         ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
                         beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                         ratio_level=cfg.ratio_level, aggregate=cfg.aggregate,
                         max_tokens=cfg.max_new_tokens, total_tokens=total_tokens,
-                        total_sequences=total_sequences,
+                        total_sequences=total_sequences, tis_weight=tis_weight,
                     )
+                    m.update(tis)
                     loss.backward()
                     w = float(sub.mask.sum())
                     weight += w
@@ -734,17 +745,56 @@ class GRPOTrainer:
                     continue
                 self.optimizer.step()
                 stats.optimizer_steps += 1
-        keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy")
+        keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)
         totals = self.world.sum(torch.tensor(
             [weight, stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
         weight, stats.trained_sequences = float(totals[0]), int(totals[1])
         sums = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
         if weight > 0:
             stats.loss = sums["loss"] / max(stats.optimizer_steps, 1)
-            for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy"):
+            for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS):
                 if key in sums:
                     setattr(stats, key, sums[key] / weight)
         return stats
+
+    @property
+    def on_policy(self) -> bool:
+        """One pass, one minibatch: the weights the loss sees are those that sampled (pi_old = pi_theta)."""
+        return self.config.epochs == 1 and self.config.minibatches == 1
+
+    def _old_policy(self, logp: Tensor, sub: Rollout, groups: Tensor, old_all: Tensor | None
+                    ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+        """pi_old's log-probs for the micro-batch of ``groups`` (``sub``), and the TIS weights.
+
+        Without TIS (tis_cap = 0) pi_old is the sampler's log-probs, as PPO
+        has it. With TIS pi_old is the trainer's own: the current log-probs,
+        detached, when on-policy, else those computed before the update
+        (``old_all``); the weights carry the sampler/trainer mismatch
+        (:func:`grpo.algorithm.tis_weights`).
+        """
+        cfg = self.config
+        if not cfg.tis_cap:
+            return sub.logprobs, None, {}
+        if old_all is None:
+            old = logp.detach()
+        else:
+            rows = (groups.unsqueeze(1) * cfg.group_size + torch.arange(cfg.group_size)).reshape(-1)
+            old = old_all[rows, : sub.mask.shape[1]]
+        weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level)
+        return old, weight, metrics
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, rollout: Rollout) -> Tensor:
+        """The policy's log-probs of the rollout's tokens now, (N, T): pi_old of an off-policy update."""
+        if not rollout.prompt_ids:
+            self.policy.without_grad(lambda model: None)  # under FSDP: join the gathers
+            return rollout.logprobs
+        self.model.eval()
+        with self.autocast:
+            logp, _ = self.policy.without_grad(rollout_logprobs, rollout, self.tokenizer.pad_token_id,
+                                               temperature=self.config.temperature)
+        self.model.train()
+        return logp.float()
 
     def _micro_batches(self, rollout: Rollout, groups: Tensor) -> list[Tensor]:
         """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens.
