@@ -86,6 +86,7 @@ from grpo.sampler import DrawCounts, make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
 from grpo.tools import ToolBox, load_functions
+from grpo.vllm_engine import VLLMEngine
 
 RewardFn = Callable[[str, Mapping], float]
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
@@ -345,6 +346,7 @@ class GRPOTrainer:
         self.train_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.train])
         self.heldout_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.heldout])
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
+        self.engine = self._engine()  # None: the own sampler, on the policy itself
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
@@ -374,6 +376,29 @@ class GRPOTrainer:
                      turn_discount=cfg.turn_discount, on_error=cfg.on_error, schemas=schemas)
 
     toolbox: ToolBox | None = None
+    engine: VLLMEngine | None = None
+
+    def _engine(self) -> VLLMEngine | None:
+        """The vLLM engine for ``engine="vllm"`` (started at the first rollout); None for the own sampler."""
+        cfg = self.config
+        if cfg.engine == "own":
+            return None
+        if self.world.size > 1:
+            raise ConfigError("engine vllm runs in one process for now: drop torchrun / --nproc")
+        if self.agent is not None:
+            raise ConfigError("engine vllm samples single-turn completions only for now; multi-turn episodes "
+                              "(tools, environments) need --engine own")
+        # room for the longest prompt and the longest completion any setting may ask for
+        longest = max(len(p) for p in self.train_prompts) + max(cfg.max_new_tokens, DATA_MAX_NEW_TOKENS)
+        return VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
+                          seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest)
+
+    def close(self) -> None:
+        """End what the trainer started outside its process: the tool workers, the vLLM engine."""
+        if self.toolbox is not None:
+            self.toolbox.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def _reference_model(self) -> Policy | None:
         """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
@@ -404,6 +429,9 @@ class GRPOTrainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.learning_rate(step)
             stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
+        t_sync = time.perf_counter()
+        if self.engine is not None and stats.optimizer_steps:  # the next rollout samples from the new weights
+            self.engine.push(self.model)
         t_end = time.perf_counter()
 
         self.top_completions = self._best_completions(batch)
@@ -427,7 +455,8 @@ class GRPOTrainer:
             "lr": self.learning_rate(step),
             "time_generate": t_gen,
             "time_reward": t_reward - t0 - t_gen,
-            "time_update": t_end - t_reward,
+            "time_update": t_sync - t_reward,
+            **({"time_sync": t_end - t_sync} if self.engine is not None else {}),
             "time_step": t_end - t0,
             "tokens_per_second": float(batch.generated_lengths().sum()) / (t_end - t0),
         }
@@ -542,15 +571,11 @@ class GRPOTrainer:
         self.model.eval()
         sampling = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
-        with self.autocast:
-            if self.agent is None:  # single-turn: each episode is one sampled completion
-                rollout = self.policy.without_grad(
-                    generate, self.tokenizer, [self.train_prompts[i] for i in prompts], stop_early=stop_early,
-                    streams=streams, **sampling)
-            else:
-                rollout = self.policy.without_grad(
-                    self.agent.run, self.tokenizer, [self.task.train[i] for i in prompts], streams=streams,
-                    **sampling)
+        if self.engine is not None:  # single-turn (checked at the start); no stop_early: vLLM runs each to its end
+            rollout = self.engine.generate([self.train_prompts[i] for i in prompts], streams=streams, **sampling)
+            rollout = moved(rollout, self.device)
+        else:
+            rollout = self._own_rollout(prompts, sampling, stop_early, streams)
         seconds = time.perf_counter() - t0
         group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
         ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
@@ -559,6 +584,17 @@ class GRPOTrainer:
         if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
             rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
         return rollout, rewards, metrics, seconds
+
+    def _own_rollout(self, prompts: Sequence[int], sampling: dict, stop_early: Callable[[int, int], bool] | None,
+                     streams: Tensor | None) -> Rollout:
+        """The own sampler's groups (or episodes) for these training prompts, on the policy itself."""
+        with self.autocast:
+            if self.agent is None:  # single-turn: each episode is one sampled completion
+                return self.policy.without_grad(
+                    generate, self.tokenizer, [self.train_prompts[i] for i in prompts], stop_early=stop_early,
+                    streams=streams, **sampling)
+            return self.policy.without_grad(
+                self.agent.run, self.tokenizer, [self.task.train[i] for i in prompts], streams=streams, **sampling)
 
     def _first_try_metrics(self, batch: Batch) -> dict[str, float]:
         """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
@@ -1152,5 +1188,4 @@ def train(
     try:
         return trainer.train(Path(run_dir) if run_dir is not None else None)
     finally:
-        if trainer.toolbox is not None:
-            trainer.toolbox.close()
+        trainer.close()
