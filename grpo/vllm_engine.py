@@ -25,6 +25,7 @@ shares each prompt's keys and values across its group.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -77,13 +78,14 @@ def _base_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 
 def _distinct(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """One name per tensor: tied weights (lm_head and the embeddings) are written once, as safetensors asks."""
+    """Every name with a tensor of its own: safetensors refuses shared storage, so a tied weight (lm_head and
+    the embeddings) is written under each name; vLLM's CPU backend keeps a repacked lm_head of its own."""
     seen, out = set(), {}
     for name, value in state.items():
         key = (value.data_ptr(), value.shape)
-        if key not in seen:
-            seen.add(key)
-            out[name] = value.detach().to("cpu").contiguous()
+        value = value.detach().to("cpu")
+        out[name] = value.clone() if key in seen else value.contiguous()
+        seen.add(key)
     return out
 
 
@@ -191,6 +193,9 @@ class VLLMEngine:
             return reply[1]
         _, kind, text = reply
         self.failed = True
+        if "root cause" in text:  # vLLM's engine process failed: its own error is in the log
+            text = _root_cause(self.log) or text
+            kind = "memory" if "memory" in text.lower() else kind
         raise EngineError(_explain(kind, text, starting, self.memory, self.log))
 
     def _died(self, when: str) -> str:
@@ -279,6 +284,13 @@ class VLLMEngine:
             self._call(("load_weights", str(path)))
             path.unlink()
         return time.perf_counter() - t0
+
+
+def _root_cause(log: Path) -> str:
+    """The last error line in the worker's log that is not vLLM's own "see the root cause above"."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line) and "root cause above" not in line]
+    return errors[-1] if errors else ""
 
 
 def _vllm_lora_rank(rank: int) -> int:

@@ -37,7 +37,9 @@ class WeightLoader:
         from safetensors.torch import load_file
 
         weights = load_file(path, device=str(self.device) if hasattr(self, "device") else "cpu")
-        self.model_runner.get_model().load_weights(weights=weights.items())
+        # vLLM's in-place reload: a plain load_weights fails once the backend has repacked its layers
+        # (the CPU backend's linear weights are emptied into a kernel format after loading)
+        self.reload_weights(weights_iterator=iter(weights.items()))
         return len(weights)
 
 
