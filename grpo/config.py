@@ -76,6 +76,8 @@ class TrainConfig:
     scale: str = field(**_doc("advantage scaling: group (GRPO), batch, none (Dr. GRPO)", default="group"))
     ratio_level: str = field(**_doc("importance ratio per token, or per sequence (GSPO)", default="token"))
     aggregate: str = field(**_doc("loss aggregation: token (DAPO), sequence (GRPO), fixed (Dr. GRPO)", default="token"))
+    tis_cap: float = field(**_doc("truncated importance sampling: each token's loss is weighted by min(pi_trainer / pi_sampler, tis_cap), the ratio between the trainer's log-probs and the sampling engine's (0: off, the sampler's log-probs are the old policy's)", default=2.0))
+    tis_level: str = field(**_doc("token (truncate each token's weight at tis_cap) or sequence (mask a whole completion whose geometric-mean ratio lies outside [1/tis_cap, tis_cap])", default="token"))
     epochs: int = field(**_doc("mu: optimisation passes over each batch", default=1))
     minibatches: int = field(**_doc("optimiser steps per pass (the batch split by groups)", default=1))
     micro_batch_tokens: int = field(**_doc("token budget of one forward/backward; micro-batches accumulate", default=4096))
@@ -101,6 +103,9 @@ class TrainConfig:
     preflight: str = field(**_doc("before the first step, sample the starting model on a few training prompts and report pass rate, groups that vary, truncation, lengths and reward errors: on (stop when no group varies, warn otherwise), warn (never stop), strict (stop on any problem), off", default="on"))
     preflight_prompts: int = field(**_doc("training prompts the pre-flight check samples (a group of group_size each)", default=16))
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
+    engine: str = field(**_doc("what samples the rollouts: own (this package's sampler, on the policy itself) or vllm (a vLLM engine in a process of its own, weights synced after every optimiser step; `make vllm` installs it)", default="own"))
+    vllm_python: str = field(**_doc("engine vllm: the Python that runs vLLM (empty: $GRPO_VLLM_PYTHON, else the project's .venv-vllm, else this Python)", default=""))
+    vllm_memory: float = field(**_doc("engine vllm: share of the device's memory vLLM may reserve for weights and KV cache (gpu_memory_utilization; on the CPU backend, of host memory)", default=0.1))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
     heap_release_mb: int = field(**_doc("Linux (glibc): freed host-memory blocks of at least this many MiB go back to the system at once instead of being kept for reuse, which lowers peak memory on the CPU (0: leave the allocator as it is)", default=1))
@@ -148,7 +153,8 @@ class TrainConfig:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
                    "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
-                   "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl")}
+                   "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
+                   "engine": ("own", "vllm"), "tis_level": ("token", "sequence")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -167,6 +173,10 @@ class TrainConfig:
         for name in ("explore_frac", "turn_discount"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 0.0 < self.vllm_memory <= 1.0:
+            raise ConfigError(f"vllm_memory must be in (0, 1], got {self.vllm_memory}")
+        if self.tis_cap != 0.0 and self.tis_cap <= 1.0:
+            raise ConfigError(f"tis_cap must be above 1 (or 0: off), got {self.tis_cap}")
 
     def _apply_batch_size(self) -> None:
         """batch_size is the other way to give prompts_per_step: derive B = N / G from it."""

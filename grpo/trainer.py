@@ -56,7 +56,7 @@ from torch import Tensor, nn
 
 from grpo import checkpoint
 from grpo.alarms import AlarmConfig, AlarmMonitor
-from grpo.algorithm import group_advantages, policy_loss
+from grpo.algorithm import group_advantages, policy_loss, tis_weights
 from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_STEPS, ConfigError, TrainConfig
 from grpo.distributed import (
     Policy,
@@ -86,8 +86,10 @@ from grpo.sampler import DrawCounts, make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
 from grpo.tools import ToolBox
+from grpo.vllm_engine import VLLMEngine
 
 RewardFn = Callable[[str, Mapping], float]
+TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
 
 
@@ -105,6 +107,9 @@ class StepStats:
     optimizer_steps: int = 0
     nonfinite_skipped: int = 0
     trained_sequences: int = 0
+    sampler_logp_diff: float = 0.0  # mean |log pi_trainer - log pi_sampler| over the tokens trained
+    sampler_kl: float = 0.0  # k3 estimate of KL(pi_sampler || pi_trainer)
+    tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
 
 
 @dataclass
@@ -342,17 +347,36 @@ class GRPOTrainer:
         self.train_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.train])
         self.heldout_prompts = encode_prompts(tokenizer, [self.task.messages(r) for r in self.task.heldout])
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
+        self.engine = self._engine()  # None: the own sampler, on the policy itself
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
 
     toolbox: ToolBox | None = None
+    engine: VLLMEngine | None = None
+
+    def _engine(self) -> VLLMEngine | None:
+        """The vLLM engine for ``engine="vllm"`` (started at the first rollout); None for the own sampler."""
+        cfg = self.config
+        if cfg.engine == "own":
+            return None
+        if self.world.size > 1:
+            raise ConfigError("engine vllm runs in one process for now: drop torchrun / --nproc")
+        if self.agent is not None:
+            raise ConfigError("engine vllm samples single-turn completions only for now; multi-turn episodes "
+                              "(tools, environments) need --engine own")
+        # room for the longest prompt and the longest completion any setting may ask for
+        longest = max(len(p) for p in self.train_prompts) + max(cfg.max_new_tokens, DATA_MAX_NEW_TOKENS)
+        return VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
+                          seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest)
 
     def close(self) -> None:
-        """Stop the reward and tool worker processes."""
+        """End what the trainer started outside its process: the reward and tool workers, the vLLM engine."""
         self.score.close()
         if self.toolbox is not None:
             self.toolbox.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def _reference_model(self) -> Policy | None:
         """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
@@ -383,6 +407,9 @@ class GRPOTrainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.learning_rate(step)
             stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
+        t_sync = time.perf_counter()
+        if self.engine is not None and stats.optimizer_steps:  # the next rollout samples from the new weights
+            self.engine.push(self.model)
         t_end = time.perf_counter()
 
         self.top_completions = self._best_completions(batch)
@@ -406,7 +433,8 @@ class GRPOTrainer:
             "lr": self.learning_rate(step),
             "time_generate": t_gen,
             "time_reward": t_reward - t0 - t_gen,
-            "time_update": t_end - t_reward,
+            "time_update": t_sync - t_reward,
+            **({"time_sync": t_end - t_sync} if self.engine is not None else {}),
             "time_step": t_end - t0,
             "tokens_per_second": float(batch.generated_lengths().sum()) / (t_end - t0),
         }
@@ -521,15 +549,11 @@ class GRPOTrainer:
         self.model.eval()
         sampling = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
-        with self.autocast:
-            if self.agent is None:  # single-turn: each episode is one sampled completion
-                rollout = self.policy.without_grad(
-                    generate, self.tokenizer, [self.train_prompts[i] for i in prompts], stop_early=stop_early,
-                    streams=streams, **sampling)
-            else:
-                rollout = self.policy.without_grad(
-                    self.agent.run, self.tokenizer, [self.task.train[i] for i in prompts], streams=streams,
-                    **sampling)
+        if self.engine is not None:  # single-turn (checked at the start); no stop_early: vLLM runs each to its end
+            rollout = self.engine.generate([self.train_prompts[i] for i in prompts], streams=streams, **sampling)
+            rollout = moved(rollout, self.device)
+        else:
+            rollout = self._own_rollout(prompts, sampling, stop_early, streams)
         seconds = time.perf_counter() - t0
         group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
         ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
@@ -538,6 +562,17 @@ class GRPOTrainer:
         if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
             rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
         return rollout, rewards, metrics, seconds
+
+    def _own_rollout(self, prompts: Sequence[int], sampling: dict, stop_early: Callable[[int, int], bool] | None,
+                     streams: Tensor | None) -> Rollout:
+        """The own sampler's groups (or episodes) for these training prompts, on the policy itself."""
+        with self.autocast:
+            if self.agent is None:  # single-turn: each episode is one sampled completion
+                return self.policy.without_grad(
+                    generate, self.tokenizer, [self.train_prompts[i] for i in prompts], stop_early=stop_early,
+                    streams=streams, **sampling)
+            return self.policy.without_grad(
+                self.agent.run, self.tokenizer, [self.task.train[i] for i in prompts], streams=streams, **sampling)
 
     def _first_try_metrics(self, batch: Batch) -> dict[str, float]:
         """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
@@ -648,8 +683,11 @@ class GRPOTrainer:
     def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None, lengths: Tensor) -> StepStats:
         """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
 
-        The old policy is the sampling-time one (rollout.logprobs): with mu = 1
-        and one minibatch the update is on-policy and the ratio is 1.
+        With mu = 1 and one minibatch the update is on-policy and the ratio is 1.
+        The old policy is the trainer's own log-probs and each token is weighted
+        by its truncated importance ratio to the sampler's (TIS, tis_cap > 0;
+        one extra no-grad pass when off-policy), or, with tis_cap = 0, the
+        sampler's log-probs (rollout.logprobs), as PPO has it.
         Under torchrun ``rollout`` and ``ref_logp`` hold this process's groups
         (``world.split`` of the batch's) and ``advantages`` and ``lengths`` (the
         tokens each completion puts in the loss) the whole batch's; minibatches
@@ -665,6 +703,8 @@ class GRPOTrainer:
         stats = StepStats()
         sums: dict[str, float] = {}
         weight = 0.0
+        # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
+        old_all = self._trainer_logprobs(rollout) if cfg.tis_cap and not self.on_policy else None
         for _ in range(cfg.epochs):
             order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(self.prompt_rng.randrange(2**31)))
             for minibatch in order.chunk(cfg.minibatches):
@@ -690,14 +730,16 @@ class GRPOTrainer:
                             rollout_logprobs, sub, self.tokenizer.pad_token_id,
                             temperature=cfg.temperature, with_entropy=True, share_prefix=not self.world.fsdp,
                         )
+                    old_logp, tis_weight, tis = self._old_policy(logp.float(), sub, micro, old_all)
                     loss, m = policy_loss(
-                        logp.float(), sub.logprobs, advantages[sub_rows + first * g], sub.mask,
+                        logp.float(), old_logp, advantages[sub_rows + first * g], sub.mask,
                         ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
                         beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                         ratio_level=cfg.ratio_level, aggregate=cfg.aggregate,
                         max_tokens=cfg.max_new_tokens, total_tokens=total_tokens,
-                        total_sequences=total_sequences,
+                        total_sequences=total_sequences, tis_weight=tis_weight,
                     )
+                    m.update(tis)
                     loss.backward()
                     w = float(sub.mask.sum())
                     weight += w
@@ -722,17 +764,56 @@ class GRPOTrainer:
                     continue
                 self.optimizer.step()
                 stats.optimizer_steps += 1
-        keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy")
+        keys = ("loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)
         totals = self.world.sum(torch.tensor(
             [weight, stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
         weight, stats.trained_sequences = float(totals[0]), int(totals[1])
         sums = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
         if weight > 0:
             stats.loss = sums["loss"] / max(stats.optimizer_steps, 1)
-            for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy"):
+            for key in ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS):
                 if key in sums:
                     setattr(stats, key, sums[key] / weight)
         return stats
+
+    @property
+    def on_policy(self) -> bool:
+        """One pass, one minibatch: the weights the loss sees are those that sampled (pi_old = pi_theta)."""
+        return self.config.epochs == 1 and self.config.minibatches == 1
+
+    def _old_policy(self, logp: Tensor, sub: Rollout, groups: Tensor, old_all: Tensor | None
+                    ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+        """pi_old's log-probs for the micro-batch of ``groups`` (``sub``), and the TIS weights.
+
+        Without TIS (tis_cap = 0) pi_old is the sampler's log-probs, as PPO
+        has it. With TIS pi_old is the trainer's own: the current log-probs,
+        detached, when on-policy, else those computed before the update
+        (``old_all``); the weights carry the sampler/trainer mismatch
+        (:func:`grpo.algorithm.tis_weights`).
+        """
+        cfg = self.config
+        if not cfg.tis_cap:
+            return sub.logprobs, None, {}
+        if old_all is None:
+            old = logp.detach()
+        else:
+            rows = (groups.unsqueeze(1) * cfg.group_size + torch.arange(cfg.group_size)).reshape(-1)
+            old = old_all[rows, : sub.mask.shape[1]]
+        weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level)
+        return old, weight, metrics
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, rollout: Rollout) -> Tensor:
+        """The policy's log-probs of the rollout's tokens now, (N, T): pi_old of an off-policy update."""
+        if not rollout.prompt_ids:
+            self.policy.without_grad(lambda model: None)  # under FSDP: join the gathers
+            return rollout.logprobs
+        self.model.eval()
+        with self.autocast:
+            logp, _ = self.policy.without_grad(rollout_logprobs, rollout, self.tokenizer.pad_token_id,
+                                               temperature=self.config.temperature)
+        self.model.train()
+        return logp.float()
 
     def _micro_batches(self, rollout: Rollout, groups: Tensor) -> list[Tensor]:
         """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens.

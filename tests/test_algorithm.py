@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.algorithm import aggregate_loss, group_advantages, k3_kl, policy_loss
+from grpo.algorithm import aggregate_loss, group_advantages, k3_kl, policy_loss, tis_weights
 
 
 def test_group_advantages_standardises_within_each_group():
@@ -141,3 +141,43 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregate, ratio_le
         total_loss += part.item()
     assert total_loss == pytest.approx(loss.item(), rel=1e-6)
     torch.testing.assert_close(parts.grad, full.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_tis_weights_cap_token_ratios():
+    # delta = trainer - sampler = [0, ln 3, -ln 2] -> ratios [1, 3, 0.5]; cap 2 -> weights [1, 2, 0.5];
+    # the 4th token is padding (weight 0). One of three valid tokens is capped.
+    trainer = torch.tensor([[-1.0, math.log(3.0) - 2.0, -math.log(2.0) - 1.0, 5.0]])
+    sampler = torch.tensor([[-1.0, -2.0, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    w, m = tis_weights(trainer, sampler, mask, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 2.0, 0.5, 0.0]]))
+    assert m["tis_capped_frac"].item() == pytest.approx(1 / 3)
+    # mean |delta| = (0 + ln 3 + ln 2) / 3
+    assert m["sampler_logp_diff"].item() == pytest.approx((math.log(3) + math.log(2)) / 3, rel=1e-6)
+    # k3 KL(sampler || trainer) per token = r - 1 - ln r with r = pi_trainer / pi_sampler:
+    #   r = 1: 0; r = 3: 2 - ln 3; r = 0.5: -0.5 + ln 2
+    expected = (0 + (2 - math.log(3)) + (-0.5 + math.log(2))) / 3
+    assert m["sampler_kl"].item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_tis_weights_mask_whole_sequences():
+    # row 0: deltas [0.1, 0.3] -> mean 0.2, exp 1.22 in [1/2, 2]: kept (weights 1);
+    # row 1: deltas [1.0, 0.6] -> mean 0.8 > ln 2 = 0.693: masked (weights 0), its 2 tokens count as capped
+    trainer = torch.tensor([[0.1, 0.3], [1.0, 0.6]])
+    sampler = torch.zeros(2, 2)
+    w, m = tis_weights(trainer, sampler, torch.ones(2, 2), cap=2.0, level="sequence")
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    assert m["tis_capped_frac"].item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="tis_level must be"):
+        tis_weights(trainer, sampler, torch.ones(2, 2), cap=2.0, level="batch")
+
+
+def test_tis_weight_scales_the_surrogate_not_the_kl():
+    # on-policy (ratio 1), A = 1, one token: surrogate -1 times weight 0.5 -> -0.5; with beta = 1 and
+    # ref = logp the KL term is 0, so the loss is -0.5; the gradient of the surrogate is -w * rho = -0.5
+    logp = torch.zeros(1, 1, requires_grad=True)
+    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 1),
+                          ref_logp=torch.zeros(1, 1), beta=1.0, tis_weight=torch.tensor([[0.5]]))
+    assert loss.item() == pytest.approx(-0.5)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.5]]))

@@ -99,6 +99,15 @@ CASES = {
     "output is a file": (["--output", "not-a-run/notes.txt"], "output not-a-run/notes.txt is a file, not a directory"),
     "output below a file": (["--output", "not-a-run/notes.txt/run"], "output not-a-run/notes.txt/run cannot be a directory: not-a-run/notes.txt is a file"),
     "weights without rewards": (["--reward-weights", "1.0", "2.0"], "reward_weights has 2 entries but rewards has 0"),
+    "unknown engine": (["--engine", "sglang"], "engine must be one of own, vllm, got 'sglang'"),
+    "vllm memory above 1": (["--engine", "vllm", "--vllm-memory", "1.5"], "vllm_memory must be in (0, 1], got 1.5"),
+    "vllm without its Python": (["--engine", "vllm", "--vllm-python", "./no-such-python"],
+                                "--engine vllm: no Python at ./no-such-python; run `make vllm`"),
+    "vllm not installed": (["--engine", "vllm", "--vllm-python", sys.executable],
+                           "--engine vllm: vLLM is not installed for " + sys.executable + "; run `make vllm`"),
+    "vllm under several processes": (["--engine", "vllm", "--nproc", "2"], "engine vllm runs in one process for now"),
+    "tis cap at 1": (["--tis-cap", "1.0"], "tis_cap must be above 1 (or 0: off), got 1.0"),
+    "unknown tis level": (["--tis-level", "batch"], "tis_level must be one of token, sequence, got 'batch'"),
 }
 
 

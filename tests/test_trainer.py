@@ -105,3 +105,27 @@ def test_lora_and_kl_reference_run(tiny_model, tokenizer):
     full = _trainer(tiny_model, tokenizer, reward=first_char_parity, beta=0.1, epochs=2, minibatches=2)
     m = full.step(1)
     assert m["optimizer_steps"] == 4
+
+
+def test_own_engine_fp32_tis_weights_are_one(tokenizer):
+    # the own engine samples with the weights the trainer recomputes with, in fp32: the sampler's and the
+    # trainer's log-probs agree to float rounding (about 1e-6), so every TIS weight is 1, none is capped;
+    # off-policy, pi_old is the pass before the first optimiser step, so the weights are 1 there too
+    from conftest import make_model
+
+    for kw in ({}, {"epochs": 2, "minibatches": 2}):  # on-policy (detached logp), off-policy (the pre-pass)
+        trainer = _trainer(make_model(len(tokenizer), seed=3), tokenizer, reward=first_char_parity, **kw)
+        m = trainer.step(1)
+        assert m["optimizer_steps"] >= 1
+        assert m["sampler_logp_diff"] < 1e-5 and m["sampler_kl"] < 1e-9, m
+        assert m["tis_capped_frac"] == 0.0
+        if not kw:  # on-policy the ratio is exactly 1; off-policy it moves with the minibatches' steps
+            assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_tis_with_the_own_engine_gives_the_update_without_it(tokenizer):
+    # weights of 1 to float rounding: the update with TIS is the update without it, to rounding
+    with_tis = _params_after_one_step(tokenizer, reward=first_char_parity)
+    without = _params_after_one_step(tokenizer, reward=first_char_parity, tis_cap=0.0)
+    for a, b in zip(with_tis, without, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

