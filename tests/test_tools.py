@@ -142,3 +142,14 @@ def test_a_process_that_never_closes_its_toolbox_still_exits():
             "print(box.run(parse_tool_calls('<tool>calculator(\"6 * 7\")</tool>'))[0].text)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "42", done.stderr
+
+
+def test_the_shipped_calc_rows_are_scored_on_the_whole_expression():
+    from grpo.tasks import get_task
+
+    task = get_task("calc", heldout_size=4)
+    row = task.heldout[0]
+    a, b, c = (int(x) for x in row["question"].removeprefix("What is ").rstrip("?").replace("*", "+").split("+"))
+    assert row["answer"] == str(a * b + c) == calculator(f"{a} * {b} + {c}")
+    assert task.reward(str(a * b + c), row) == 1.0
+    assert task.reward(str(a * b), row) == 0.0  # the product alone, as the example's call would give, is wrong

@@ -60,6 +60,9 @@ def _start(settings: dict) -> object:
         gpu_memory_utilization=settings["memory"], enable_prefix_caching=True,
         logprobs_mode="processed_logprobs",  # after temperature: the policy the trainer trains
         worker_extension_cls="grpo_vllm_worker.WeightLoader", max_model_len=settings["max_model_len"],
+        # every prompt of a batch prefilled in one step: vLLM rewinds the random generator of a request whose
+        # prefill was split across steps, which its CPU generators cannot do ("does not use offset")
+        max_num_batched_tokens=65536,
     )
     if settings["lora_rank"]:
         kwargs.update(enable_lora=True, max_lora_rank=settings["lora_rank"], max_loras=1)
