@@ -670,13 +670,18 @@ class GRPOTrainer:
     def _reference_logprobs(self, rollout: Rollout) -> Tensor | None:
         if self.config.beta == 0.0:
             return None
-        ref = self.reference if self.reference is not None else self.policy
-        if not rollout.prompt_ids:  # a process with no group of the batch (under FSDP: join the gathers)
-            ref.without_grad(lambda model: None)
+        if self.reference is not None:
+            return self._scored_logprobs(self.reference, rollout)
+        return self._scored_logprobs(self.policy, rollout, self.model.disable_adapter())
+
+    def _scored_logprobs(self, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
+        """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``; a process
+        with no group of the batch joins the FSDP gathers and returns the rollout's own."""
+        if not rollout.prompt_ids:
+            policy.without_grad(lambda model: None)
             return rollout.logprobs
-        ctx = self.model.disable_adapter() if self.reference is None else nullcontext()
-        with ctx, self.autocast:
-            logp, _ = ref.without_grad(
+        with context or nullcontext(), self.autocast:
+            logp, _ = policy.without_grad(
                 rollout_logprobs, rollout, self.tokenizer.pad_token_id, temperature=self.config.temperature)
         return logp.float()
 
@@ -805,15 +810,10 @@ class GRPOTrainer:
     @torch.no_grad()
     def _trainer_logprobs(self, rollout: Rollout) -> Tensor:
         """The policy's log-probs of the rollout's tokens now, (N, T): pi_old of an off-policy update."""
-        if not rollout.prompt_ids:
-            self.policy.without_grad(lambda model: None)  # under FSDP: join the gathers
-            return rollout.logprobs
         self.model.eval()
-        with self.autocast:
-            logp, _ = self.policy.without_grad(rollout_logprobs, rollout, self.tokenizer.pad_token_id,
-                                               temperature=self.config.temperature)
+        logp = self._scored_logprobs(self.policy, rollout)
         self.model.train()
-        return logp.float()
+        return logp
 
     def _micro_batches(self, rollout: Rollout, groups: Tensor) -> list[Tensor]:
         """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens.
