@@ -100,7 +100,12 @@ def _score(llm: object, rows: list[tuple[list[int], list[int]]], lora: tuple[str
 
     prompts = [{"prompt_token_ids": list(p) + list(c)} for p, c in rows]
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-    outputs = llm.generate(prompts, params, lora_request=LoRARequest(*lora) if lora else None, use_tqdm=False)
+    request = LoRARequest(*lora) if lora else None
+    if request is None:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    else:  # one prompt a call: vLLM's CPU LoRA path failed on prompt log-probs of several requests in one
+        # batch (einsum: "subscript b has size 2 ... previously seen size 30", the requests against the tokens)
+        outputs = [llm.generate([p], params, lora_request=request, use_tqdm=False)[0] for p in prompts]
     scores = []
     for (prompt, completion), out in zip(rows, outputs, strict=True):
         ids = list(prompt) + list(completion)
