@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.rollout import Rollout, check_supported, end_of_turn_ids, prefill, resume, sample_turn, start_state
+from grpo.forward import check_supported
+from grpo.rollout import Rollout, end_of_turn_ids, prefill, resume, sample_turn, start_state
 from grpo.tools import ToolBox, load_functions, parse_tool_calls
 
 Messages = list[dict]

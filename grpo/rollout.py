@@ -1,11 +1,11 @@
-"""Batched sampling of G completions per prompt, and log-probs of sampled tokens.
+"""Batched sampling: G completions (or episode turns) per prompt, each prompt's KV cache shared by its group.
 
-Every group repeats one prompt G times, so the prompt is run once: its KV
-cache is computed for the B distinct prompts and then repeated G times,
-both when sampling and in the training pass (where the gradient flows back
-through the shared cache into the prompt's forward pass, summed over the G
-completions, so it is exact). Sequences that have stopped are dropped from
-the decoding batch.
+Every group repeats one prompt G times, so the prompt is run once
+(grpo/forward.py) and its cache repeated G times; sequences that have
+stopped leave the decoding batch. A turn's state can be paused and
+continued after an environment's tokens (grpo/episodes.py). The sampled
+tokens' log-probs are recorded; the training pass recomputes them with
+gradients (grpo/logprobs.py).
 
 Shape legend: B prompts, G samples per prompt, N = B*G, L prompt tokens,
 T completion tokens, H hidden size, V vocabulary.
@@ -13,18 +13,14 @@ T completion tokens, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
-import copy
-import functools
-import inspect
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from grpo.forward import check_supported, decode, encode_prompt_batch, left_pad, positions, select_rows
 from grpo.streams import stream_uniforms
 
 
@@ -102,20 +98,6 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     )
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Left-pad token lists; return ids (B, L) and attention mask (B, L)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        attn[i, width - len(p) :] = 1
-    return ids.to(device), attn.to(device)
-
-
-def _positions(attn: Tensor) -> Tensor:
-    return (attn.cumsum(dim=-1) - 1).clamp(min=0)
-
 
 def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Set logits outside the top-k / nucleus (top-p) set to -inf. (n, V)."""
@@ -164,134 +146,6 @@ def sample_next(
         u = uniforms.to(cdf.device, cdf.dtype).unsqueeze(1) * cdf[:, -1:]  # (n, 1)
         token = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)
     return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)
-
-
-class TokenEmbeddings:
-    """The input embeddings of every token a pass uses, looked up in one call.
-
-    Each call of the input embedding costs a dense (V, H) gradient in
-    backward, zeroed and then added into the weight's. A pass that runs the
-    decoder several times (shared prefix, prompts, length buckets) instead
-    looks its distinct tokens up once and indexes that small table.
-    """
-
-    def __init__(self, model: nn.Module, ids: Tensor) -> None:
-        self.vocab = torch.unique(ids)  # sorted
-        self.table = model.get_input_embeddings()(self.vocab)  # (U, H)
-
-    def __call__(self, ids: Tensor) -> Tensor:
-        # F.embedding, not self.table[...]: the same rows, but the indexing's backward (index_put_ with
-        # accumulate) sums repeated tokens in a thread-dependent order on the CPU, so that two runs with
-        # several threads differed (by ~4e-9 after 4 steps); embedding's backward sums in a fixed order
-        return F.embedding(torch.searchsorted(self.vocab, ids), self.table)
-
-
-@dataclass
-class PromptState:
-    """The prompts' KV cache and what continues from it, one row per sequence."""
-
-    cache: object  # a transformers Cache holding the prompt keys/values of every row
-    last_hidden: Tensor  # (rows, H) final hidden state at each prompt's last token
-    attn: Tensor  # (rows, L) key mask over the cached positions
-    next_pos: Tensor  # (rows,) position id of the first completion token
-
-
-def common_prefix_length(prompts: list[list[int]]) -> int:
-    """Tokens shared by every prompt from the start (a system prompt, a template), leaving
-    each prompt at least one token of its own."""
-    shortest = min(len(p) for p in prompts)
-    n = 0
-    while n < shortest - 1 and all(p[n] == prompts[0][n] for p in prompts):
-        n += 1
-    return n
-
-
-@functools.cache
-def _cache_arg(decoder_class: type) -> str:
-    """The decoder's name for the KV cache: ``cache`` since transformers renamed it, ``past_key_values``
-    before (5.16-5.2x). Passing the wrong one would not fail: forward's **kwargs would swallow it."""
-    params = inspect.signature(decoder_class.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def decode(decoder: nn.Module, cache: object = None, **inputs: object) -> object:
-    """``decoder(**inputs)`` with ``cache`` passed under the decoder's name for it; the output's
-    cache is ``.cache`` on the output whichever name the library uses."""
-    name = _cache_arg(type(decoder))
-    out = decoder(**inputs, **({name: cache} if cache is not None else {}))
-    if name != "cache":
-        out.cache = out.past_key_values
-    return out
-
-
-def encode_prompt_batch(
-    decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None
-) -> PromptState:
-    """Run B prompts once and repeat their state for the G sequences of each group.
-
-    Two levels of sharing: the prefix common to the whole batch (typically
-    the chat template's system prompt) is computed once for all B prompts,
-    then each prompt's own part once for its G samples. Autograd sees the
-    repeats as index operations, so gradients through the cache are exact
-    (summed over the rows that share it). Layout of a row's keys:
-    [shared prefix][left padding][own part]. With ``embed`` the input
-    embeddings come from that table instead of the decoder's own lookup.
-    """
-    device = next(decoder.parameters()).device
-
-    def inputs(ids: Tensor) -> dict[str, Tensor]:
-        return {"input_ids": ids} if embed is None else {"inputs_embeds": embed(ids)}
-
-    shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
-    if shared >= 8:
-        prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
-        cache = decode(decoder, **inputs(prefix), use_cache=True).cache
-        cache.batch_repeat_interleave(len(prompts))
-        ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
-        attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
-        pos = (_positions(attn))[:, shared:]
-        out = decode(decoder, cache, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
-    else:
-        ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
-        pos = _positions(attn)
-        out = decode(decoder, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
-    cache = out.cache
-    if repeats > 1:
-        cache.batch_repeat_interleave(repeats)
-    return PromptState(
-        cache=cache,
-        last_hidden=out.last_hidden_state[:, -1].repeat_interleave(repeats, dim=0),
-        attn=attn.repeat_interleave(repeats, dim=0),
-        next_pos=(pos[:, -1] + 1).repeat_interleave(repeats),
-    )
-
-
-def check_supported(model: nn.Module) -> None:
-    """The fast paths compute logits as lm_head(final hidden state); refuse models that rescale them."""
-    cfg = getattr(model, "config", None)
-    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        if getattr(cfg, key, None) not in (None, 1.0):
-            raise ValueError(f"models with {key} are not supported yet")
-
-
-@contextmanager
-def grouped_kv_attention(device: torch.device) -> Iterator[None]:
-    """On the CPU, let SDPA attend grouped key/value heads itself (``enable_gqa``) instead of
-    transformers repeating every key and value for each query head first.
-
-    Same results; the training pass no longer keeps those repeated copies for
-    backward (about 160 MB for 16 completions of the embedded model). CUDA
-    keeps transformers' choice: its fast kernels take grouped heads only without a mask.
-    """
-    key = "TRANSFORMERS_SDPA_FORCE_GQA"
-    if device.type != "cpu" or key in os.environ:
-        yield
-        return
-    os.environ[key] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(key, None)
 
 
 def end_of_turn_ids(model: nn.Module, tokenizer: object) -> list[int]:
@@ -392,7 +246,7 @@ def sample_turn(
             if keep_paused:
                 ended = done.nonzero().squeeze(1)
                 paused.append((active[ended], DecodeState(
-                    _select_rows(cache, ended), attn[ended], next_pos[ended], None)))
+                    select_rows(cache, ended), attn[ended], next_pos[ended], None)))
             keep = (~done).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
@@ -452,7 +306,7 @@ def prefill(
     """
     ids, block = left_pad(chunks, pad_id, state.attn.device)  # (r, W)
     attn = torch.cat([state.attn, block], dim=1)
-    pos = state.next_pos.unsqueeze(1) + _positions(block)  # (r, W)
+    pos = state.next_pos.unsqueeze(1) + positions(block)  # (r, W)
     out = decode(decoder, state.cache, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
     return DecodeState(out.cache, attn, state.next_pos + block.sum(dim=1), lm_head(out.last_hidden_state[:, -1]))
 
@@ -534,213 +388,3 @@ def _ends_with_stop(tokenizer: object, tokens: Tensor, stop_strings: tuple[str, 
         hits.append(any(x in after and x not in before for x in stop_strings))
     return torch.tensor(hits, device=tokens.device)
 
-
-class _LinearLogprob(torch.autograd.Function):
-    """log softmax(h W^T / temperature)[target] per row, chunk by chunk, never holding all the logits.
-
-    Forward keeps only h and each row's log-sum-exp; backward recomputes a
-    chunk's logits and turns them into their gradient in place,
-    (onehot - softmax) * g / temperature, so a chunk costs one (c, V) buffer
-    in each direction. The entropy output carries no gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy):  # noqa: ANN001, ANN205
-        device = hidden.device.type
-        # backward recomputes the logits under the same autocast as forward (bf16 on CUDA), so they match
-        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
-        m = hidden.shape[0]
-        logp, lse_all = hidden.new_empty(m, dtype=torch.float32), hidden.new_empty(m, dtype=torch.float32)
-        entropy = hidden.new_zeros(m if with_entropy else 0, dtype=torch.float32)
-        for i in range(0, m, chunk):
-            logits = _logits(hidden[i : i + chunk], weight, temperature)  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)
-            logp[i : i + chunk] = logits.gather(1, targets[i : i + chunk].unsqueeze(1)).squeeze(1) - lse
-            lse_all[i : i + chunk] = lse
-            if with_entropy:
-                weighted = (logits - lse.unsqueeze(1)).exp_().mul_(logits)  # softmax * logits
-                entropy[i : i + chunk] = lse - weighted.sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, targets, lse_all)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):  # noqa: ANN001, ANN205
-        hidden, weight, targets, lse_all = ctx.saved_tensors
-        scale = 1.0 / ctx.temperature if ctx.temperature > 0.0 and ctx.temperature != 1.0 else 1.0
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        # summed over the chunks in fp32, also when the weight is bf16 (FSDP's mixed precision on CUDA)
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        device, dtype, enabled = ctx.autocast
-        for i in range(0, hidden.shape[0], ctx.chunk):
-            h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
-            with torch.autocast(device, dtype=dtype, enabled=enabled):
-                logits = _logits(h, weight, ctx.temperature)
-            grad = logits.sub_(lse_all[i : i + ctx.chunk].unsqueeze(1)).exp_().mul_(-g.unsqueeze(1))  # -softmax*g
-            grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
-            if scale != 1.0:
-                grad.mul_(scale)
-            grad = grad.to(h.dtype)
-            if grad_hidden is not None:
-                with torch.autocast(device, dtype=dtype, enabled=enabled):  # the autocast dtype, as forward's
-                    grad_hidden[i : i + ctx.chunk] = grad @ weight
-            if grad_weight is not None:  # in place, in fp32 (in-place products never autocast)
-                grad_weight.addmm_(grad.T.float(), h.float())
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
-
-
-def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    logits = (hidden @ weight.T).float()  # (c, V)
-    if temperature > 0.0 and temperature != 1.0:
-        logits = logits / temperature
-    return logits
-
-
-def token_logprobs(
-    hidden: Tensor,
-    lm_head: nn.Module,
-    targets: Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_tokens: int = 256,
-    with_entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """log softmax(lm_head(h) / temperature)[target], chunk_tokens rows of logits at a time.
-
-    Memory holds one (chunk_tokens, V) block of logits, whatever the number of
-    tokens; backward recomputes each block (see ``_LinearLogprob``).
-    hidden (M, H), targets (M,) -> logp (M,) and, optionally, the policy's
-    entropy per token (M,, detached).
-    """
-    if getattr(lm_head, "bias", None) is not None:
-        raise ValueError("token_logprobs supports bias-free output layers only")
-    logp, entropy = _LinearLogprob.apply(hidden, lm_head.weight, targets, temperature, chunk_tokens, with_entropy)
-    return logp, entropy if with_entropy else None
-
-
-def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[int]]:
-    """Split rows into groups of similar length, so that each is padded only to its own longest.
-
-    Minimises the padded tokens run (rows x longest, summed over groups) plus
-    overhead_tokens for every extra forward call, exactly, by dynamic
-    programming over the rows sorted longest first. Returns row indices,
-    longest group first; rows of length 0 are left out.
-    """
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    n = len(order)
-    best, cut = [0.0] * (n + 1), [n] * (n + 1)  # best[i]: cost of rows order[i:]; cut[i]: end of i's group
-    for i in range(n - 1, -1, -1):
-        width = lengths[order[i]]  # the longest of any group starting at i
-        # on a tie the longer group wins: fewer calls
-        best[i], cut[i] = min(((j - i) * width + overhead_tokens + best[j], -j) for j in range(i + 1, n + 1))
-        cut[i] = -cut[i]
-    groups, i = [], 0
-    while i < n:
-        groups.append(order[i : cut[i]])
-        i = cut[i]
-    return groups
-
-
-def _select_rows(cache: object, rows: Tensor) -> object:
-    """A cache holding the given rows of ``cache``, which is left as it is (autograd flows through)."""
-    sub = copy.copy(cache)
-    sub.layers = [copy.copy(layer) for layer in cache.layers]
-    sub.batch_select_indices(rows)
-    return sub
-
-
-def completion_hidden(
-    model: nn.Module,
-    prompt_ids: list[list[int]],
-    completion_ids: Tensor,
-    lengths: Tensor,
-    group_size: int,
-    pad_id: int,
-    *,
-    share_prefix: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """Final hidden states that predict each completion token, for real tokens only.
-
-    Returns hidden (M, H) and each one's flat position row * T + t in the
-    (N, T) completion grid, M = lengths.sum(). With share_prefix the B prompts
-    are run once and their KV cache repeated over the G completions of each
-    group; the completions then run in groups of similar length
-    (``length_buckets``), each padded only to its own longest, so padding
-    costs little. Without share_prefix each of the N sequences (prompt +
-    completion) is run in full: the reference the fast pass is tested against.
-    """
-    decoder = model.get_decoder()
-    device = completion_ids.device
-    n, t = completion_ids.shape
-    if not share_prefix:
-        rows = [p for p in prompt_ids for _ in range(group_size)]
-        ids, attn = left_pad(rows, pad_id, device)  # (N, L)
-        width = ids.shape[1]
-        ids = torch.cat([ids, completion_ids], dim=1)
-        attn = torch.cat([attn, attn.new_ones((n, t))], dim=1)
-        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=_positions(attn)).last_hidden_state
-        valid = torch.arange(t, device=device) < lengths.unsqueeze(1)  # (N, T)
-        flat = torch.arange(n * t, device=device).view(n, t)
-        return hidden[:, width - 1 : width - 1 + t][valid], flat[valid]
-    embed = TokenEmbeddings(model, torch.cat([
-        torch.tensor([pad_id] + [i for p in prompt_ids for i in p], device=device), completion_ids.reshape(-1)]))
-    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id, embed)
-    parts, places = [], []
-    for bucket in length_buckets(lengths.tolist()):
-        rows = torch.tensor(bucket, device=device)
-        width = int(lengths[rows].max())
-        hidden = state.last_hidden[rows].unsqueeze(1)  # (r, 1, H): predicts each row's first token
-        if width > 1:
-            attn = torch.cat([state.attn[rows], state.attn.new_ones((len(rows), width - 1))], dim=1)
-            cpos = state.next_pos[rows].unsqueeze(1) + torch.arange(width - 1, device=device)  # (r, w-1)
-            rest = decode(
-                decoder, _select_rows(state.cache, rows),
-                inputs_embeds=embed(completion_ids[rows, : width - 1]), attention_mask=attn, position_ids=cpos,
-                use_cache=True,
-            ).last_hidden_state  # (r, w-1, H)
-            hidden = torch.cat([hidden, rest], dim=1)
-        valid = torch.arange(width, device=device) < lengths[rows].unsqueeze(1)  # (r, w)
-        parts.append(hidden[valid])
-        places.append((rows.unsqueeze(1) * t + torch.arange(width, device=device))[valid])
-    if not parts:  # no completion has a token
-        return state.last_hidden[:0], torch.zeros(0, dtype=torch.long, device=device)
-    return torch.cat(parts), torch.cat(places)
-
-
-def rollout_logprobs(
-    model: nn.Module,
-    rollout: Rollout,
-    pad_id: int,
-    *,
-    temperature: float = 1.0,
-    share_prefix: bool = True,
-    with_entropy: bool = False,
-    chunk_tokens: int = 256,
-) -> tuple[Tensor, Tensor | None]:
-    """Current-policy log-probs (and entropy) of a rollout's sampled tokens, (N, T), 0 after each end.
-
-    Each row runs in full (policy and environment tokens, as the episode
-    saw them), but only the policy's tokens go through the output layer:
-    environment tokens and padding cost neither logits nor memory, and their
-    log-probs are 0.
-    """
-    n, t = rollout.completion_ids.shape
-    with grouped_kv_attention(rollout.completion_ids.device):
-        hidden, places = completion_hidden(
-            model, rollout.prompt_ids, rollout.completion_ids, rollout.spans, rollout.group_size, pad_id,
-            share_prefix=share_prefix,
-        )
-    if rollout.env_mask is not None:  # environment tokens are context: no logits, no loss, no KL
-        policy = rollout.mask.reshape(-1)[places] > 0
-        hidden, places = hidden[policy], places[policy]
-    logp, ent = token_logprobs(
-        hidden, model.get_output_embeddings(), rollout.completion_ids.reshape(-1)[places],
-        temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
-    )
-    grid = logp.new_zeros(n * t).scatter(0, places, logp).view(n, t)
-    if not with_entropy:
-        return grid, None
-    return grid, ent.new_zeros(n * t).scatter(0, places, ent).view(n, t)

@@ -74,6 +74,7 @@ from grpo.distributed import (
 from grpo.episodes import episode_metrics, episode_total, make_agent
 from grpo.evaluate import EvalResult, encode_prompts, evaluate
 from grpo.interrupt import RunStopped, StopRequests
+from grpo.logprobs import rollout_logprobs
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.models import add_lora, load_policy, save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
@@ -81,7 +82,7 @@ from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
-from grpo.rollout import Rollout, concat_rollouts, generate, rollout_logprobs
+from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task

@@ -15,7 +15,7 @@ def policy():
 
 def test_code_retry_episodes_take_several_turns_with_feedback_masks_and_rewards(policy):
     from grpo.episodes import Agent, episode_total
-    from grpo.rollout import rollout_logprobs
+    from grpo.logprobs import rollout_logprobs
     from grpo.tasks import get_task
 
     task = get_task("code-retry")

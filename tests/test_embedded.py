@@ -33,7 +33,8 @@ def test_embedded_model_is_cached_as_a_plain_hf_folder(policy):
 
 def test_sampling_log_probs_match_the_plain_model(policy):
     from grpo.evaluate import encode_prompts
-    from grpo.rollout import generate, rollout_logprobs
+    from grpo.logprobs import rollout_logprobs
+    from grpo.rollout import generate
     from grpo.tasks import get_task
 
     task = get_task("add", heldout_size=16)

@@ -5,7 +5,7 @@ import torch
 
 from grpo.algorithm import policy_loss
 from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics
-from grpo.rollout import rollout_logprobs
+from grpo.logprobs import rollout_logprobs
 
 
 class Echo:

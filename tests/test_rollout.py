@@ -3,15 +3,9 @@
 import pytest
 import torch
 
-from grpo.rollout import (
-    Rollout,
-    common_prefix_length,
-    filter_logits,
-    generate,
-    length_buckets,
-    rollout_logprobs,
-    token_logprobs,
-)
+from grpo.forward import common_prefix_length
+from grpo.logprobs import length_buckets, rollout_logprobs, token_logprobs
+from grpo.rollout import Rollout, filter_logits, generate
 
 
 def _prompts(tokenizer, questions):

@@ -14,7 +14,7 @@ import torch
 from conftest import make_model, make_tokenizer
 
 from grpo.config import TrainConfig
-from grpo.rollout import rollout_logprobs
+from grpo.logprobs import rollout_logprobs
 from grpo.streams import stream_keys
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer

@@ -1,0 +1,178 @@
+"""The decoder run over a batch of prompts with a KV cache, each prompt once for its whole group.
+
+What sampling (grpo/rollout.py) and the training pass (grpo/logprobs.py)
+share: left padding, position ids, the shared-prefix encoding of B prompts
+repeated over their G rows, the cache argument's name across transformers
+versions, and the checks and attention settings both paths need.
+
+Shape legend: B prompts, G samples per prompt, N = B*G, L prompt tokens,
+T completion tokens, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Left-pad token lists; return ids (B, L) and attention mask (B, L)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    return ids.to(device), attn.to(device)
+
+
+def positions(attn: Tensor) -> Tensor:
+    return (attn.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+
+class TokenEmbeddings:
+    """The input embeddings of every token a pass uses, looked up in one call.
+
+    Each call of the input embedding costs a dense (V, H) gradient in
+    backward, zeroed and then added into the weight's. A pass that runs the
+    decoder several times (shared prefix, prompts, length buckets) instead
+    looks its distinct tokens up once and indexes that small table.
+    """
+
+    def __init__(self, model: nn.Module, ids: Tensor) -> None:
+        self.vocab = torch.unique(ids)  # sorted
+        self.table = model.get_input_embeddings()(self.vocab)  # (U, H)
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        # F.embedding, not self.table[...]: the same rows, but the indexing's backward (index_put_ with
+        # accumulate) sums repeated tokens in a thread-dependent order on the CPU, so that two runs with
+        # several threads differed (by ~4e-9 after 4 steps); embedding's backward sums in a fixed order
+        return F.embedding(torch.searchsorted(self.vocab, ids), self.table)
+
+
+@dataclass
+class PromptState:
+    """The prompts' KV cache and what continues from it, one row per sequence."""
+
+    cache: object  # a transformers Cache holding the prompt keys/values of every row
+    last_hidden: Tensor  # (rows, H) final hidden state at each prompt's last token
+    attn: Tensor  # (rows, L) key mask over the cached positions
+    next_pos: Tensor  # (rows,) position id of the first completion token
+
+
+def common_prefix_length(prompts: list[list[int]]) -> int:
+    """Tokens shared by every prompt from the start (a system prompt, a template), leaving
+    each prompt at least one token of its own."""
+    shortest = min(len(p) for p in prompts)
+    n = 0
+    while n < shortest - 1 and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+@functools.cache
+def _cache_arg(decoder_class: type) -> str:
+    """The decoder's name for the KV cache: ``cache`` since transformers renamed it, ``past_key_values``
+    before (5.16-5.2x). Passing the wrong one would not fail: forward's **kwargs would swallow it."""
+    params = inspect.signature(decoder_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def decode(decoder: nn.Module, cache: object = None, **inputs: object) -> object:
+    """``decoder(**inputs)`` with ``cache`` passed under the decoder's name for it; the output's
+    cache is ``.cache`` on the output whichever name the library uses."""
+    name = _cache_arg(type(decoder))
+    out = decoder(**inputs, **({name: cache} if cache is not None else {}))
+    if name != "cache":
+        out.cache = out.past_key_values
+    return out
+
+
+def encode_prompt_batch(
+    decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None
+) -> PromptState:
+    """Run B prompts once and repeat their state for the G sequences of each group.
+
+    Two levels of sharing: the prefix common to the whole batch (typically
+    the chat template's system prompt) is computed once for all B prompts,
+    then each prompt's own part once for its G samples. Autograd sees the
+    repeats as index operations, so gradients through the cache are exact
+    (summed over the rows that share it). Layout of a row's keys:
+    [shared prefix][left padding][own part]. With ``embed`` the input
+    embeddings come from that table instead of the decoder's own lookup.
+    """
+    device = next(decoder.parameters()).device
+
+    def inputs(ids: Tensor) -> dict[str, Tensor]:
+        return {"input_ids": ids} if embed is None else {"inputs_embeds": embed(ids)}
+
+    shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
+    if shared >= 8:
+        prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
+        cache = decode(decoder, **inputs(prefix), use_cache=True).cache
+        cache.batch_repeat_interleave(len(prompts))
+        ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
+        attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
+        pos = (positions(attn))[:, shared:]
+        out = decode(decoder, cache, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
+    else:
+        ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
+        pos = positions(attn)
+        out = decode(decoder, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
+    cache = out.cache
+    if repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+    return PromptState(
+        cache=cache,
+        last_hidden=out.last_hidden_state[:, -1].repeat_interleave(repeats, dim=0),
+        attn=attn.repeat_interleave(repeats, dim=0),
+        next_pos=(pos[:, -1] + 1).repeat_interleave(repeats),
+    )
+
+
+def check_supported(model: nn.Module) -> None:
+    """The fast paths compute logits as lm_head(final hidden state); refuse models that rescale them."""
+    cfg = getattr(model, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(cfg, key, None) not in (None, 1.0):
+            raise ValueError(f"models with {key} are not supported yet")
+
+
+@contextmanager
+def grouped_kv_attention(device: torch.device) -> Iterator[None]:
+    """On the CPU, let SDPA attend grouped key/value heads itself (``enable_gqa``) instead of
+    transformers repeating every key and value for each query head first.
+
+    Same results; the training pass no longer keeps those repeated copies for
+    backward (about 160 MB for 16 completions of the embedded model). CUDA
+    keeps transformers' choice: its fast kernels take grouped heads only without a mask.
+    """
+    key = "TRANSFORMERS_SDPA_FORCE_GQA"
+    if device.type != "cpu" or key in os.environ:
+        yield
+        return
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+
+def select_rows(cache: object, rows: Tensor) -> object:
+    """A cache holding the given rows of ``cache``, which is left as it is (autograd flows through)."""
+    sub = copy.copy(cache)
+    sub.layers = [copy.copy(layer) for layer in cache.layers]
+    sub.batch_select_indices(rows)
+    return sub
+
