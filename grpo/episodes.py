@@ -15,6 +15,8 @@ one-turn episode, sampled by :func:`grpo.rollout.generate` itself.
 The KV cache continues across turns: after a turn the environment's tokens
 (rendered by the chat template) are run onto each episode's cache, and the
 conversation is never encoded again. Finished episodes leave the batch.
+With ``--engine vllm`` the engine samples the turns: each turn's request is
+the conversation so far, and vLLM's prefix cache keeps what it computed before.
 The episode's reward is the task's reward of the last policy turn plus the
 environment's per-turn rewards, summed with weight turn_discount ** (turn - 1);
 every policy token of the episode gets the one advantage (no per-turn credit).
@@ -37,7 +39,7 @@ from torch import Tensor, nn
 
 from grpo.config import ConfigError, TrainConfig
 from grpo.forward import check_supported
-from grpo.rollout import Rollout, end_of_turn_ids, prefill, resume, sample_turn, start_state
+from grpo.rollout import Rollout, Turn, end_of_turn_ids, prefill, resume, sample_turn, start_state
 from grpo.tools import ToolBox, load_functions, parse_tool_calls
 
 Messages = list[dict]
@@ -167,61 +169,55 @@ class Agent:
     def run(
         self, model: nn.Module, tokenizer: object, rows: Sequence[Mapping], *, group_size: int, max_new_tokens: int,
         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop_strings: tuple[str, ...] = (),
-        generator: torch.Generator | None = None, streams: Tensor | None = None,
+        generator: torch.Generator | None = None, streams: Tensor | None = None, engine: object | None = None,
     ) -> Rollout:
         """G episodes for each row, batched; the rollout of their whole transcripts (policy tokens in
         ``mask``, the environment's in ``env_mask``) with each one's :class:`Episode`. ``streams``
         (len(rows) * G, 2): each episode's random stream (grpo/streams.py), counted along its
-        transcript, else episodes draw from ``generator``."""
-        check_supported(model)
-        decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-        device = next(model.parameters()).device
-        stops = torch.tensor(end_of_turn_ids(model, tokenizer), device=device)
+        transcript, else episodes draw from ``generator``. ``engine``: a vLLM engine
+        (grpo/vllm_engine.py) that samples the turns instead of the policy itself."""
+        stops = end_of_turn_ids(model, tokenizer)
         envs = [self.make_env() for _ in range(len(rows) * group_size)]
         episodes, prompts = self._open(envs, rows, group_size, tokenizer)
         record = _Transcripts(len(envs))
-        state = start_state(decoder, lm_head, prompts, group_size, tokenizer.pad_token_id)
-        live = list(range(len(envs)))  # the state's rows, as episode indices
+        if engine is not None:
+            turns: _OwnTurns | _EngineTurns = _EngineTurns(engine, prompts, group_size)
+        else:
+            turns = _OwnTurns(model, tokenizer, prompts, group_size, stops,
+                              keep_cache=self.max_turns > 1 and not self.reencode)
+        live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):
-            budget = torch.tensor([min(max_new_tokens, self.max_episode_tokens - record.used(i)) for i in live])
-            rows_streams = None if streams is None else streams[torch.tensor(live, device=streams.device)]
-            drawn = torch.tensor([record.used(i) for i in live], device=device)  # where each stream goes on
-            turn = sample_turn(
-                decoder, lm_head, tokenizer, state, max_new_tokens=int(budget.max()), stops=stops,
-                budget=budget.to(device), temperature=temperature, top_p=top_p, top_k=top_k,
-                stop_strings=stop_strings, generator=generator, streams=rows_streams, drawn=drawn,
-                keep_paused=self.max_turns > 1 and not self.reencode,
-            )
-            going, chunks = [], []
-            for j, i in enumerate(live):
-                ids = turn.tokens[j, : int(turn.lengths[j])]
-                record.add(i, ids.tolist(), turn.logprobs[j, : len(ids)].tolist())
+            budgets = [min(max_new_tokens, self.max_episode_tokens - record.used(i)) for i in live]
+            keys = None if streams is None else streams[torch.tensor(live, device=streams.device)]
+            drawn = [record.used(i) for i in live]  # where each episode's stream goes on
+            sampled = turns.sample(budgets, drawn, keys, temperature=temperature, top_p=top_p, top_k=top_k,
+                                   stop_strings=stop_strings, generator=generator)
+            going, replies = [], []
+            for j, (i, (ids, logprobs, stopped)) in enumerate(zip(live, sampled, strict=True)):
+                record.add(i, ids, logprobs)
                 episodes[i].messages.append(
-                    {"role": "assistant", "content": tokenizer.decode(ids.tolist(), skip_special_tokens=True)})
+                    {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
                 episodes[i].turns += 1
-                if not bool(turn.stopped[j]):
+                if not stopped:
                     record.truncated[i] = True  # cut by a token limit: the episode ends there
                     continue
-                env_ids = self._respond(envs[i], episodes[i], turn_no, tokenizer, int(ids[-1]), stops)
+                env_ids = self._respond(envs[i], episodes[i], turn_no, tokenizer, ids[-1], stops)
                 if env_ids is None:
                     continue
                 if record.used(i) + len(env_ids) >= self.max_episode_tokens:
                     record.truncated[i] = True  # no room left for another turn
                     continue
                 record.add(i, env_ids, None)
+                episodes[i].env_tokens += len(env_ids)
                 going.append(j)
-                chunks.append([int(ids[-1]), *env_ids])  # the turn's last token was never run
+                replies.append(env_ids)
             if not going:
                 break
             live = [live[j] for j in going]
-            if self.reencode:
-                conversations = [prompts[i // group_size] + record.ids[i] for i in live]
-                state = start_state(decoder, lm_head, conversations, 1, tokenizer.pad_token_id)
-            else:
-                state = prefill(decoder, lm_head, resume(turn.paused, going), chunks, tokenizer.pad_token_id)
+            turns.extend(going, replies, [prompts[i // group_size] + record.ids[i] for i in live])
         for episode, env in zip(episodes, envs, strict=True):
             episode.stats.update(getattr(env, "stats", {}))
-        return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, device)
+        return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, next(model.parameters()).device)
 
     def _open(self, envs: list[Environment], rows: Sequence[Mapping], group_size: int,
               tokenizer: object) -> tuple[list[Episode], list[list[int]]]:
@@ -244,7 +240,7 @@ class Agent:
         return episodes, prompts
 
     def _respond(self, env: Environment, episode: Episode, turn_no: int, tokenizer: object, last: int,
-                 stops: Tensor) -> list[int] | None:
+                 stops: list[int]) -> list[int] | None:
         """The environment's answer to a finished turn as token ids, or None when the episode ends."""
         if episode.env_error is not None:
             return None
@@ -255,14 +251,66 @@ class Agent:
         episode.reward += float(reward or 0.0) * self.turn_discount ** (turn_no - 1)
         if done or not reply or turn_no == self.max_turns:
             return None
-        stop_text = tokenizer.decode([last]) if last in stops.tolist() else ""
+        stop_text = tokenizer.decode([last]) if last in stops else ""
         ids = continuation_ids(tokenizer, episode.messages, list(reply), self._template_extra(), stop_text=stop_text)
         episode.messages.extend(dict(m) for m in reply)
-        episode.env_tokens += len(ids)
         return ids
 
     def _template_extra(self) -> dict:
         return {"tools": self.schemas} if self.schemas else {}
+
+
+class _OwnTurns:
+    """Turns sampled on the policy itself. With ``keep_cache`` each episode's KV cache is paused after a
+    turn and continued with the environment's tokens; without, the conversation is encoded again."""
+
+    def __init__(self, model: nn.Module, tokenizer: object, prompts: list[list[int]], group_size: int,
+                 stops: list[int], *, keep_cache: bool) -> None:
+        check_supported(model)
+        self.decoder, self.lm_head = model.get_decoder(), model.get_output_embeddings()
+        self.tokenizer, self.keep_cache = tokenizer, keep_cache
+        self.device = next(model.parameters()).device
+        self.stops = torch.tensor(stops, device=self.device)
+        self.state = start_state(self.decoder, self.lm_head, prompts, group_size, tokenizer.pad_token_id)
+        self.turn: Turn | None = None
+
+    def sample(self, budgets: list[int], drawn: list[int], streams: Tensor | None,
+               **sampling: object) -> list[tuple[list[int], list[float], bool]]:
+        """Each live episode's turn: its tokens, their log-probs, and whether it ended on a stop."""
+        self.turn = sample_turn(
+            self.decoder, self.lm_head, self.tokenizer, self.state, max_new_tokens=max(budgets), stops=self.stops,
+            budget=torch.tensor(budgets, device=self.device), streams=streams,
+            drawn=torch.tensor(drawn, device=self.device), keep_paused=self.keep_cache, **sampling)
+        t = self.turn
+        return [(t.tokens[j, :n].tolist(), t.logprobs[j, :n].tolist(), bool(t.stopped[j]))
+                for j, n in enumerate(t.lengths.tolist())]
+
+    def extend(self, going: list[int], replies: list[list[int]], conversations: list[list[int]]) -> None:
+        """Go on with the turn's rows ``going`` after their environment's tokens ``replies``."""
+        pad_id = self.tokenizer.pad_token_id
+        if not self.keep_cache:
+            self.state = start_state(self.decoder, self.lm_head, conversations, 1, pad_id)
+            return
+        ends = [int(self.turn.tokens[j, int(self.turn.lengths[j]) - 1]) for j in going]
+        chunks = [[end, *ids] for end, ids in zip(ends, replies, strict=True)]  # a turn's last token was never run
+        self.state = prefill(self.decoder, self.lm_head, resume(self.turn.paused, going), chunks, pad_id)
+
+
+class _EngineTurns:
+    """Turns sampled by a vLLM engine: each turn's requests are the whole conversations so far; the
+    engine's prefix cache still holds the keys and values of what it saw before, so the new tokens
+    are what it computes."""
+
+    def __init__(self, engine: object, prompts: list[list[int]], group_size: int) -> None:
+        self.engine = engine
+        self.conversations = [list(prompts[i // group_size]) for i in range(len(prompts) * group_size)]
+
+    def sample(self, budgets: list[int], drawn: list[int], streams: Tensor | None,
+               **sampling: object) -> list[tuple[list[int], list[float], bool]]:
+        return self.engine.sample(self.conversations, max_tokens=budgets, drawn=drawn, streams=streams, **sampling)
+
+    def extend(self, going: list[int], replies: list[list[int]], conversations: list[list[int]]) -> None:
+        self.conversations = conversations
 
 
 def continuation_ids(tokenizer: object, messages: Messages, reply: Messages, extra: dict, *,

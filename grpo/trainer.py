@@ -91,6 +91,7 @@ from grpo.vllm_engine import VLLMEngine
 
 RewardFn = Callable[[str, Mapping], float]
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
+EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
 
 
@@ -363,11 +364,10 @@ class GRPOTrainer:
             return None
         if self.world.size > 1:
             raise ConfigError("engine vllm runs in one process for now: drop torchrun / --nproc")
-        if self.agent is not None:
-            raise ConfigError("engine vllm samples single-turn completions only for now; multi-turn episodes "
-                              "(tools, environments) need --engine own")
-        # room for the longest prompt and the longest completion any setting may ask for
-        longest = max(len(p) for p in self.train_prompts) + max(cfg.max_new_tokens, DATA_MAX_NEW_TOKENS)
+        # room for the longest prompt and the longest completion any setting may ask for; an episode's
+        # opening may add to the prompt (a tool list in the system message): room for that too
+        after = cfg.max_episode_tokens + EPISODE_OPENING_TOKENS if self.agent is not None else 0
+        longest = max(len(p) for p in self.train_prompts) + max(cfg.max_new_tokens, DATA_MAX_NEW_TOKENS, after)
         return VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
                           seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest)
 
@@ -550,11 +550,17 @@ class GRPOTrainer:
         self.model.eval()
         sampling = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                         top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
-        if self.engine is not None:  # single-turn (checked at the start); no stop_early: vLLM runs each to its end
-            rollout = self.engine.generate([self.train_prompts[i] for i in prompts], streams=streams, **sampling)
-            rollout = moved(rollout, self.device)
-        else:
-            rollout = self._own_rollout(prompts, sampling, stop_early, streams)
+        rows = [self.task.train[i] for i in prompts]
+        with self.autocast:
+            if self.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
+                rollout = self.policy.without_grad(self.agent.run, self.tokenizer, rows, streams=streams,
+                                                   engine=self.engine, **sampling)
+            elif self.engine is not None:  # no stop_early: vLLM runs each completion to its end
+                rollout = self.engine.generate([self.train_prompts[i] for i in prompts], streams=streams, **sampling)
+                rollout = moved(rollout, self.device)
+            else:  # each completion a one-turn episode, sampled on the policy itself
+                rollout = self.policy.without_grad(generate, self.tokenizer, [self.train_prompts[i] for i in prompts],
+                                                   stop_early=stop_early, streams=streams, **sampling)
         seconds = time.perf_counter() - t0
         group_rows = [self.task.train[i] for i in prompts for _ in range(cfg.group_size)]
         ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
@@ -563,17 +569,6 @@ class GRPOTrainer:
         if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
             rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
         return rollout, rewards, metrics, seconds
-
-    def _own_rollout(self, prompts: Sequence[int], sampling: dict, stop_early: Callable[[int, int], bool] | None,
-                     streams: Tensor | None) -> Rollout:
-        """The own sampler's groups (or episodes) for these training prompts, on the policy itself."""
-        with self.autocast:
-            if self.agent is None:  # single-turn: each episode is one sampled completion
-                return self.policy.without_grad(
-                    generate, self.tokenizer, [self.train_prompts[i] for i in prompts], stop_early=stop_early,
-                    streams=streams, **sampling)
-            return self.policy.without_grad(
-                self.agent.run, self.tokenizer, [self.task.train[i] for i in prompts], streams=streams, **sampling)
 
     def _first_try_metrics(self, batch: Batch) -> dict[str, float]:
         """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and

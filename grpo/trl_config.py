@@ -70,11 +70,9 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
 IGNORED = frozenset("""
 model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32 remove_unused_columns
 num_generations_eval ds3_gather_for_generation shuffle_dataset pad_to_multiple_of generation_kwargs
-chat_template_kwargs cache_implementation use_vllm vllm_mode vllm_model_impl vllm_enable_sleep_mode
+chat_template_kwargs cache_implementation vllm_mode vllm_model_impl vllm_enable_sleep_mode
 vllm_structured_outputs_regex vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout
-vllm_group_port vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size
-vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
-vllm_importance_sampling_clip_min vllm_importance_sampling_cap sapo_temperature_neg sapo_temperature_pos
+vllm_group_port vllm_max_model_length vllm_tensor_parallel_size sapo_temperature_neg sapo_temperature_pos
 vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg ref_model_mixup_alpha ref_model_sync_steps
 entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations log_completions
 log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo
@@ -102,9 +100,15 @@ bnb_4bit_quant_storage dataset_config dataset_train_split dataset_test_split dat
 gradient_checkpointing_use_reentrant ignore_bias_buffers
 """.split())
 
+# vLLM's keys that mean something with use_vllm (vllm_mode and the server's address only place the engine)
+VLLM_KEYS = ("vllm_gpu_memory_utilization", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+             "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")
+TRL_TIS_CAP = 3.0  # TRL's vllm_importance_sampling_clip_max
+
 # Keys translated by their own rule below rather than by renaming.
 CONVERTED = ("loss_type", "scale_rewards", "importance_sampling_level", "per_device_train_batch_size",
-             "gradient_accumulation_steps", "use_peft", "report_to", "num_train_epochs", "reward_weights")
+             "gradient_accumulation_steps", "use_peft", "report_to", "num_train_epochs", "reward_weights",
+             "use_vllm", *VLLM_KEYS)
 
 _GRPO_KEYS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 TRL_KEYS = frozenset(RENAMED) | frozenset(NEUTRAL) | IGNORED | frozenset(CONVERTED) | {
@@ -177,6 +181,38 @@ def _converted(values: Mapping) -> dict[str, object]:
         out["reward_weights"] = values["reward_weights"]
     if values.get("mask_truncated_completions") is True:
         out["mask_truncated"] = True  # the same as DAPO's overlong filtering here
+    if values.get("use_vllm"):
+        out.update(_vllm(values))
+    return out
+
+
+def _vllm(values: Mapping) -> dict[str, object]:
+    """use_vllm and its keys: the vLLM engine and its truncated importance sampling (grpo's --tis-cap).
+
+    TRL's token_truncate is grpo's token level; TRL's sequence modes weigh a
+    completion by the product of its tokens' ratios, which grpo does not
+    build (its sequence level masks on the geometric mean), so they are an
+    error when set, and when left unset (TRL's default is sequence_mask)
+    grpo truncates per token at the same cap.
+    """
+    out: dict[str, object] = {"engine": "vllm"}
+    if "vllm_gpu_memory_utilization" in values:
+        out["vllm_memory"] = _typed("vllm_gpu_memory_utilization", values["vllm_gpu_memory_utilization"],
+                                    "vllm_memory")
+    if values.get("vllm_importance_sampling_correction", True) is False:
+        out["tis_cap"] = 0.0
+        return out
+    mode = values.get("vllm_importance_sampling_mode", "token_truncate")
+    if mode != "token_truncate":
+        raise ConfigError(f"vllm_importance_sampling_mode {mode!r} is not supported by grpo (it supports "
+                          f"token_truncate; or set tis_level: sequence, which masks a completion on its "
+                          f"geometric-mean ratio)")
+    if values.get("vllm_importance_sampling_clip_min") is not None:
+        raise ConfigError("vllm_importance_sampling_clip_min: grpo truncates importance weights from above only; "
+                          "drop the key")
+    cap = values.get("vllm_importance_sampling_clip_max", values.get("vllm_importance_sampling_cap", TRL_TIS_CAP))
+    out["tis_cap"] = _typed("vllm_importance_sampling_clip_max", cap, "tis_cap")
+    out["tis_level"] = "token"
     return out
 
 
@@ -252,6 +288,8 @@ def _ignored(values: Mapping) -> list[str]:
         ignored.append("report_to")
     if not values.get("use_peft"):
         ignored += [k for k in ("lora_r", "lora_alpha") if k in values]
+    if not values.get("use_vllm"):  # as in TRL, they count only with use_vllm
+        ignored += [k for k in VLLM_KEYS if k in values]
     return sorted(ignored)
 
 

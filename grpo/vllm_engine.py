@@ -45,6 +45,7 @@ from grpo.rollout import Rollout, end_of_turn_ids
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 START_SECONDS = 900  # vLLM's start (model load, memory profiling, warm-up) may take this long at most
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
 
 
@@ -220,20 +221,38 @@ class VLLMEngine:
         (N, 2)), else one drawn from ``generator``. ``stop_token_ids``: as
         ``generate``'s (None: every end-of-turn id; []: no token stops a completion).
         """
+        n = len(prompt_ids) * group_size
+        results = self.sample([list(prompt_ids[i // group_size]) for i in range(n)], max_tokens=[max_new_tokens] * n,
+                              drawn=[0] * n, streams=streams, generator=generator, temperature=temperature,
+                              top_p=top_p, top_k=top_k, stop_strings=stop_strings, stop_token_ids=stop_token_ids)
+        return self._rollout(prompt_ids, group_size, results)
+
+    def sample(self, prompts: list[list[int]], *, max_tokens: list[int], drawn: list[int],
+               streams: Tensor | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
+               top_p: float = 1.0, top_k: int = 0, stop_strings: tuple[str, ...] = (),
+               stop_token_ids: list[int] | None = None) -> list[tuple]:
+        """One completion of each prompt (a whole conversation so far, for an episode's turn): its tokens,
+        their log-probs, and whether it ended on a stop token or string (else on its ``max_tokens``).
+
+        Row i's seed is made of its stream key (``streams`` (n, 2)) and
+        ``drawn[i]``, the tokens its episode sampled before, so each turn of
+        an episode draws afresh; without streams seeds come from ``generator``.
+        ``stop_token_ids``: None for every end-of-turn id.
+        """
+        stops = self.stops if stop_token_ids is None else list(stop_token_ids)
         if self.conn is None:
             self.start()
-        n = len(prompt_ids) * group_size
         if streams is not None:
-            keys = streams.cpu().tolist()
-            seeds = [(a << 31) ^ b for a, b in keys]
+            seeds = [((a << 31) ^ b ^ (d * _GOLDEN)) % 2**63 for (a, b), d in zip(streams.cpu().tolist(), drawn,
+                                                                                  strict=True)]
         else:
-            seeds = torch.randint(0, 2**62, (n,), generator=generator).tolist()
-        requests = [{"prompt": list(prompt_ids[i // group_size]), "temperature": temperature, "top_p": top_p,
-                     "top_k": top_k, "max_tokens": max_new_tokens, "seed": seeds[i], "stop": list(stop_strings),
-                     "stop_token_ids": self.stops if stop_token_ids is None else list(stop_token_ids)}
-                    for i in range(n)]
+            seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator).tolist()
+        requests = [{"prompt": list(p), "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                     "max_tokens": m, "seed": seed, "stop": list(stop_strings), "stop_token_ids": stops}
+                    for p, m, seed in zip(prompts, max_tokens, seeds, strict=True)]
         results = self._call(("generate", requests, self.lora))
-        return self._rollout(prompt_ids, group_size, results)
+        # vLLM calls a stop token sampled at the token limit "length"; it ended the turn all the same
+        return [(ids, logp, not cut or (bool(ids) and ids[-1] in stops)) for ids, logp, cut in results]
 
     def _rollout(self, prompt_ids: list[list[int]], group_size: int, results: list[tuple]) -> Rollout:
         width = max([len(tokens) for tokens, _, _ in results] + [1])
@@ -248,7 +267,7 @@ class VLLMEngine:
         texts = self.tokenizer.batch_decode([ids for ids, _, _ in results], skip_special_tokens=True)
         return Rollout(
             prompt_ids=[list(p) for p in prompt_ids], completion_ids=tokens, mask=mask, logprobs=logprobs,
-            truncated=torch.tensor([cut for _, _, cut in results], dtype=torch.bool), texts=texts,
+            truncated=torch.tensor([not stopped for _, _, stopped in results], dtype=torch.bool), texts=texts,
             group_size=group_size,
         )
 

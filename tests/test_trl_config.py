@@ -98,3 +98,31 @@ def test_null_keys_are_unset_and_a_stray_ignored_key_keeps_grpo_defaults():
 def test_mask_truncated_completions_maps_to_mask_truncated():
     cfg, _ = config({"learning_rate": 1e-5, "mask_truncated_completions": True})
     assert cfg.mask_truncated is True
+
+
+def test_use_vllm_selects_the_vllm_engine_and_its_importance_sampling():
+    cfg, ignored = config({"max_steps": 3, "use_vllm": True, "vllm_mode": "colocate",
+                           "vllm_gpu_memory_utilization": 0.3, "vllm_importance_sampling_mode": "token_truncate",
+                           "vllm_importance_sampling_clip_max": 2.5})
+    assert (cfg.engine, cfg.vllm_memory, cfg.tis_level, cfg.tis_cap) == ("vllm", 0.3, "token", 2.5)
+    assert ignored == ["vllm_mode"]  # where vLLM runs changes no result
+    cfg, _ = config({"max_steps": 3, "use_vllm": True})  # TRL's cap; its default sequence_mask is not built
+    assert (cfg.engine, cfg.tis_level, cfg.tis_cap) == ("vllm", "token", 3.0)
+    cfg, _ = config({"max_steps": 3, "use_vllm": True, "vllm_importance_sampling_correction": False})
+    assert cfg.tis_cap == 0.0
+    cfg, ignored = config({"max_steps": 3, "vllm_gpu_memory_utilization": 0.5})  # without use_vllm: no meaning
+    assert (cfg.engine, cfg.vllm_memory) == ("own", TrainConfig().vllm_memory)
+    assert ignored == ["vllm_gpu_memory_utilization"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"use_vllm": True, "vllm_importance_sampling_mode": "sequence_mask"},
+     "vllm_importance_sampling_mode 'sequence_mask' is not supported by grpo (it supports token_truncate"),
+    ({"use_vllm": True, "vllm_importance_sampling_clip_min": 0.5},
+     "vllm_importance_sampling_clip_min: grpo truncates importance weights from above only"),
+    ({"use_vllm": True, "vllm_importance_sampling_clip_max": 0.5}, "tis_cap must be above 1"),
+])
+def test_vllm_keys_grpo_cannot_honour_are_errors(values, message):
+    with pytest.raises(ConfigError) as err:
+        config({"max_steps": 3, **values})
+    assert message in str(err.value)

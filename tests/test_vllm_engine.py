@@ -27,6 +27,7 @@ except EngineError as err:
 
 # vLLM's CPU attention takes head sizes of 32 and up: 4 heads of 64
 HIDDEN, LAYERS = 256, 2
+TURN_ENDS = tuple("aeiou0123456789")
 STEP0_TOLERANCE = 1e-3  # |log-prob difference| per token, vLLM's CPU kernels against the trainer's, both fp32
 
 
@@ -35,7 +36,21 @@ def first_char_parity(completion, example):
     return float(ord(completion[0]) % 2) if completion else 0.5
 
 
-def _trainer(**kw) -> GRPOTrainer:
+class Echo:
+    """Answers every turn with a message that differs by turn; done after 3 turns."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reset(self, example):
+        return [{"role": "system", "content": "Talk."}, {"role": "user", "content": example["prompt"]}]
+
+    def step(self, messages):
+        self.turns += 1
+        return [{"role": "user", "content": "more" + "!" * self.turns}], 0.25, self.turns >= 3
+
+
+def _trainer(env=None, **kw) -> GRPOTrainer:
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3, layers=LAYERS, hidden=HIDDEN)
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
@@ -43,12 +58,13 @@ def _trainer(**kw) -> GRPOTrainer:
                   prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-2, warmup_steps=0, eval_size=8,
                   sample_every=0, device="cpu", save_model=False, reward_workers=0, engine="vllm")
     return GRPOTrainer(TrainConfig(**{**config, **kw}), model=model, tokenizer=tokenizer,
-                       task=Task("tiny", rows[:32], rows[32:], first_char_parity), progress=False)
+                       task=Task("tiny", rows[:32], rows[32:], first_char_parity), progress=False, env=env)
 
 
 @pytest.fixture
 def full():
-    trainer = _trainer()
+    # a vowel or a digit ends a turn, so the random tiny model's episodes take several turns; steps train on them
+    trainer = _trainer(env=Echo, stop=TURN_ENDS, max_turns=4, max_episode_tokens=48)
     yield trainer
     trainer.close()
 
@@ -81,7 +97,7 @@ def _trainer_scores(trainer: GRPOTrainer, prompts, completions) -> list[torch.Te
     return out
 
 
-def test_step0_logprobs_match_and_full_weights_follow_the_update(full):
+def test_step0_logprobs_match_on_completions_and_episodes_and_full_weights_follow_the_update(full):
     # sampled at temperature 0.7: vLLM's processed log-probs are those of softmax(logits / 0.7), as the trainer's
     prompts = full.train_prompts[:3]
     rollout = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
@@ -94,7 +110,33 @@ def test_step0_logprobs_match_and_full_weights_follow_the_update(full):
     again = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
                                  streams=stream_keys(0, 1, 0, torch.arange(12)))
     assert torch.equal(again.completion_ids, rollout.completion_ids)  # a completion's seed is its stream's
+    _check_episodes(full)
     _check_sync(full)
+
+
+def _check_episodes(trainer: GRPOTrainer) -> None:
+    """Multi-turn episodes sampled by vLLM: several turns, the environment's tokens context only, and the
+    policy's tokens carry vLLM's log-probs, which the trainer's pass over the whole transcript matches."""
+    tok = trainer.tokenizer
+    r = trainer.agent.run(trainer.model, tok, trainer.task.train[:2], group_size=3, max_new_tokens=8,
+                          temperature=0.7, stop_strings=TURN_ENDS, engine=trainer.engine,
+                          streams=stream_keys(0, 2, 0, torch.arange(6)))
+    assert max(e.turns for e in r.episodes) >= 2, [e.turns for e in r.episodes]
+    assert (r.mask * r.env_mask).sum() == 0 and r.env_mask.sum() > 0
+    assert torch.all(r.logprobs[r.env_mask > 0] == 0)
+    with torch.no_grad():
+        trainer_logp, _ = rollout_logprobs(trainer.model, r, tok.pad_token_id, temperature=0.7)
+    diff = ((trainer_logp - r.logprobs) * r.mask).abs().max().item()
+    assert diff < STEP0_TOLERANCE, diff
+    for i, e in enumerate(r.episodes):  # the transcript's tokens are the template's rendering of its messages
+        ids = r.completion_ids[i, : int(r.spans[i])].tolist()
+        assert e.policy_tokens == int(r.mask[i].sum()) and e.env_tokens == int(r.env_mask[i].sum())
+        assert [m["role"] for m in e.transcript()].count("assistant") == e.turns
+        env_text = tok.decode([t for t, m in zip(ids, r.env_mask[i, : len(ids)].tolist(), strict=True) if m])
+        shown = e.transcript()
+        for reply, after in zip(shown, shown[1:], strict=False):  # replies a policy turn followed
+            if reply["role"] == "user" and after["role"] == "assistant":
+                assert reply["content"] in env_text
 
 
 def _check_sync(trainer: GRPOTrainer) -> None:
@@ -104,6 +146,8 @@ def _check_sync(trainer: GRPOTrainer) -> None:
         torch.testing.assert_close(a, b, atol=STEP0_TOLERANCE, rtol=0)
     m = trainer.step(1)
     assert m["optimizer_steps"] == 1 and "time_sync" in m
+    if trainer.agent is not None:  # the step trained on episodes that vLLM sampled
+        assert m["turns_per_episode"] > 1 and m["env_token_frac"] > 0
     assert m["sampler_logp_diff"] < STEP0_TOLERANCE and m["tis_capped_frac"] == 0.0
     after = trainer.engine.score(prompts, completions)
     now = _trainer_scores(trainer, prompts, completions)
