@@ -275,13 +275,29 @@ def _check_engine(config: TrainConfig, nproc: int) -> None:
     find_python(config.vllm_python)
 
 
+def _check_user_code(config: TrainConfig, task: object) -> None:
+    """The rewards resolve and fit their style, code rewards can be sandboxed, and the user's tool and
+    environment files import: refused now, not at the first step."""
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.sandbox import check_sandbox, needs_sandbox
+    from grpo.rewards.styles import check_style
+    from grpo.tools import load_functions
+
+    reward_fns = [resolve_reward(spec) for spec in config.rewards] or [task.reward]
+    for fn in reward_fns[: len(config.rewards)]:
+        check_style(fn, config.reward_style)
+    if needs_sandbox(reward_fns):
+        check_sandbox(config.sandbox)
+    if config.tools and config.tools != "none":
+        load_functions(config.tools)
+    if config.env:
+        load_functions(config.env, "environment")
+
+
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     from grpo.models import check_model
-    from grpo.rewards import resolve_reward
-    from grpo.rewards.sandbox import check_sandbox, needs_sandbox
-    from grpo.rewards.styles import check_style
     from grpo.tasks import load_task
 
     check_model(config.model)
@@ -289,11 +305,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
                      prompt_template=config.prompt_template, eval_data=config.eval_data,
                      require_answer=not config.rewards)
-    reward_fns = [resolve_reward(spec) for spec in config.rewards] or [task.reward]
-    for fn in reward_fns[: len(config.rewards)]:
-        check_style(fn, config.reward_style)
-    if needs_sandbox(reward_fns):  # refuse now, not at the first step, when code cannot be sandboxed
-        check_sandbox(config.sandbox)
+    _check_user_code(config, task)
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
     if args.nproc < 1:

@@ -23,17 +23,15 @@ the model an error message instead of a result, and are counted.
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import inspect
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 from grpo.config import ConfigError
+from grpo.user_code import import_user_module
 from grpo.workers import ForkPool
 
 PLAIN_CALL = re.compile(r"<tool>(.*?)(</tool>|$)", re.DOTALL)
@@ -230,15 +228,7 @@ def load_functions(spec: str, what: str = "tool") -> list[Callable]:
     if ":" not in spec:
         raise ToolError(f"{what} {spec!r}: write it as path/to/file.py:name1,name2")
     where, names = spec.rsplit(":", 1)
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise ToolError(f"{what} file {where} does not exist")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    module = import_user_module(where, what, ToolError)
     found = []
     for name in filter(None, (n.strip() for n in names.split(","))):
         if not hasattr(module, name):

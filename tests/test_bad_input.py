@@ -87,6 +87,8 @@ CASES = {
     "more minibatches than prompts": (["--minibatches", "9", "--prompts-per-step", "8"], "minibatches (9) cannot exceed prompts_per_step (8)"),
     "batch size contradicts prompts": (["--batch-size", "16", "--prompts-per-step", "8", "--group-size", "4"], "batch_size (16) contradicts prompts_per_step (8)"),
     "reward file does not import": (["--rewards", "no_import.py:score"], "cannot import reward file no_import.py: No module named 'no_such_module_xyz'"),
+    "tool file does not import": (["--task", "calc", "--tools", "no_import.py:score"], "cannot import tool file no_import.py: No module named 'no_such_module_xyz'"),
+    "environment file missing": (["--env", "nope.py:Env"], "environment file not found: nope.py"),
     "reward of no accepted form": (["--rewards", "three_args.py:score"], "reward score fits no accepted signature (grpo: fn(completion, example)"),
     "reward of another style than stated": (["--rewards", "trl_len.py:reward_len", "--reward-style", "verl"], "reward reward_len does not fit the verl style"),
     "unknown reward style": (["--reward-style", "openrlhf"], "reward_style must be one of auto, grpo, trl, verl, got 'openrlhf'"),

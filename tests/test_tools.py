@@ -114,8 +114,14 @@ def test_load_functions_from_a_file(tmp_path):
     assert fn(2) == 4
     with pytest.raises(ToolError, match="'g' not found"):
         load_functions(f"{path}:g")
-    with pytest.raises(ToolError, match="does not exist"):
+    with pytest.raises(ToolError, match="tool file not found: nowhere.py"):
         load_functions("nowhere.py:f")
+    broken = tmp_path / "broken_tools.py"
+    broken.write_text("raise RuntimeError('half-written')\n")  # a user's file that fails on import is one line
+    with pytest.raises(ToolError, match="cannot import tool file .*broken_tools.py: half-written"):
+        load_functions(f"{broken}:f")
+    with pytest.raises(ToolError, match="cannot import environment module 'no_such_pkg_xyz'"):
+        load_functions("no_such_pkg_xyz:Env", "environment")
 
 
 def test_a_worker_killed_while_idle_is_replaced():

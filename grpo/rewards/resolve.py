@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from grpo.user_code import import_user_module
 
 RewardFn = Callable[[str, Mapping], float]
 
@@ -39,21 +39,7 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
             )
         return fn
     where, _, attr = spec.rpartition(":")
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise RewardError(f"reward file not found: {where}")
-        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        try:
-            mod_spec.loader.exec_module(module)
-        except Exception as err:  # the user's file: report, don't trace
-            raise RewardError(f"cannot import reward file {where}: {err}") from err
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as err:
-            raise RewardError(f"cannot import reward module {where!r}: {err}") from err
+    module = import_user_module(where, "reward", RewardError)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardError(f"reward {spec!r}: {where} has no function {attr!r}")
