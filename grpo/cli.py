@@ -264,12 +264,14 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_engine(config: TrainConfig, nproc: int) -> None:
-    """--engine vllm: one process, and a Python that has vLLM (EngineError, one line, if not)."""
+def _check_engine(config: TrainConfig) -> None:
+    """--engine vllm: a Python that has vLLM (EngineError, one line, if not); not LoRA under FSDP."""
     if config.engine != "vllm":
         return
-    if nproc > 1 or "WORLD_SIZE" in os.environ:
-        raise ConfigError("engine vllm runs in one process for now: drop torchrun / --nproc")
+    if config.fsdp and config.lora_rank:
+        from grpo.trainer import VLLM_FSDP_LORA
+
+        raise ConfigError(VLLM_FSDP_LORA)
     from grpo.vllm_engine import find_python
 
     find_python(config.vllm_python)
@@ -292,6 +294,8 @@ def _check_user_code(config: TrainConfig, task: object) -> None:
         load_functions(config.tools)
     if config.env:
         load_functions(config.env, "environment")
+        if config.tools != "none" and (config.tools or getattr(task, "tools", ())):
+            raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -310,7 +314,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         check_run_dir(Path(config.output))
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
-    _check_engine(config, args.nproc)
+    _check_engine(config)
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
 
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:

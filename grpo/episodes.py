@@ -185,9 +185,14 @@ class Agent:
         else:
             turns = _OwnTurns(model, tokenizer, prompts, group_size, stops,
                               keep_cache=self.max_turns > 1 and not self.reencode)
+        # tokens each episode may add after its prompt; on an engine also within its length limit (vLLM
+        # refuses a request past it)
+        limits = [self.max_episode_tokens if engine is None else
+                  min(self.max_episode_tokens, engine.max_model_len - len(prompts[i // group_size]))
+                  for i in range(len(envs))]
         live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):
-            budgets = [min(max_new_tokens, self.max_episode_tokens - record.used(i)) for i in live]
+            budgets = [min(max_new_tokens, limits[i] - record.used(i)) for i in live]
             keys = None if streams is None else streams[torch.tensor(live, device=streams.device)]
             drawn = [record.used(i) for i in live]  # where each episode's stream goes on
             sampled = turns.sample(budgets, drawn, keys, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -204,7 +209,7 @@ class Agent:
                 env_ids = self._respond(envs[i], episodes[i], turn_no, tokenizer, ids[-1], stops)
                 if env_ids is None:
                     continue
-                if record.used(i) + len(env_ids) >= self.max_episode_tokens:
+                if record.used(i) + len(env_ids) >= limits[i]:
                     record.truncated[i] = True  # no room left for another turn
                     continue
                 record.add(i, env_ids, None)

@@ -39,7 +39,6 @@ def positions(attn: Tensor) -> Tensor:
     return (attn.cumsum(dim=-1) - 1).clamp(min=0)
 
 
-
 class TokenEmbeddings:
     """The input embeddings of every token a pass uses, looked up in one call.
 
@@ -166,7 +165,6 @@ def grouped_kv_attention(device: torch.device) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(key, None)
-
 
 
 def select_rows(cache: object, rows: Tensor) -> object:

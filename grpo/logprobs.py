@@ -137,7 +137,6 @@ def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[i
     return groups
 
 
-
 def completion_hidden(
     model: nn.Module,
     prompt_ids: list[list[int]],

@@ -50,8 +50,9 @@ def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
 class StepProgress:
     """Rich progress bars over training steps and evaluation prompts; plain prints when disabled."""
 
-    def __init__(self, total: int, *, enabled: bool = True) -> None:
+    def __init__(self, total: int, *, enabled: bool = True, silent: bool = False) -> None:
         self.enabled = enabled
+        self.silent = silent  # prints nothing (a process other than rank 0)
         self.heldout: float | None = None
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -87,6 +88,8 @@ class StepProgress:
 
     def print(self, text: str) -> None:
         """A line above the bars (or a plain print when they are off)."""
+        if self.silent:
+            return
         if self.enabled:
             self._progress.console.print(escape(text), highlight=False)
         else:
@@ -94,6 +97,8 @@ class StepProgress:
 
     def warn(self, step: int, text: str) -> None:
         line = f"warning (step {step}): {text}"
+        if self.silent:
+            return
         if self.enabled:
             self._progress.console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
         else:

@@ -98,7 +98,6 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     )
 
 
-
 def filter_logits(logits: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Set logits outside the top-k / nucleus (top-p) set to -inf. (n, V)."""
     if top_k > 0 and top_k < logits.shape[-1]:

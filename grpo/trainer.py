@@ -41,6 +41,7 @@ import copy
 import ctypes
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -87,10 +88,11 @@ from grpo.sampler import DrawCounts, make_sampler
 from grpo.streams import stream_keys
 from grpo.tasks import Task, load_task
 from grpo.tools import ToolBox
-from grpo.vllm_engine import VLLMEngine
+from grpo.vllm_engine import VLLMEngine, cpu_share
 
 RewardFn = Callable[[str, Mapping], float]
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
+VLLM_FSDP_LORA = "engine vllm with LoRA under FSDP is not built: drop --fsdp (each process holds the whole model)"
 EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
 
@@ -362,14 +364,20 @@ class GRPOTrainer:
         cfg = self.config
         if cfg.engine == "own":
             return None
-        if self.world.size > 1:
-            raise ConfigError("engine vllm runs in one process for now: drop torchrun / --nproc")
+        if self.world.fsdp and cfg.lora_rank:
+            raise ConfigError(VLLM_FSDP_LORA)
         # room for the longest prompt and the longest completion any setting may ask for; an episode's
         # opening may add to the prompt (a tool list in the system message): room for that too
         after = cfg.max_episode_tokens + EPISODE_OPENING_TOKENS if self.agent is not None else 0
         longest = max(len(p) for p in self.train_prompts) + max(cfg.max_new_tokens, DATA_MAX_NEW_TOKENS, after)
-        return VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
-                          seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest)
+        # each process samples its own groups with an engine of its own, on its own device (or share of cores)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        cpus = cpu_share(self.world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
+        engine = VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
+                            seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest, cpus=cpus)
+        if self.world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
+            engine.push(self.model, full_state_dict(self.model, self.world))
+        return engine
 
     def close(self) -> None:
         """End what the trainer started outside its process: the reward and tool workers, the vLLM engine."""
@@ -410,7 +418,7 @@ class GRPOTrainer:
             stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
         t_sync = time.perf_counter()
         if self.engine is not None and stats.optimizer_steps:  # the next rollout samples from the new weights
-            self.engine.push(self.model)
+            self.engine.push(self.model, full_state_dict(self.model, self.world))  # collective under FSDP
         t_end = time.perf_counter()
 
         self.top_completions = self._best_completions(batch)
@@ -914,7 +922,7 @@ class GRPOTrainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
             logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
-        bar = StepProgress(cfg.steps, enabled=self.progress and main)
+        bar = StepProgress(cfg.steps, enabled=self.progress and main, silent=not main)
         alarms = AlarmConfig(window=cfg.alarm_window, no_signal_steps=cfg.no_signal_steps)
         answered = all(str(row.get("answer") or "").strip() for row in self.task.heldout)
         monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)

@@ -104,6 +104,12 @@ gradient_checkpointing_use_reentrant ignore_bias_buffers
 VLLM_KEYS = ("vllm_gpu_memory_utilization", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
              "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")
 TRL_TIS_CAP = 3.0  # TRL's vllm_importance_sampling_clip_max
+TRL_VLLM_MEMORY = 0.3  # TRL's vllm_gpu_memory_utilization
+_VLLM_ONLY = frozenset(("use_vllm", *VLLM_KEYS))  # mean something only with use_vllm: true
+# a TRL key and the grpo option it sets: a config gives one of the two
+_VLLM_PAIRS = (("use_vllm", "engine"), ("vllm_gpu_memory_utilization", "vllm_memory"),
+               ("vllm_importance_sampling_mode", "tis_level"), ("vllm_importance_sampling_clip_max", "tis_cap"),
+               ("vllm_importance_sampling_cap", "tis_cap"), ("vllm_importance_sampling_correction", "tis_cap"))
 
 # Keys translated by their own rule below rather than by renaming.
 CONVERTED = ("loss_type", "scale_rewards", "importance_sampling_level", "per_device_train_batch_size",
@@ -118,8 +124,10 @@ TRL_KEYS = frozenset(RENAMED) | frozenset(NEUTRAL) | IGNORED | frozenset(CONVERT
 
 def is_trl_config(values: Mapping) -> bool:
     """Whether a config uses TRL's vocabulary: it holds a key that only TRL has and that means something
-    (a grpo config with a stray ``bf16`` stays a grpo config, with grpo's defaults)."""
-    return any(key in TRL_KEYS and key not in _GRPO_KEYS and key not in IGNORED for key in values)
+    (a grpo config with a stray ``bf16``, or vLLM keys without ``use_vllm: true``, stays a grpo config,
+    with grpo's defaults)."""
+    return any(key in TRL_KEYS and key not in _GRPO_KEYS and key not in IGNORED and key not in _VLLM_ONLY
+               for key in values) or values.get("use_vllm") is True
 
 
 def check_keys(values: Mapping) -> None:
@@ -181,9 +189,17 @@ def _converted(values: Mapping) -> dict[str, object]:
         out["reward_weights"] = values["reward_weights"]
     if values.get("mask_truncated_completions") is True:
         out["mask_truncated"] = True  # the same as DAPO's overlong filtering here
-    if values.get("use_vllm"):
-        out.update(_vllm(values))
+    if _bool("use_vllm", values, False):
+        # the grpo options the config gives itself stand (a key of both vocabularies is an error, see from_trl)
+        out.update({key: value for key, value in _vllm(values).items() if key not in values})
     return out
+
+
+def _bool(key: str, values: Mapping, default: bool) -> bool:
+    value = values.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def _vllm(values: Mapping) -> dict[str, object]:
@@ -195,11 +211,10 @@ def _vllm(values: Mapping) -> dict[str, object]:
     error when set, and when left unset (TRL's default is sequence_mask)
     grpo truncates per token at the same cap.
     """
-    out: dict[str, object] = {"engine": "vllm"}
-    if "vllm_gpu_memory_utilization" in values:
-        out["vllm_memory"] = _typed("vllm_gpu_memory_utilization", values["vllm_gpu_memory_utilization"],
-                                    "vllm_memory")
-    if values.get("vllm_importance_sampling_correction", True) is False:
+    memory = values.get("vllm_gpu_memory_utilization", TRL_VLLM_MEMORY)
+    out: dict[str, object] = {"engine": "vllm",
+                              "vllm_memory": _typed("vllm_gpu_memory_utilization", memory, "vllm_memory")}
+    if not _bool("vllm_importance_sampling_correction", values, True):
         out["tis_cap"] = 0.0
         return out
     mode = values.get("vllm_importance_sampling_mode", "token_truncate")
@@ -207,7 +222,7 @@ def _vllm(values: Mapping) -> dict[str, object]:
         raise ConfigError(f"vllm_importance_sampling_mode {mode!r} is not supported by grpo (it supports "
                           f"token_truncate; or set tis_level: sequence, which masks a completion on its "
                           f"geometric-mean ratio)")
-    if values.get("vllm_importance_sampling_clip_min") is not None:
+    if (values.get("vllm_importance_sampling_clip_min") or 0) > 0:  # 0: no floor, as truncation has none
         raise ConfigError("vllm_importance_sampling_clip_min: grpo truncates importance weights from above only; "
                           "drop the key")
     cap = values.get("vllm_importance_sampling_clip_max", values.get("vllm_importance_sampling_cap", TRL_TIS_CAP))
@@ -249,7 +264,7 @@ def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
               if v is not None and not (k == "max_steps" and isinstance(v, int) and v <= 0)}
     check_keys(values)
     _check_neutral(values)
-    both = [(t, g) for t, g in RENAMED.items() if t in values and g in values]
+    both = [(t, g) for t, g in (*RENAMED.items(), *_VLLM_PAIRS) if t in values and g in values]
     if both:
         raise ConfigError(f"config gives both {both[0][0]!r} (TRL) and {both[0][1]!r} (grpo): give one")
     out: dict[str, object] = dict(TRL_DEFAULTS)
@@ -288,8 +303,8 @@ def _ignored(values: Mapping) -> list[str]:
         ignored.append("report_to")
     if not values.get("use_peft"):
         ignored += [k for k in ("lora_r", "lora_alpha") if k in values]
-    if not values.get("use_vllm"):  # as in TRL, they count only with use_vllm
-        ignored += [k for k in VLLM_KEYS if k in values]
+    if values.get("use_vllm") is not True:  # as in TRL, they count only with use_vllm
+        ignored += [k for k in _VLLM_ONLY if k in values]
     return sorted(ignored)
 
 
@@ -298,5 +313,5 @@ def translate(values: Mapping) -> tuple[dict[str, object], list[str]]:
     if is_trl_config(values):
         return from_trl(values)
     check_keys(values)
-    ignored = sorted(k for k in values if k in IGNORED)
-    return {k: v for k, v in values.items() if k not in IGNORED}, ignored
+    ignored = sorted(k for k in values if k in IGNORED or k in _VLLM_ONLY)
+    return {k: v for k, v in values.items() if k not in IGNORED and k not in _VLLM_ONLY}, ignored

@@ -27,7 +27,9 @@ def import_user_module(where: str, what: str, error: type[Exception]) -> ModuleT
         except Exception as err:  # the user's file: report it, don't trace
             raise error(f"cannot import {what} file {where}: {err}") from err
         return module
+    if not where or where.startswith("."):
+        raise error(f"{what} {where!r}: name a .py file or an importable module before the colon")
     try:
         return importlib.import_module(where)
-    except ImportError as err:
+    except Exception as err:  # the user's module: report it, don't trace
         raise error(f"cannot import {what} module {where!r}: {err}") from err

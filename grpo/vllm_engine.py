@@ -90,6 +90,25 @@ def _distinct(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def _write_model(folder: Path, model: nn.Module, state: dict[str, Tensor]) -> None:
+    """The folder vLLM loads: config.json and the weights in one safetensors file.
+
+    Written here rather than by ``save_pretrained``, which writes on rank 0
+    alone once torch.distributed is up, while under torchrun every process
+    starts an engine of its own. The architecture is the model's class
+    (FSDP renames it FSDP<name>) when the config does not say.
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config["architectures"] = config.get("architectures") or [type(model).__name__.removeprefix("FSDP")]
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(_distinct(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 class VLLMEngine:
     """A vLLM engine in a worker process, behind the own sampler's ``generate`` interface.
 
@@ -98,8 +117,10 @@ class VLLMEngine:
     """
 
     def __init__(self, model: nn.Module, tokenizer: object, *, python: str = "", memory: float = 0.1,
-                 seed: int = 0, lora_rank: int = 0, max_model_len: int = 4096, extra: dict | None = None) -> None:
+                 seed: int = 0, lora_rank: int = 0, max_model_len: int = 4096, extra: dict | None = None,
+                 cpus: str = "") -> None:
         self.python = find_python(python)
+        self.cpus = cpus  # the cores vLLM's CPU backend binds its threads to ("0-3"); empty: every core
         self.tokenizer = tokenizer
         self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
         # at most what the model's positions allow (vLLM refuses a longer one)
@@ -116,6 +137,9 @@ class VLLMEngine:
         self.start_seconds = 0.0
         self.failed = False  # the log is kept for the error message that names it
         self._model = model  # what start() writes for vLLM to load; dropped once started
+        self._state: dict[str, Tensor] | None = None  # its gathered weights, when it is sharded (FSDP)
+        device = next(model.parameters()).device
+        self.cuda_device = (device.index or 0) if device.type == "cuda" else None
         self._finalizer = weakref.finalize(self, _shutdown, self.dir, [None])
 
     # ---- start and stop ----
@@ -126,15 +150,18 @@ class VLLMEngine:
         folder = self.dir / "model"
         model = self._model
         if self.lora_rank:
-            state = _distinct(_base_state_dict(model))
-            model.get_base_model().save_pretrained(folder, state_dict=state)
+            _write_model(folder, model.get_base_model(), _base_state_dict(model))
         else:
-            model.save_pretrained(folder)
+            _write_model(folder, model, self._state if self._state is not None else model.state_dict())
         self.tokenizer.save_pretrained(folder)
         address = str(self.dir / "socket")
         key = secrets.token_bytes(32)
         env = {**os.environ, "GRPO_VLLM_AUTHKEY": key.hex(), "PYTHONPATH": str(WORKER.parent),
-               "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")}
+               "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
+                                                           self.cpus or f"0-{os.cpu_count() - 1}")}
+        if self.cuda_device is not None:  # vLLM samples on the trainer's own GPU (one engine per process)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            env["CUDA_VISIBLE_DEVICES"] = visible[self.cuda_device] if visible[0] else str(self.cuda_device)
         with self.log.open("wb") as log:
             # a session of its own: vLLM's processes end with the worker's group (see _shutdown)
             self.proc = subprocess.Popen([self.python, str(WORKER), address], env=env, stdout=log, stderr=log,
@@ -147,7 +174,7 @@ class VLLMEngine:
                     "max_model_len": self.max_model_len, "extra": self.extra}, starting=True)
         if self.lora_rank:
             self.push(model)  # the initial adapter (LoRA's B is zero: the base model's outputs)
-        self._model = None
+        self._model = self._state = None
         self.start_seconds = time.perf_counter() - t0
 
     def _connect(self, address: str, key: bytes) -> Connection:
@@ -235,8 +262,8 @@ class VLLMEngine:
         their log-probs, and whether it ended on a stop token or string (else on its ``max_tokens``).
 
         Row i's seed is made of its stream key (``streams`` (n, 2)) and
-        ``drawn[i]``, the tokens its episode sampled before, so each turn of
-        an episode draws afresh; without streams seeds come from ``generator``.
+        ``drawn[i]``, the length of its episode's transcript so far, so each
+        turn of an episode draws afresh; without streams seeds come from ``generator``.
         ``stop_token_ids``: None for every end-of-turn id.
         """
         stops = self.stops if stop_token_ids is None else list(stop_token_ids)
@@ -278,14 +305,16 @@ class VLLMEngine:
         rows = [(list(p), list(c)) for p, c in zip(prompt_ids, completions, strict=True)]
         return [torch.tensor(s) for s in self._call(("score", rows, self.lora))]
 
-    def push(self, model: nn.Module) -> float:
+    def push(self, model: nn.Module, state: dict[str, Tensor] | None = None) -> float:
         """Bring the engine the policy's current weights; return the seconds it took.
 
-        Full fine-tuning: every weight, loaded in place. LoRA: the adapter
-        alone, as a new version that the next generation samples with.
+        Full fine-tuning: every weight, loaded in place; ``state`` is the
+        whole state of a sharded model (gathered by the caller), else the
+        model's own. LoRA: the adapter alone, as a new version that the next
+        generation samples with.
         """
         if self.conn is None:  # not started: start() writes the weights as they are then
-            self._model = model
+            self._model, self._state = model, state
             return 0.0
         t0 = time.perf_counter()
         self.versions += 1
@@ -299,7 +328,7 @@ class VLLMEngine:
             from safetensors.torch import save_file
 
             path = self.dir / "weights.safetensors"
-            save_file(_distinct(model.state_dict()), str(path))
+            save_file(_distinct(state if state is not None else model.state_dict()), str(path))
             self._call(("load_weights", str(path)))
             path.unlink()
         return time.perf_counter() - t0
@@ -310,6 +339,14 @@ def _root_cause(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
     errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line) and "root cause above" not in line]
     return errors[-1] if errors else ""
+
+
+def cpu_share(local_rank: int, local_size: int, cores: int) -> str:
+    """The cores of one of ``local_size`` processes on a machine, as vLLM's thread binding writes them
+    ("0-3"): whole equal shares, so engines sampling at the same time do not fight over cores."""
+    per = max(1, cores // local_size)
+    first = (local_rank * per) % cores
+    return str(first) if per == 1 else f"{first}-{first + per - 1}"
 
 
 def _vllm_lora_rank(rank: int) -> int:

@@ -41,6 +41,8 @@ def place(tmp_path):
     (tmp_path / "unrelated.jsonl").write_text('{"text": "hello", "label": 1}\n')
     (tmp_path / "no_import.py").write_text("import no_such_module_xyz\n")
     (tmp_path / "three_args.py").write_text("def score(a, b, c):\n    return 0.0\n")
+    (tmp_path / "raising_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "an_env.py").write_text("class Env:\n    def reset(self, row): ...\n    def step(self, messages): ...\n")
     (tmp_path / "trl_len.py").write_text("def reward_len(completions, **kwargs):\n    return [0.0 for _ in completions]\n")
     (tmp_path / "trl-wrong-type.yaml").write_text("learning_rate: fast\nnum_generations: 4\n")
     (tmp_path / "trl-loss.yaml").write_text("max_steps: 3\nloss_type: cispo\n")
@@ -89,6 +91,9 @@ CASES = {
     "reward file does not import": (["--rewards", "no_import.py:score"], "cannot import reward file no_import.py: No module named 'no_such_module_xyz'"),
     "tool file does not import": (["--task", "calc", "--tools", "no_import.py:score"], "cannot import tool file no_import.py: No module named 'no_such_module_xyz'"),
     "environment file missing": (["--env", "nope.py:Env"], "environment file not found: nope.py"),
+    "environment beside a task's tools": (["--task", "calc", "--env", "an_env.py:Env"], "give tools or an environment, not both"),
+    "reward module that raises on import": (["--rewards", "raising_mod:f"], "cannot import reward module 'raising_mod': boom at import"),
+    "reward with no module": (["--rewards", ":f"], "reward '': name a .py file or an importable module before the colon"),
     "reward of no accepted form": (["--rewards", "three_args.py:score"], "reward score fits no accepted signature (grpo: fn(completion, example)"),
     "reward of another style than stated": (["--rewards", "trl_len.py:reward_len", "--reward-style", "verl"], "reward reward_len does not fit the verl style"),
     "unknown reward style": (["--reward-style", "openrlhf"], "reward_style must be one of auto, grpo, trl, verl, got 'openrlhf'"),
@@ -107,7 +112,8 @@ CASES = {
                                 "--engine vllm: no Python at ./no-such-python; run `make vllm`"),
     "vllm not installed": (["--engine", "vllm", "--vllm-python", sys.executable],
                            "--engine vllm: vLLM is not installed for " + sys.executable + "; run `make vllm`"),
-    "vllm under several processes": (["--engine", "vllm", "--nproc", "2"], "engine vllm runs in one process for now"),
+    "vllm with LoRA under FSDP": (["--engine", "vllm", "--fsdp", "--lora-rank", "8", "--nproc", "2"],
+                                  "engine vllm with LoRA under FSDP is not built: drop --fsdp"),
     "tis cap at 1": (["--tis-cap", "1.0"], "tis_cap must be above 1 (or 0: off), got 1.0"),
     "unknown tis level": (["--tis-level", "batch"], "tis_level must be one of token, sequence, got 'batch'"),
 }

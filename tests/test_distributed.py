@@ -151,6 +151,7 @@ def test_nproc_run_writes_once_and_its_model_trains_in_one_process(tmp_path):
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("run directory:") == 1 and "(2 processes)" in proc.stdout
+    assert proc.stdout.count("step 0 held-out:") == 1  # rank 0 alone prints
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3  # the first evaluation, one step and the final evaluation
     samples = (run / "completions.jsonl").read_text().splitlines()
     assert len(samples) == 4  # both processes' groups: 2 prompts x G = 2

@@ -116,6 +116,8 @@ def test_episode_token_limit_and_turn_limit(tiny_model, tokenizer):
     assert max(e.turns for e in r.episodes) <= 2
     r = _run(tiny_model, tokenizer, max_episode_tokens=30)
     assert int(r.spans.max()) <= 30
+    for i, e in enumerate(r.episodes):  # a reply with no room left is not in the transcript, nor counted
+        assert e.env_tokens == int(r.env_mask[i].sum()) and e.policy_tokens == int(r.mask[i].sum())
 
 
 def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, tokenizer):
@@ -144,3 +146,53 @@ def test_continued_cache_and_reencoding_sample_the_same_greedy_episodes(tiny_mod
     assert max(e.turns for e in a.episodes) >= 2
     assert [e.messages for e in a.episodes] == [e.messages for e in b.episodes]
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
+
+
+class FakeEngine:
+    """An engine with vLLM's ``sample`` interface that samples each whole conversation on the policy
+    itself (greedy): the engine path of Agent.run, without vLLM."""
+
+    def __init__(self, model, tokenizer, max_model_len=10_000):
+        self.model, self.tokenizer, self.max_model_len = model, tokenizer, max_model_len
+        self.requests = []
+
+    def sample(self, conversations, *, max_tokens, drawn, streams=None, generator=None, temperature=1.0,
+               top_p=1.0, top_k=0, stop_strings=()):
+        from grpo.rollout import generate
+
+        self.requests.append([len(c) + m for c, m in zip(conversations, max_tokens, strict=True)])
+        out = []
+        for conversation, limit in zip(conversations, max_tokens, strict=True):
+            r = generate(self.model, self.tokenizer, [conversation], group_size=1, max_new_tokens=limit,
+                         temperature=0.0, stop_strings=stop_strings)
+            n = int(r.lengths[0])
+            out.append((r.completion_ids[0, :n].tolist(), r.logprobs[0, :n].tolist(), not bool(r.truncated[0])))
+        return out
+
+
+@pytest.mark.parametrize("limit", [200, 30])
+def test_the_engine_path_runs_the_episodes_the_own_engine_runs(tiny_model, tokenizer, limit):
+    def run(engine):
+        agent = Agent(Echo, max_turns=4, max_episode_tokens=limit)
+        return agent.run(tiny_model, tokenizer, ROWS, group_size=2, max_new_tokens=12, stop_strings=("\n\n\n",),
+                         temperature=0.0, engine=engine)
+
+    own, engine = run(None), run(FakeEngine(tiny_model, tokenizer))
+    assert max(e.turns for e in own.episodes) >= 2
+    assert torch.equal(own.completion_ids, engine.completion_ids) and torch.equal(own.mask, engine.mask)
+    assert torch.equal(own.truncated, engine.truncated)
+    torch.testing.assert_close(own.logprobs, engine.logprobs, atol=1e-5, rtol=1e-5)
+    for a, b in zip(own.episodes, engine.episodes, strict=True):
+        assert (a.messages, a.turns, a.env_tokens, a.reward) == (b.messages, b.turns, b.env_tokens, b.reward)
+
+
+def test_the_engine_path_keeps_each_conversation_within_the_engines_length_limit(tiny_model, tokenizer):
+    prompt = max(len(p) for p in _run(tiny_model, tokenizer, max_turns=1).prompt_ids)
+    fake = FakeEngine(tiny_model, tokenizer, max_model_len=prompt + 20)
+    agent = Agent(Echo, max_turns=4, max_episode_tokens=200)
+    r = agent.run(tiny_model, tokenizer, ROWS, group_size=2, max_new_tokens=12, stop_strings=("\n\n\n",),
+                  temperature=0.0, engine=fake)
+    assert max(max(asked) for asked in fake.requests) <= prompt + 20  # no request past the limit
+    for i, n in enumerate(r.spans.tolist()):  # each transcript ends within the limit, as with max_episode_tokens
+        assert len(r.prompt_ids[i // 2]) + n <= prompt + 20
+    assert r.truncated.any()

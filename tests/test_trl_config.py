@@ -107,12 +107,21 @@ def test_use_vllm_selects_the_vllm_engine_and_its_importance_sampling():
     assert (cfg.engine, cfg.vllm_memory, cfg.tis_level, cfg.tis_cap) == ("vllm", 0.3, "token", 2.5)
     assert ignored == ["vllm_mode"]  # where vLLM runs changes no result
     cfg, _ = config({"max_steps": 3, "use_vllm": True})  # TRL's cap; its default sequence_mask is not built
-    assert (cfg.engine, cfg.tis_level, cfg.tis_cap) == ("vllm", "token", 3.0)
+    assert (cfg.engine, cfg.tis_level, cfg.tis_cap, cfg.vllm_memory) == ("vllm", "token", 3.0, 0.3)
+    cfg, _ = config({"use_vllm": True, "tis_level": "sequence", "tis_cap": 5.0, "vllm_importance_sampling_clip_min": 0})
+    assert (cfg.engine, cfg.tis_level, cfg.tis_cap) == ("vllm", "sequence", 5.0)  # grpo's own options stand
     cfg, _ = config({"max_steps": 3, "use_vllm": True, "vllm_importance_sampling_correction": False})
     assert cfg.tis_cap == 0.0
     cfg, ignored = config({"max_steps": 3, "vllm_gpu_memory_utilization": 0.5})  # without use_vllm: no meaning
     assert (cfg.engine, cfg.vllm_memory) == ("own", TrainConfig().vllm_memory)
     assert ignored == ["vllm_gpu_memory_utilization"]
+
+
+@pytest.mark.parametrize("values", [{"use_vllm": False, "lr": 1e-3}, {"vllm_gpu_memory_utilization": 0.3, "steps": 5}])
+def test_vllm_keys_without_use_vllm_leave_a_grpo_config_alone(values):
+    cfg, ignored = config(values)
+    assert (cfg.group_size, cfg.sampler, cfg.engine) == (TrainConfig().group_size, "frontier", "own")  # grpo's
+    assert ignored == [k for k in values if k not in ("lr", "steps")]
 
 
 @pytest.mark.parametrize("values, message", [
@@ -121,6 +130,12 @@ def test_use_vllm_selects_the_vllm_engine_and_its_importance_sampling():
     ({"use_vllm": True, "vllm_importance_sampling_clip_min": 0.5},
      "vllm_importance_sampling_clip_min: grpo truncates importance weights from above only"),
     ({"use_vllm": True, "vllm_importance_sampling_clip_max": 0.5}, "tis_cap must be above 1"),
+    ({"use_vllm": "false"}, "use_vllm must be true or false, got 'false'"),
+    ({"use_vllm": True, "vllm_importance_sampling_correction": "no"},
+     "vllm_importance_sampling_correction must be true or false, got 'no'"),
+    ({"use_vllm": True, "engine": "own"}, "config gives both 'use_vllm' (TRL) and 'engine' (grpo): give one"),
+    ({"use_vllm": True, "vllm_importance_sampling_clip_max": 2.5, "tis_cap": 2.0},
+     "config gives both 'vllm_importance_sampling_clip_max' (TRL) and 'tis_cap' (grpo): give one"),
 ])
 def test_vllm_keys_grpo_cannot_honour_are_errors(values, message):
     with pytest.raises(ConfigError) as err:

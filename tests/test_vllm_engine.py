@@ -175,3 +175,50 @@ def test_too_little_memory_is_one_line_that_names_the_option():
         engine.close()
     text = str(err.value)
     assert "\n" not in text and "--vllm-memory" in text and "not enough memory" in text, text
+
+
+def test_two_processes_each_sample_with_an_engine_of_their_own_and_train_as_one(tmp_path):
+    """torchrun: every process starts its own engine on its share of the cores and samples its own groups;
+    under FSDP the gathered weights are pushed. Two processes sample the completions one process samples
+    (each completion's seed is its stream's), and their update is the same to float noise."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from grpo.cli import main as cli_main
+
+    root = Path(__file__).resolve().parents[1]
+    tokenizer = make_tokenizer()
+    model_dir = tmp_path / "tiny"
+    make_model(len(tokenizer), seed=3, layers=LAYERS, hidden=HIDDEN).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    args = ["train", "--model", str(model_dir), "--task", "add", "--steps", "2", "--eval-size", "8", "--engine", "vllm",
+            "--rewards", f"{root / 'tests' / 'distributed_worker.py'}:first_char", "--no-preflight", "--device", "cpu",
+            "--sampler", "uniform", "--no-filter-groups", "--prompts-per-step", "4", "--group-size", "4",
+            "--max-new-tokens", "8", "--temperature", "0.7", "--lr", "1e-2", "--warmup-steps", "0",
+            "--sample-every", "1", "--no-progress"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli_main([*args, "--output", str(one)]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "grpo", *args, "--nproc", "2", "--fsdp", "--output", str(two)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    rows = [[json.loads(x) for x in (run / "completions.jsonl").read_text().splitlines()] for run in (one, two)]
+    assert len(rows[0]) == len(rows[1]) == 2 * 4 * 4
+    same = sum((a["step"], a["prompt"], a["completion"]) == (b["step"], b["prompt"], b["completion"])
+               for a, b in zip(*rows, strict=True))
+    assert same == len(rows[0]), f"{same} of {len(rows[0])} completions the same"
+    for run in (one, two):  # after step 1 every process's engine samples from the updated weights
+        steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        assert steps[-1]["step"] == 2 and steps[-1]["sampler_logp_diff"] < STEP0_TOLERANCE, steps[-1]
+    start = load_file(model_dir / "model.safetensors")
+    d1, d2 = ([load_file(run / "model" / "model.safetensors")[k] - start[k] for k in sorted(start)] for run in (one, two))
+    norm1 = sum(float(x.norm()) ** 2 for x in d1) ** 0.5
+    gap = sum(float((a - b).norm()) ** 2 for a, b in zip(d1, d2, strict=True)) ** 0.5
+    assert norm1 > 0 and gap / norm1 < 1e-3, (norm1, gap)
