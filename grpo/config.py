@@ -105,6 +105,7 @@ class TrainConfig:
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     engine: str = field(**_doc("what samples the rollouts: own (this package's sampler, on the policy itself) or vllm (a vLLM engine in a process of its own, weights synced after every optimiser step; `make vllm` installs it)", default="own"))
     vllm_python: str = field(**_doc("engine vllm: the Python that runs vLLM (empty: $GRPO_VLLM_PYTHON, else the project's .venv-vllm, else this Python)", default=""))
+    vllm_sleep: bool = field(**_doc("engine vllm on a GPU: put vLLM to sleep while the trainer updates (its weights moved to host memory, its KV cache freed, both back before the next rollout), so the update has the GPU's memory; ignored on the CPU, where vLLM has no sleep mode", default=True))
     vllm_memory: float = field(**_doc("engine vllm: share of the device's memory vLLM may reserve for weights and KV cache (gpu_memory_utilization; on the CPU backend, of host memory)", default=0.1))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))

@@ -374,7 +374,8 @@ class GRPOTrainer:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         cpus = cpu_share(self.world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
         engine = VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
-                            seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest, cpus=cpus)
+                            seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest, cpus=cpus,
+                            sleep=cfg.vllm_sleep and self.device.type == "cuda")
         if self.world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
             engine.push(self.model, full_state_dict(self.model, self.world))
         return engine
@@ -403,6 +404,8 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         batch = self.sample_batch(step)
         t_reward = time.perf_counter()
+        if self.engine is not None:  # on a GPU the update gets vLLM's memory; the push or next rollout wakes it
+            self.engine.sleep()
 
         advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
         stats = StepStats()

@@ -70,7 +70,7 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
 IGNORED = frozenset("""
 model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32 remove_unused_columns
 num_generations_eval ds3_gather_for_generation shuffle_dataset pad_to_multiple_of generation_kwargs
-chat_template_kwargs cache_implementation vllm_mode vllm_model_impl vllm_enable_sleep_mode
+chat_template_kwargs cache_implementation vllm_mode vllm_model_impl
 vllm_structured_outputs_regex vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout
 vllm_group_port vllm_max_model_length vllm_tensor_parallel_size sapo_temperature_neg sapo_temperature_pos
 vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg ref_model_mixup_alpha ref_model_sync_steps
@@ -101,13 +101,14 @@ gradient_checkpointing_use_reentrant ignore_bias_buffers
 """.split())
 
 # vLLM's keys that mean something with use_vllm (vllm_mode and the server's address only place the engine)
-VLLM_KEYS = ("vllm_gpu_memory_utilization", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+VLLM_KEYS = ("vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
              "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")
 TRL_TIS_CAP = 3.0  # TRL's vllm_importance_sampling_clip_max
 TRL_VLLM_MEMORY = 0.3  # TRL's vllm_gpu_memory_utilization
 _VLLM_ONLY = frozenset(("use_vllm", *VLLM_KEYS))  # mean something only with use_vllm: true
 # a TRL key and the grpo option it sets: a config gives one of the two
 _VLLM_PAIRS = (("use_vllm", "engine"), ("vllm_gpu_memory_utilization", "vllm_memory"),
+               ("vllm_enable_sleep_mode", "vllm_sleep"),
                ("vllm_importance_sampling_mode", "tis_level"), ("vllm_importance_sampling_clip_max", "tis_cap"),
                ("vllm_importance_sampling_cap", "tis_cap"), ("vllm_importance_sampling_correction", "tis_cap"))
 
@@ -213,7 +214,8 @@ def _vllm(values: Mapping) -> dict[str, object]:
     """
     memory = values.get("vllm_gpu_memory_utilization", TRL_VLLM_MEMORY)
     out: dict[str, object] = {"engine": "vllm",
-                              "vllm_memory": _typed("vllm_gpu_memory_utilization", memory, "vllm_memory")}
+                              "vllm_memory": _typed("vllm_gpu_memory_utilization", memory, "vllm_memory"),
+                              "vllm_sleep": _bool("vllm_enable_sleep_mode", values, False)}  # TRL's default: off
     if not _bool("vllm_importance_sampling_correction", values, True):
         out["tis_cap"] = 0.0
         return out

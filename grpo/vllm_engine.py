@@ -118,8 +118,10 @@ class VLLMEngine:
 
     def __init__(self, model: nn.Module, tokenizer: object, *, python: str = "", memory: float = 0.1,
                  seed: int = 0, lora_rank: int = 0, max_model_len: int = 4096, extra: dict | None = None,
-                 cpus: str = "") -> None:
+                 cpus: str = "", sleep: bool = False) -> None:
         self.python = find_python(python)
+        self.sleep_mode = sleep  # vLLM's sleep mode (CUDA only): see sleep()
+        self.asleep = False
         self.cpus = cpus  # the cores vLLM's CPU backend binds its threads to ("0-3"); empty: every core
         self.tokenizer = tokenizer
         self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
@@ -171,7 +173,8 @@ class VLLMEngine:
         self.conn = self._connect(address, key)
         self._call({"model": str(folder), "tokenizer": str(folder), "dtype": self.dtype, "seed": self.seed,
                     "memory": self.memory, "lora_rank": _vllm_lora_rank(self.lora_rank),
-                    "max_model_len": self.max_model_len, "extra": self.extra}, starting=True)
+                    "max_model_len": self.max_model_len, "sleep": self.sleep_mode, "extra": self.extra},
+                   starting=True)
         if self.lora_rank:
             self.push(model)  # the initial adapter (LoRA's B is zero: the base model's outputs)
         self._model = self._state = None
@@ -269,6 +272,7 @@ class VLLMEngine:
         stops = self.stops if stop_token_ids is None else list(stop_token_ids)
         if self.conn is None:
             self.start()
+        self._wake()
         if streams is not None:
             seeds = [((a << 31) ^ b ^ (d * _GOLDEN)) % 2**63 for (a, b), d in zip(streams.cpu().tolist(), drawn,
                                                                                   strict=True)]
@@ -302,6 +306,7 @@ class VLLMEngine:
         """The engine's log-probs (temperature 1) of each completion after its prompt: what its weights say."""
         if self.conn is None:
             self.start()
+        self._wake()
         rows = [(list(p), list(c)) for p, c in zip(prompt_ids, completions, strict=True)]
         return [torch.tensor(s) for s in self._call(("score", rows, self.lora))]
 
@@ -317,6 +322,7 @@ class VLLMEngine:
             self._model, self._state = model, state
             return 0.0
         t0 = time.perf_counter()
+        self._wake()
         self.versions += 1
         if self.lora_rank:
             folder = self.dir / f"adapter-{self.versions}"
@@ -332,6 +338,21 @@ class VLLMEngine:
             self._call(("load_weights", str(path)))
             path.unlink()
         return time.perf_counter() - t0
+
+
+    def sleep(self) -> None:
+        """Free the engine's device memory for the update (sleep mode on, engine started): vLLM's
+        level 1 moves its weights to host memory and drops its KV cache; the next request or push
+        wakes it. Level 1, not 2, so the weights need no push to be whole again when a step made no
+        update (and LoRA keeps its base weights)."""
+        if self.sleep_mode and self.conn is not None and not self.asleep:
+            self._call(("sleep", 1))
+            self.asleep = True
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self._call(("wake",))
+            self.asleep = False
 
 
 def _root_cause(log: Path) -> str:

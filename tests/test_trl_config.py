@@ -108,6 +108,9 @@ def test_use_vllm_selects_the_vllm_engine_and_its_importance_sampling():
     assert ignored == ["vllm_mode"]  # where vLLM runs changes no result
     cfg, _ = config({"max_steps": 3, "use_vllm": True})  # TRL's cap; its default sequence_mask is not built
     assert (cfg.engine, cfg.tis_level, cfg.tis_cap, cfg.vllm_memory) == ("vllm", "token", 3.0, 0.3)
+    assert cfg.vllm_sleep is False  # TRL's vllm_enable_sleep_mode default
+    cfg, _ = config({"use_vllm": True, "vllm_enable_sleep_mode": True})
+    assert cfg.vllm_sleep is True
     cfg, _ = config({"use_vllm": True, "tis_level": "sequence", "tis_cap": 5.0, "vllm_importance_sampling_clip_min": 0})
     assert (cfg.engine, cfg.tis_level, cfg.tis_cap) == ("vllm", "sequence", 5.0)  # grpo's own options stand
     cfg, _ = config({"max_steps": 3, "use_vllm": True, "vllm_importance_sampling_correction": False})

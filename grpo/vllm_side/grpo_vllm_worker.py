@@ -14,6 +14,8 @@ receives the engine's settings, and then serves requests, one at a time, until t
   prompts (temperature 1), to check that the engine holds the trainer's weights;
 - ``("load_weights", path)``: load a safetensors file of full weights into the
   model in place (no reload from disk of the rest) and drop the prefix cache;
+- ``("sleep", level)`` and ``("wake",)``: vLLM's sleep mode (CUDA), which
+  frees the engine's device memory while the trainer updates;
 - ``("close",)``.
 
 Every reply is ``("ok", value)`` or ``("error", kind, message)``; a start-up
@@ -66,6 +68,8 @@ def _start(settings: dict) -> object:
     )
     if settings["lora_rank"]:
         kwargs.update(enable_lora=True, max_lora_rank=settings["lora_rank"], max_loras=1)
+    if settings.get("sleep"):
+        kwargs["enable_sleep_mode"] = True
     return LLM(**kwargs, **settings.get("extra", {}))
 
 
@@ -139,6 +143,12 @@ def serve(conn: object) -> None:
                 loaded_lora = lora[1] if lora else loaded_lora
                 run = _generate if message[0] == "generate" else _score
                 conn.send(("ok", run(llm, message[1], lora)))
+            elif message[0] == "sleep":
+                llm.sleep(level=message[1])
+                conn.send(("ok", None))
+            elif message[0] == "wake":
+                llm.wake_up()
+                conn.send(("ok", None))
             elif message[0] == "load_weights":
                 start = time.perf_counter()
                 llm.collective_rpc("grpo_load_weights", args=(message[1],))
