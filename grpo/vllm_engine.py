@@ -106,6 +106,8 @@ def _write_model(folder: Path, model: nn.Module, state: dict[str, Tensor]) -> No
     config = model.config.to_dict()
     config["architectures"] = config.get("architectures") or [type(model).__name__.removeprefix("FSDP")]
     (folder / "config.json").write_text(json.dumps(config, indent=2))
+    if getattr(model, "generation_config", None) is not None:  # as save_pretrained writes it
+        model.generation_config.to_json_file(folder / "generation_config.json")
     save_file(_distinct(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
