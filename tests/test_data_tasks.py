@@ -140,3 +140,13 @@ def test_eval_data_is_the_held_out_set_and_training_keeps_every_row(tmp_path):
     task = load_task("", data=str(train), eval_data=str(test), heldout_size=3)
     assert [r["prompt"] for r in task.train] == [f"q{i}" for i in range(6)]
     assert [r["prompt"] for r in task.heldout] == ["t0", "t1", "t2"]
+
+
+def test_alpaca_rows_take_instruction_and_input_as_the_prompt(tmp_path):
+    path = tmp_path / "alpaca.jsonl"
+    path.write_text('{"instruction": "Sam has 19 marbles and buys 7 more. How many now?", "input": "", "output": "26"}\n'
+                    '{"instruction": "Add the numbers.", "input": "12 and 30", "output": "42"}\n')
+    rows = load_rows(str(path))
+    assert [r["prompt"] for r in rows] == ["Sam has 19 marbles and buys 7 more. How many now?",
+                                           "Add the numbers.\n\n12 and 30"]
+    assert [r["answer"] for r in rows] == ["26", "42"]

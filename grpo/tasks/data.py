@@ -17,7 +17,7 @@ from pathlib import Path
 
 from grpo.tasks.base import RewardFn, Task, TaskError
 
-PROMPT_FIELDS = ("prompt", "question", "problem", "input")
+PROMPT_FIELDS = ("prompt", "question", "problem", "instruction", "input")
 ANSWER_FIELDS = ("answer", "solution", "output", "target")
 _SPLIT_SEED = 1234
 # A first run on a user's file, with no --steps given: up to 100 steps, but no more than 10 minutes of
@@ -142,7 +142,10 @@ def load_rows(
     """
     rows = []
     for where, record in _records(source):
-        prompt = _prompt(record, _field(record, prompt_field, PROMPT_FIELDS, where, "prompt"), where)
+        name = _field(record, prompt_field, PROMPT_FIELDS, where, "prompt")
+        prompt = _prompt(record, name, where)
+        if name == "instruction" and str(record.get("input") or "").strip():  # Alpaca: the input is its context
+            prompt = f"{prompt}\n\n{record['input']}"
         answer = _answer(record, answer_field, where, require_answer)
         row = {**record, "prompt": prompt}
         if answer is not None:
