@@ -182,7 +182,7 @@ def cmd_check_reward(args: argparse.Namespace) -> int:
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
 RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
-             "eval_batch_size", "save_model", "device", "threads", "fsdp")
+             "eval_batch_size", "save_model", "device", "threads", "fsdp", "vllm_sleep", "vllm_memory")
 
 
 def _given_options(args: argparse.Namespace) -> dict:
@@ -294,8 +294,11 @@ def _check_user_code(config: TrainConfig, task: object) -> None:
         load_functions(config.tools)
     if config.env:
         load_functions(config.env, "environment")
-        if config.tools != "none" and (config.tools or getattr(task, "tools", ())):
-            raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+    # as make_agent decides: the given or the task's environment, beside the given or the task's tools
+    has_env = bool(config.env) or getattr(task, "env", None) is not None
+    has_tools = (config.tools not in ("", "none")) or bool(getattr(task, "tools", ()))
+    if has_env and has_tools:
+        raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:

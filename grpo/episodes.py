@@ -190,6 +190,9 @@ class Agent:
         limits = [self.max_episode_tokens if engine is None else
                   min(self.max_episode_tokens, engine.max_model_len - len(prompts[i // group_size]))
                   for i in range(len(envs))]
+        if min(limits) <= 0:
+            raise ConfigError(f"an episode's opening ({max(len(p) for p in prompts)} tokens) leaves no room within "
+                              f"the engine's length limit ({engine.max_model_len} tokens)")
         live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):
             budgets = [min(max_new_tokens, limits[i] - record.used(i)) for i in live]

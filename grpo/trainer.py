@@ -420,6 +420,8 @@ class GRPOTrainer:
                 group["lr"] = self.learning_rate(step)
             stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
         t_sync = time.perf_counter()
+        if self.engine is not None and self.engine.asleep:  # the gradients' memory goes back before vLLM wakes
+            self.optimizer.zero_grad(set_to_none=True)
         if self.engine is not None and stats.optimizer_steps:  # the next rollout samples from the new weights
             self.engine.push(self.model, full_state_dict(self.model, self.world))  # collective under FSDP
         t_end = time.perf_counter()
@@ -1126,10 +1128,13 @@ class GRPOTrainer:
         if path is None:
             raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
         checkpoint.remove_partial(run_dir)
-        return checkpoint.restore(
+        saved = checkpoint.restore(
             path, model=self.model, owner=self,
             load=lambda weights, state, shards: load_shards(self.model, self.optimizer, shards) if shards
             else load_training_state(self.model, self.optimizer, weights, state))
+        if self.engine is not None:  # the engine samples from the resumed weights (collective under FSDP)
+            self.engine.push(self.model, full_state_dict(self.model, self.world))
+        return saved
 
     def _evaluate_with(self, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
         """Evaluate under an evaluation progress bar; return the result and the seconds it took.

@@ -224,7 +224,8 @@ def _vllm(values: Mapping) -> dict[str, object]:
         raise ConfigError(f"vllm_importance_sampling_mode {mode!r} is not supported by grpo (it supports "
                           f"token_truncate; or set tis_level: sequence, which masks a completion on its "
                           f"geometric-mean ratio)")
-    if (values.get("vllm_importance_sampling_clip_min") or 0) > 0:  # 0: no floor, as truncation has none
+    floor = values.get("vllm_importance_sampling_clip_min")
+    if floor is not None and _typed("vllm_importance_sampling_clip_min", floor, "tis_cap") > 0:  # 0: no floor
         raise ConfigError("vllm_importance_sampling_clip_min: grpo truncates importance weights from above only; "
                           "drop the key")
     cap = values.get("vllm_importance_sampling_clip_max", values.get("vllm_importance_sampling_cap", TRL_TIS_CAP))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,9 +23,13 @@ def import_user_module(where: str, what: str, error: type[Exception]) -> ModuleT
             raise error(f"{what} file not found: {where}")
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
+        # registered while it runs, as an import would (dataclasses look their module up); a taken name stays
+        registered = sys.modules.setdefault(spec.name, module) is module
         try:
             spec.loader.exec_module(module)
         except Exception as err:  # the user's file: report it, don't trace
+            if registered:
+                del sys.modules[spec.name]
             raise error(f"cannot import {what} file {where}: {err}") from err
         return module
     if not where or where.startswith("."):

@@ -45,6 +45,8 @@ from grpo.rollout import Rollout, end_of_turn_ids
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 START_SECONDS = 900  # vLLM's start (model load, memory profiling, warm-up) may take this long at most
+TORCHRUN_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"))
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
 
@@ -95,17 +97,17 @@ def _write_model(folder: Path, model: nn.Module, state: dict[str, Tensor]) -> No
 
     Written here rather than by ``save_pretrained``, which writes on rank 0
     alone once torch.distributed is up, while under torchrun every process
-    starts an engine of its own. The architecture is the model's class
-    (FSDP renames it FSDP<name>) when the config does not say.
+    starts an engine of its own. The architecture is the model's class when
+    the config does not say (a model built from a config).
     """
-    import json
+    import copy
 
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_dict()
-    config["architectures"] = config.get("architectures") or [type(model).__name__.removeprefix("FSDP")]
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    config = copy.deepcopy(model.config)
+    config.architectures = config.architectures or [type(model).__name__]
+    config.to_json_file(folder / "config.json", use_diff=False)
     if getattr(model, "generation_config", None) is not None:  # as save_pretrained writes it
         model.generation_config.to_json_file(folder / "generation_config.json")
     save_file(_distinct(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -160,7 +162,10 @@ class VLLMEngine:
         self.tokenizer.save_pretrained(folder)
         address = str(self.dir / "socket")
         key = secrets.token_bytes(32)
-        env = {**os.environ, "GRPO_VLLM_AUTHKEY": key.hex(), "PYTHONPATH": str(WORKER.parent),
+        # not torchrun's variables: vLLM sets up torch.distributed for itself, and an inherited rank, world
+        # or agent store would have it join the trainer's world instead
+        inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith("TORCHELASTIC_")}
+        env = {**inherited, "GRPO_VLLM_AUTHKEY": key.hex(), "PYTHONPATH": str(WORKER.parent),
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
                                                            self.cpus or f"0-{os.cpu_count() - 1}")}
         if self.cuda_device is not None:  # vLLM samples on the trainer's own GPU (one engine per process)
@@ -324,7 +329,7 @@ class VLLMEngine:
             self._model, self._state = model, state
             return 0.0
         t0 = time.perf_counter()
-        self._wake()
+        self._wake(weights_only=not self.lora_rank)  # its KV cache comes back once the new weights are in
         self.versions += 1
         if self.lora_rank:
             folder = self.dir / f"adapter-{self.versions}"
@@ -339,6 +344,7 @@ class VLLMEngine:
             save_file(_distinct(state if state is not None else model.state_dict()), str(path))
             self._call(("load_weights", str(path)))
             path.unlink()
+            self._wake()
         return time.perf_counter() - t0
 
 
@@ -351,10 +357,15 @@ class VLLMEngine:
             self._call(("sleep", 1))
             self.asleep = True
 
-    def _wake(self) -> None:
-        if self.asleep:
-            self._call(("wake",))
-            self.asleep = False
+    def _wake(self, *, weights_only: bool = False) -> None:
+        """Bring back vLLM's memory: the weights alone (before a push loads new ones into them, as vLLM
+        advises against running out of memory), or all. The trainer's cached blocks go back first."""
+        if not self.asleep:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self._call(("wake", ["weights"] if weights_only else None))
+        self.asleep = weights_only
 
 
 def _root_cause(log: Path) -> str:

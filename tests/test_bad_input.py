@@ -92,6 +92,7 @@ CASES = {
     "tool file does not import": (["--task", "calc", "--tools", "no_import.py:score"], "cannot import tool file no_import.py: No module named 'no_such_module_xyz'"),
     "environment file missing": (["--env", "nope.py:Env"], "environment file not found: nope.py"),
     "environment beside a task's tools": (["--task", "calc", "--env", "an_env.py:Env"], "give tools or an environment, not both"),
+    "environment beside a task's withheld tools": (["--task", "calc", "--tools", "none", "--env", "an_env.py:Env"], "give tools or an environment, not both"),
     "reward module that raises on import": (["--rewards", "raising_mod:f"], "cannot import reward module 'raising_mod': boom at import"),
     "reward with no module": (["--rewards", ":f"], "reward '': name a .py file or an importable module before the colon"),
     "reward of no accepted form": (["--rewards", "three_args.py:score"], "reward score fits no accepted signature (grpo: fn(completion, example)"),

@@ -13,10 +13,12 @@ def _engine(sleep: bool) -> tuple[VLLMEngine, list]:
     sent = []
     engine = VLLMEngine.__new__(VLLMEngine)  # no worker process: _call records the requests
     engine.sleep_mode, engine.asleep, engine.conn, engine.lora, engine.stops = sleep, False, object(), None, [2]
-    engine.lora_rank, engine.versions, engine.dir = 0, 0, None
+    engine.lora_rank, engine.versions, engine.dir, engine.woken = 0, 0, None, []
 
     def call(message, **_):
         sent.append(message[0])
+        if message[0] == "wake":
+            engine.woken.append(message[1])
         return [([5, 2], [-0.1, -0.2], False)] if message[0] == "generate" else None
 
     engine._call = call
@@ -45,4 +47,56 @@ def test_a_push_wakes_the_engine_before_loading_the_weights(tmp_path):
     engine.dir = tmp_path
     engine.sleep()
     engine.push(torch.nn.Linear(2, 2))
-    assert sent == ["sleep", "wake", "load_weights"] and not engine.asleep
+    # the weights wake first and take the new ones; the KV cache after
+    assert sent == ["sleep", "wake", "load_weights", "wake"] and not engine.asleep
+    assert engine.woken == [["weights"], None]
+
+
+class Recorder:
+    """Stands in for the vLLM engine in a trainer: samples on the policy itself and records the calls."""
+
+    def __init__(self, trainer):
+        self.trainer, self.events, self.asleep = trainer, [], False
+
+    def generate(self, prompts, **sampling):
+        from grpo.rollout import generate
+
+        self.events.append("generate")
+        with torch.no_grad():
+            return generate(self.trainer.model, self.trainer.tokenizer, prompts, **sampling)
+
+    def sleep(self):
+        self.events.append("sleep")
+        self.asleep = True
+
+    def push(self, model, state=None):
+        self.events.append("push")
+        self.asleep = False
+        return 0.0
+
+    def close(self):
+        pass
+
+
+def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_update():
+    from conftest import make_model, make_tokenizer
+
+    from grpo.config import TrainConfig
+    from grpo.tasks import Task
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(20)]
+    config = TrainConfig(preflight="off", eval_every=-1, sampler="uniform", filter_groups=False, prompts_per_step=4,
+                         group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=0, sample_every=0, device="cpu",
+                         save_model=False, reward_workers=0)
+    reward = lambda completion, example: float(ord(completion[0]) % 2) if completion else 0.5  # noqa: E731
+    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
+                          task=Task("tiny", rows[:16], rows[16:], reward), progress=False)
+    trainer.engine = Recorder(trainer)
+    m = trainer.step(1)
+    assert m["optimizer_steps"] == 1
+    events = trainer.engine.events
+    assert events[-2:] == ["sleep", "push"] and set(events[:-2]) == {"generate"}, events
+    # the gradients were freed before the engine woke for the push (their memory goes back to it)
+    assert all(p.grad is None for p in trainer.model.parameters())

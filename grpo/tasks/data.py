@@ -144,7 +144,8 @@ def load_rows(
     for where, record in _records(source):
         name = _field(record, prompt_field, PROMPT_FIELDS, where, "prompt")
         prompt = _prompt(record, name, where)
-        if name == "instruction" and str(record.get("input") or "").strip():  # Alpaca: the input is its context
+        alpaca = name == "instruction" and not prompt_field and isinstance(prompt, str)
+        if alpaca and str(record.get("input") or "").strip():  # Alpaca: the input is the instruction's context
             prompt = f"{prompt}\n\n{record['input']}"
         answer = _answer(record, answer_field, where, require_answer)
         row = {**record, "prompt": prompt}

@@ -14,8 +14,9 @@ receives the engine's settings, and then serves requests, one at a time, until t
   prompts (temperature 1), to check that the engine holds the trainer's weights;
 - ``("load_weights", path)``: load a safetensors file of full weights into the
   model in place (no reload from disk of the rest) and drop the prefix cache;
-- ``("sleep", level)`` and ``("wake",)``: vLLM's sleep mode (CUDA), which
-  frees the engine's device memory while the trainer updates;
+- ``("sleep", level)`` and ``("wake", tags)``: vLLM's sleep mode (CUDA),
+  which frees the engine's device memory while the trainer updates (tags:
+  None for everything, ["weights"] for the weights alone);
 - ``("close",)``.
 
 Every reply is ``("ok", value)`` or ``("error", kind, message)``; a start-up
@@ -147,7 +148,7 @@ def serve(conn: object) -> None:
                 llm.sleep(level=message[1])
                 conn.send(("ok", None))
             elif message[0] == "wake":
-                llm.wake_up()
+                llm.wake_up(tags=message[1])
                 conn.send(("ok", None))
             elif message[0] == "load_weights":
                 start = time.perf_counter()
