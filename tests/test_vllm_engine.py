@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_model, make_tokenizer
+from test_episodes import Echo
 
 from grpo.config import TrainConfig
 from grpo.logprobs import rollout_logprobs
@@ -34,20 +35,6 @@ STEP0_TOLERANCE = 1e-3  # |log-prob difference| per token, vLLM's CPU kernels ag
 def first_char_parity(completion, example):
     """A reward that splits almost every group of random completions, so each step updates the weights."""
     return float(ord(completion[0]) % 2) if completion else 0.5
-
-
-class Echo:
-    """Answers every turn with a message that differs by turn; done after 3 turns."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    def reset(self, example):
-        return [{"role": "system", "content": "Talk."}, {"role": "user", "content": example["prompt"]}]
-
-    def step(self, messages):
-        self.turns += 1
-        return [{"role": "user", "content": "more" + "!" * self.turns}], 0.25, self.turns >= 3
 
 
 def _trainer(env=None, **kw) -> GRPOTrainer:
