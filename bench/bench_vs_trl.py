@@ -196,6 +196,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
     import torch
 
     from grpo.config import TrainConfig
+    from grpo.process import setup_process
     from grpo.rewards.basic import final_number
     from grpo.tasks import Task
     from grpo.trainer import GRPOTrainer
@@ -211,9 +212,11 @@ def run_ours(work: Workload, chan: Channel) -> None:
         seed=work.seed, sampler="uniform", filter_groups=False,  # one generation of 16 per step, as TRL's
     )
     task = Task("bench-add", rows, rows[:1], final_number)
+    setup_process(config)
     trainer = GRPOTrainer(config, task=task, rewards=[final_number], progress=False)
-    if hasattr(trainer, "_reference_logprobs"):
-        trainer._reference_logprobs = clock.wrap(trainer._reference_logprobs, "ref_logprobs")
+    import grpo.trainer
+
+    grpo.trainer.reference_logprobs = clock.wrap(grpo.trainer.reference_logprobs, "ref_logprobs")
     trainer.optimizer.step = clock.wrap(trainer.optimizer.step, "optimizer")
     chan.send(ready=True, **model_shape(trainer.model), **prompt_shape(trainer.tokenizer))
     for step in range(1, work.steps + 1):

@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpo.config import TrainConfig  # noqa: E402
+from grpo.process import setup_process  # noqa: E402
 from grpo.trainer import GRPOTrainer  # noqa: E402
 
 CONFIGS = {
@@ -89,6 +90,7 @@ def base_config(args: argparse.Namespace) -> TrainConfig:
 
 def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
     """Evaluate, train until the budget is spent (finishing the step under way), evaluate; return the figures."""
+    setup_process(config)
     trainer = GRPOTrainer(config, progress=False)
     start_acc = trainer.evaluate().accuracy
     steps: list[dict] = []
@@ -128,8 +130,9 @@ def skip_check(config: TrainConfig, steps: int) -> dict:
     """Mean update seconds of the same uniform steps with and without skipping zero-advantage groups."""
     out = {}
     for skip in (True, False):
-        trainer = GRPOTrainer(replace(config, sampler="uniform", filter_groups=False, skip_zero_advantage=skip),
-                              progress=False)
+        uniform = replace(config, sampler="uniform", filter_groups=False, skip_zero_advantage=skip)
+        setup_process(uniform)
+        trainer = GRPOTrainer(uniform, progress=False)
         runs = [trainer.step(s) for s in range(1, steps + 1)]
         out["skip" if skip else "no_skip"] = {
             "time_update_mean": statistics.fmean(m["time_update"] for m in runs),

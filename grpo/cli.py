@@ -322,6 +322,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return launch(args.nproc, _without_nproc(argv))
+    from grpo.process import setup_process
     from grpo.trainer import GRPOTrainer, default_run_dir
 
     world = init_world(config.device, fsdp=config.fsdp)
@@ -330,6 +331,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             run_dir = Path(str(world.broadcast_object(str(default_run_dir(config)))))  # rank 0's clock
             if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
                 raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
+        setup_process(config)
         trainer = GRPOTrainer(config, task=task, progress=not args.no_progress, world=world)  # data read once
         if world.is_main:
             where = f"{'resuming' if args.resume else 'run directory:'} {run_dir}"

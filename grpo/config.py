@@ -14,6 +14,9 @@ from pathlib import Path
 
 import yaml
 
+if typing.TYPE_CHECKING:
+    from grpo.tasks import Task
+
 DATA_MAX_NEW_TOKENS = 256
 """The token limit of a run on the user's data when none is given and no pre-flight check fits one
 (TRL's default max_completion_length is 256 too): room for short reasoning, not the demo's 8."""
@@ -216,6 +219,36 @@ class TrainConfig:
                 f"batch_size ({given_n}) contradicts prompts_per_step ({given_b}) x group_size: give only one of them"
             )
         return cls(**clean)
+
+
+def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
+    """Fill the fields left at 0 ("automatic"): the task's tuned settings, else general defaults.
+
+    A task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
+    """
+    values: dict[str, object] = {}
+    for name, value in task.defaults.items():
+        current = getattr(config, name)
+        if not isinstance(current, bool) and current in (0, ""):
+            values[name] = value
+    if config.steps:
+        values.pop("minutes", None)
+    if not values.get("max_new_tokens", config.max_new_tokens):
+        values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
+    steps = values.setdefault("steps", config.steps or DEFAULT_STEPS)
+    agentic = bool(task.tools or task.env or config.tools or config.env)
+    turns = values.get("max_turns", config.max_turns) or (4 if agentic else 1)
+    values["max_turns"] = turns
+    if not config.max_episode_tokens:
+        values["max_episode_tokens"] = turns * (values.get("max_new_tokens", config.max_new_tokens) + 64)
+    if config.alarm_window == 0:
+        values["alarm_window"] = alarm_window_for(steps)
+    return dataclasses.replace(config, **values)
+
+
+def alarm_window_for(steps: int) -> int:
+    """The automatic trend window: half the run, between 6 and 20 steps."""
+    return min(20, max(6, steps // 2))
 
 
 def load_config_file(path: str | Path) -> dict:

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import make_model, make_tokenizer  # noqa: E402
 
+import grpo.process  # noqa: E402
 import grpo.trainer  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.distributed import full_state_dict  # noqa: E402
@@ -64,6 +65,7 @@ def run_case(case: dict) -> dict:
         "warmup_steps": 0, "eval_size": 8, "sample_every": 0, "device": "cpu", "save_model": False,
         "seed": 5, **case,
     })
+    grpo.process.setup_process(config)
     trainer = grpo.trainer.GRPOTrainer(
         config, model=model, tokenizer=tokenizer, task=Task("tiny", rows[:32], rows[32:], reward), progress=False,
         env=env,

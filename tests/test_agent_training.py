@@ -9,6 +9,7 @@ from conftest import make_model, make_tokenizer
 from test_checkpoint import _same_params
 from tiny_run import count_a, metrics_lines, params, tiny_config, tiny_task
 
+from grpo.process import setup_process
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
@@ -41,6 +42,7 @@ def agent_trainer(env=Talk, tools=None, task=None, env_spec="", tools_spec="", *
     model = make_model(len(tokenizer), seed=3)
     # any "a" ends a turn, so the random tiny model takes several
     config = tiny_config(stop=("a",), max_new_tokens=8, max_turns=3, env=env_spec, tools=tools_spec, **kw)
+    setup_process(config)
     return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task or tiny_task(), env=env, tools=tools,
                        progress=False)
 

@@ -15,6 +15,7 @@ from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
 from grpo.interrupt import RunStopped
 from grpo.preflight import fit_token_limit, stop_at_fitted_limit
+from grpo.run_state import RunState, fix_schedule
 from grpo.tasks import Task, load_task
 from grpo.trainer import settle_config
 
@@ -82,8 +83,10 @@ def test_checker_suspected_fires_on_a_run_that_games_its_training_reward(tmp_pat
     config = TrainConfig(temperature=1.0, sampler="uniform", filter_groups=False, steps=16, prompts_per_step=4,
                          group_size=4, max_new_tokens=6, lr=3e-2, warmup_steps=1, eval_size=8, eval_every=2,
                          device="cpu", save_model=False, reward_workers=0, preflight="off", log_every=0)
+    from grpo.process import setup_process
     from grpo.trainer import GRPOTrainer
 
+    setup_process(config)
     trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer, task=task,
                           rewards=[count_a], progress=False)
     summary = trainer.train(tmp_path / "run")
@@ -108,7 +111,7 @@ def test_rewards_see_which_completions_hit_the_token_limit():
 
 
 def test_mask_truncated_leaves_cut_completions_out_of_the_loss(monkeypatch):
-    import grpo.trainer
+    import grpo.batch
     from grpo.rollout import generate
 
     def all_cut(*args, **kwargs):  # as if every completion had hit the token limit
@@ -116,7 +119,7 @@ def test_mask_truncated_leaves_cut_completions_out_of_the_loss(monkeypatch):
         rollout.truncated[:] = True
         return rollout
 
-    monkeypatch.setattr(grpo.trainer, "generate", all_cut)
+    monkeypatch.setattr(grpo.batch, "generate", all_cut)
     masked = tiny_trainer(reward=odd_length, mask_truncated=True, steps=1)
     before = params(masked)
     metrics = masked.step(1)
@@ -214,7 +217,10 @@ def test_automatic_evaluation_interval_bounds_its_share_of_the_run():
     def fixed(eval_seconds, step_seconds, **kw):
         trainer = tiny_trainer(**{"steps": 40, **kw})
         monitor = AlarmMonitor(trainer.config.steps, AlarmConfig(window=trainer.config.alarm_window))
-        return trainer._fix_eval_every(eval_seconds, step_seconds, monitor), monitor
+        state = RunState.start(trainer.config)
+        fix_schedule(state, trainer.config, trainer.world, monitor, auto_alarm_window=trainer.auto_alarm_window,
+                     eval_seconds=eval_seconds, step_seconds=step_seconds)
+        return state, monitor
 
     assert fixed(0.1, 1.0)[0].eval_every == 4  # steps / 10
     assert fixed(0.8, 1.0)[0].eval_every == 8  # 0.8 s every 8 s

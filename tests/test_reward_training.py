@@ -6,6 +6,7 @@ import pytest
 from unguarded import in_process_score
 
 from grpo.config import TrainConfig
+from grpo.process import setup_process
 from grpo.rewards.code import code_tests
 from grpo.tasks import get_task
 from grpo.trainer import GRPOTrainer
@@ -59,6 +60,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     monkeypatch.setattr(code_module.evaluate, "__defaults__", (Limits(wall_seconds=2.0, cpu_seconds=1, memory_mb=512),))
     config = TrainConfig(preflight="off", temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=2,
                          sample_every=0, device="cpu", save_model=False, reward_workers=2, reward_timeout=10)
+    setup_process(config)
     trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, task=get_task("code", heldout_size=2),
                           progress=False)
     assert trainer.reward_fns == [code_tests]
@@ -91,6 +93,7 @@ def test_gsm8k_with_math_answer_and_think_format_on_the_embedded_model(tmp_path)
         steps=2, prompts_per_step=2, group_size=4, max_new_tokens=48, eval_size=2, eval_batch_size=2,
         sample_every=1, device="cpu", save_model=False, reward_workers=2,
     )
+    setup_process(config)
     trainer = GRPOTrainer(config, progress=False)
     summary = trainer.train(tmp_path / "run")
     assert summary["steps"] == 2

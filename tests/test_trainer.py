@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from grpo.config import TrainConfig
+from grpo.process import setup_process
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
@@ -29,7 +30,9 @@ def _config(**kw):
 
 
 def _trainer(model, tokenizer, reward=count_a, **kw):
-    return GRPOTrainer(_config(**kw), model=model, tokenizer=tokenizer, task=_task(reward), progress=False)
+    config = _config(**kw)
+    setup_process(config)
+    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=_task(reward), progress=False)
 
 
 def test_two_steps_change_the_parameters(tiny_model, tokenizer, tmp_path):

@@ -16,6 +16,7 @@ from test_episodes import Echo
 
 from grpo.config import TrainConfig
 from grpo.logprobs import rollout_logprobs
+from grpo.process import setup_process
 from grpo.streams import stream_keys
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
@@ -44,6 +45,7 @@ def _trainer(env=None, **kw) -> GRPOTrainer:
     config = dict(preflight="off", eval_every=-1, temperature=0.7, sampler="uniform", filter_groups=False, steps=2,
                   prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-2, warmup_steps=0, eval_size=8,
                   sample_every=0, device="cpu", save_model=False, reward_workers=0, engine="vllm")
+    setup_process(TrainConfig(**{**config, **kw}))
     return GRPOTrainer(TrainConfig(**{**config, **kw}), model=model, tokenizer=tokenizer,
                        task=Task("tiny", rows[:32], rows[32:], first_char_parity), progress=False, env=env)
 

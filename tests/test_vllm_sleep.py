@@ -82,6 +82,7 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
     from conftest import make_model, make_tokenizer
 
     from grpo.config import TrainConfig
+    from grpo.process import setup_process
     from grpo.tasks import Task
     from grpo.trainer import GRPOTrainer
 
@@ -91,6 +92,7 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
                          group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=0, sample_every=0, device="cpu",
                          save_model=False, reward_workers=0)
     reward = lambda completion, example: float(ord(completion[0]) % 2) if completion else 0.5  # noqa: E731
+    setup_process(config)
     trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
                           task=Task("tiny", rows[:16], rows[16:], reward), progress=False)
     trainer.engine = Recorder(trainer)

@@ -9,6 +9,7 @@ import torch
 from conftest import make_model, make_tokenizer
 
 from grpo.config import TrainConfig
+from grpo.process import setup_process
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
@@ -34,7 +35,9 @@ def tiny_config(**kw) -> TrainConfig:
 def tiny_trainer(reward=count_a, **kw) -> GRPOTrainer:
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)
-    return GRPOTrainer(tiny_config(**kw), model=model, tokenizer=tokenizer, task=tiny_task(reward), progress=False)
+    config = tiny_config(**kw)
+    setup_process(config)
+    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=tiny_task(reward), progress=False)
 
 
 def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:

@@ -1,0 +1,235 @@
+"""Gathering a step's groups: prompts drawn, a group generated and scored for each, over one or more rounds.
+
+With filter_groups (DAPO's dynamic sampling, Yu et al. 2025) the groups whose
+rewards are all equal are dropped and more rounds are generated, up to
+max_gen_rounds, until B informative groups are found; the batch trained (its
+advantages and loss normaliser) is those groups. The frontier sampler sees
+every round's rewards as soon as they are scored.
+
+Under torchrun every count here is the whole draw's, so the rounds, the draws
+and the batch are those of one process; each process generates its share
+(``world.split``) of a draw's groups, and every completion draws from a random
+stream keyed by its place in the run (grpo/streams.py), not by the process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from grpo.episodes import episode_total
+from grpo.rollout import Rollout, concat_rollouts, generate
+from grpo.streams import stream_keys
+
+if TYPE_CHECKING:
+    from grpo.trainer import GRPOTrainer
+
+
+@dataclass
+class Round:
+    """One generation round: a global draw of prompts, this process's groups, the whole draw's rewards."""
+
+    prompts: list[int]  # the draw, every process's groups (indices into task.train)
+    mine: range  # this process's groups, as positions in the draw
+    rows: list[Mapping]  # this process's groups' rows
+    rollout: Rollout  # this process's groups
+    rewards: Tensor  # (n*G,) the whole draw's
+    lengths: Tensor  # (n*G,) the whole draw's completion lengths
+    truncated: Tensor  # (n*G,) the whole draw's
+    reward_means: dict[str, float]  # each reward function's mean over the whole draw
+    explored: int  # how many prompts of the draw the sampler took by exploration
+    seconds_generate: float
+    first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
+
+    def varies(self) -> Tensor:
+        """(n,) True where a group's rewards are not all equal: its advantages are not all zero."""
+        grouped = self.rewards.view(len(self.prompts), -1)  # (n, G)
+        return grouped.max(dim=1).values > grouped.min(dim=1).values
+
+
+@dataclass
+class Batch:
+    """What a step trains on (this process's groups, the whole batch's rewards) and every round that made it."""
+
+    rounds: list[Round]
+    rows: list[Mapping]  # this process's trained groups' rows
+    rollout: Rollout  # this process's trained groups: world.split(N / G) of the batch's
+    rewards: Tensor  # (N,) the whole trained batch's
+    lengths: Tensor  # (N,) the whole trained batch's completion lengths: its tokens in the loss
+    truncated: Tensor  # (N,) the whole trained batch's
+
+    def generated_rewards(self) -> Tensor:
+        return torch.cat([r.rewards for r in self.rounds])  # (R*G,) every group generated this step
+
+    def generated_lengths(self) -> Tensor:
+        return torch.cat([r.lengths for r in self.rounds])  # (R*G,)
+
+    def texts(self) -> list[str]:
+        return [t for r in self.rounds for t in r.rollout.texts]  # this process's
+
+    def group_rows(self, *, truncated: bool = False) -> list[Mapping]:
+        """This process's rows, one per completion; with ``truncated``, marked as the rewards saw them."""
+        g = self.rounds[0].rollout.group_size
+        rows = [row for r in self.rounds for row in r.rows for _ in range(g)]
+        if not truncated:
+            return rows
+        cut = [bool(c) for r in self.rounds for c in r.rollout.truncated.tolist()]
+        return [{**row, "truncated": c} for row, c in zip(rows, cut, strict=True)]
+
+    def reward_means(self) -> dict[str, float]:
+        """Each reward function's mean over every completion generated."""
+        total = sum(len(r.prompts) for r in self.rounds)
+        keys = self.rounds[0].reward_means
+        return {k: sum(r.reward_means[k] * len(r.prompts) for r in self.rounds) / total for k in keys}
+
+
+def empty_rollout(group_size: int) -> Rollout:
+    """No groups: the share of a process that a draw or a batch smaller than the world leaves empty."""
+    return Rollout(prompt_ids=[], completion_ids=torch.zeros((0, 1), dtype=torch.long), mask=torch.zeros((0, 1)),
+                   logprobs=torch.zeros((0, 1)), truncated=torch.zeros(0, dtype=torch.bool), texts=[],
+                   group_size=group_size)
+
+
+def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
+    """The rollout with its tensors on ``device`` (on the CPU to send it to another process)."""
+    tensors = ("completion_ids", "mask", "logprobs", "truncated")
+    return replace(rollout, **{name: getattr(rollout, name).to(device) for name in tensors})
+
+
+def sample_batch(trainer: GRPOTrainer, step: int) -> Batch:
+    """Draw B prompts, generate a group for each and score it.
+
+    With filter_groups (DAPO's dynamic sampling), groups whose rewards are
+    all equal are dropped and further rounds are generated until there are
+    B informative groups, at most max_gen_rounds rounds; the batch trained
+    is then the first B informative groups (fewer if the rounds ran out:
+    the ``shortfall``), and the loss normaliser is theirs. Each further
+    round draws the missing groups divided by the informative share so far
+    (at most B). Every count is the whole draw's, so under torchrun the
+    rounds, the draws and the batch are those of one process.
+    """
+    cfg, g = trainer.config, trainer.config.group_size
+    rounds: list[Round] = []
+    n = cfg.prompts_per_step
+    while True:
+        drawn_before = {i for r in rounds for i in r.prompts}
+        drawn = trainer.sampler.draw(n, step, exclude=drawn_before)
+        rounds.append(generate_round(trainer, drawn, step, len(rounds)))
+        trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g))
+        if not cfg.filter_groups:
+            last = rounds[-1]
+            return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated)
+        have = sum(int(r.varies().sum()) for r in rounds)
+        missing = cfg.prompts_per_step - have
+        if missing <= 0 or len(rounds) == cfg.max_gen_rounds:
+            break
+        share = have / sum(len(r.prompts) for r in rounds)
+        n = min(cfg.prompts_per_step, math.ceil(missing / share) if share > 0 else cfg.prompts_per_step)
+    return informative_batch(trainer, rounds)
+
+
+def informative_batch(trainer: GRPOTrainer, rounds: list[Round]) -> Batch:
+    """The first B informative groups of the rounds (in draw order), this process's share of them.
+
+    The groups chosen live on the processes that sampled them; each sends
+    its chosen ones to all, and each process keeps ``world.split`` of the
+    batch, as when every group is informative.
+    """
+    world, g = trainer.world, trainer.config.group_size
+    chosen = [(k, int(i)) for k, r in enumerate(rounds) for i in r.varies().nonzero().squeeze(1)]
+    chosen = chosen[: trainer.config.prompts_per_step]  # (round, group in its draw) in draw order
+
+    def whole(name: str) -> Tensor:  # (B'*G,) the chosen groups' values of a whole-draw field
+        parts = [getattr(rounds[k], name).view(-1, g)[i] for k, i in chosen]
+        return torch.cat(parts) if parts else getattr(rounds[0], name)[:0]
+
+    sent = {}  # batch position -> (rollout of the group, its row): the groups this process sampled
+    for place, (k, i) in enumerate(chosen):
+        r = rounds[k]
+        if i in r.mine:
+            local = i - r.mine.start
+            sent[place] = (moved(r.rollout.select_groups(torch.tensor([local])), "cpu"), r.rows[local])
+    if world.size > 1:
+        sent = {place: part for parts in world.gather_objects(sent) for place, part in parts.items()}
+    mine = [sent[place] for place in world.split(len(chosen))]
+    rollout = (concat_rollouts([part for part, _ in mine], trainer.tokenizer.pad_token_id) if mine
+               else empty_rollout(g))
+    return Batch(rounds, [row for _, row in mine], moved(rollout, trainer.device), whole("rewards"),
+                 whole("lengths"), whole("truncated"))
+
+
+def generate_round(trainer: GRPOTrainer, drawn: list[int], step: int, index: int) -> Round:
+    """Generate and score the groups of the global draw that are this process's.
+
+    Completion j of the draw samples from the random stream of (seed, step,
+    round, j) (grpo/streams.py), so it is the same whichever process samples it.
+    """
+    world, g = trainer.world, trainer.config.group_size
+    mine = world.split(len(drawn))  # this process's groups
+    rows_idx = [drawn[i] for i in mine]
+    rows = [trainer.task.train[i] for i in rows_idx]
+    streams = stream_keys(trainer.config.seed, step, index,
+                          torch.arange(mine.start * g, mine.stop * g, device=trainer.device))
+    if rows_idx:
+        rollout, own_rewards, reward_means, seconds = sample_and_score(trainer, rows_idx, streams=streams)
+    else:  # fewer groups in the draw than processes
+        rollout, own_rewards, reward_means, seconds = empty_rollout(g), torch.zeros(0), {}, 0.0
+        if world.fsdp:  # the others' generation gathers the sharded parameters: take part
+            trainer.policy.without_grad(lambda model: None)
+    rewards = world.gather(own_rewards.to(trainer.device))  # (n*G,) the whole draw's
+    return Round(
+        prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
+        lengths=world.gather(rollout.lengths), truncated=world.gather(rollout.truncated),
+        reward_means=whole_draw_means(trainer, len(rows_idx), reward_means),
+        explored=getattr(trainer.sampler, "explored", 0), seconds_generate=seconds,
+        first_try=trainer.draws.first_tries(drawn),
+    )
+
+
+def whole_draw_means(trainer: GRPOTrainer, groups: int, means: dict[str, float]) -> dict[str, float]:
+    """The scorer's per-process means over the whole draw, each process weighted by its groups."""
+    if trainer.world.size == 1:
+        return means
+    parts = trainer.world.gather_objects((groups, means))
+    total = max(sum(count for count, _ in parts), 1)
+    keys = list(dict.fromkeys(key for _, m in parts for key in m))
+    return {key: sum(count * m.get(key, 0.0) for count, m in parts) / total for key in keys}
+
+
+def sample_and_score(
+    trainer: GRPOTrainer, prompts: Sequence[int], generator: torch.Generator | None = None,
+    stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
+) -> tuple[Rollout, Tensor, dict[str, float], float]:
+    """A group for each of these training prompts, scored: the rollout, its rewards (n*G,), the
+    scorer's metrics and the seconds generation took. Training rounds (with a random stream per
+    completion) and the pre-flight check (with a generator) share it."""
+    cfg, t = trainer.config, trainer
+    t0 = time.perf_counter()
+    t.model.eval()
+    sampling = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                    top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
+    rows = [t.task.train[i] for i in prompts]
+    with t.autocast:
+        if t.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
+            rollout = t.policy.without_grad(t.agent.run, t.tokenizer, rows, streams=streams,
+                                            engine=t.engine, **sampling)
+        elif t.engine is not None:  # no stop_early: vLLM runs each completion to its end
+            rollout = t.engine.generate([t.train_prompts[i] for i in prompts], streams=streams, **sampling)
+            rollout = moved(rollout, t.device)
+        else:  # each completion a one-turn episode, sampled on the policy itself
+            rollout = t.policy.without_grad(generate, t.tokenizer, [t.train_prompts[i] for i in prompts],
+                                            stop_early=stop_early, streams=streams, **sampling)
+    seconds = time.perf_counter() - t0
+    group_rows = [t.task.train[i] for i in prompts for _ in range(cfg.group_size)]
+    ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
+    rewards, metrics = t.score(
+        rollout.texts, group_rows, rollout.lengths.tolist(), ids, truncated=rollout.truncated.tolist())
+    if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
+        rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
+    return rollout, rewards, metrics, seconds

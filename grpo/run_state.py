@@ -1,0 +1,145 @@
+"""What a run carries from step to step and through a checkpoint.
+
+The configuration is frozen once the first step starts; what the run learns
+about itself later lives here: the held-out history the alarms read, the
+count of NaN/inf steps in a row, the seconds trained, and the evaluation
+schedule and alarm window fixed after step 1 (from what a step and an
+evaluation cost). Checkpoints (grpo/checkpoint.py) hold all of it, so a
+resumed run continues exactly where the unbroken one would be.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from grpo import checkpoint
+from grpo.alarms import AlarmMonitor
+from grpo.config import TrainConfig, alarm_window_for
+from grpo.distributed import World, load_shards, load_training_state, save_shards, training_state
+from grpo.interrupt import RunStopped, StopRequests
+
+if TYPE_CHECKING:
+    from grpo.trainer import GRPOTrainer
+
+EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
+
+
+@dataclass
+class RunState:
+    """The run's state between steps (what a checkpoint's ``extra`` holds, with the alarms' own)."""
+
+    step: int = 0  # the last step done
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out accuracy) for the alarms
+    bad_in_a_row: int = 0  # steps in a row whose loss or gradient was NaN/inf
+    train_seconds: float = 0.0  # seconds of training before this process took over (resumed)
+    eval_every: int = 0  # the evaluation schedule; 0: automatic, not fixed yet (it is after step 1)
+    alarm_window: int = 0  # the alarms' trend window, refitted with the schedule under a time budget
+    alarms: dict | None = None  # the alarms' state in the checkpoint resumed from
+
+    @classmethod
+    def start(cls, config: TrainConfig) -> RunState:
+        return cls(eval_every=config.eval_every, alarm_window=config.alarm_window)
+
+    @classmethod
+    def resumed(cls, saved: dict, config: TrainConfig) -> RunState:
+        """From a checkpoint; one written before the schedule moved here holds it in its config."""
+        extra = saved.get("schedule", {})
+        return cls(step=saved["step"], history=saved["history"], bad_in_a_row=saved["bad_in_a_row"],
+                   train_seconds=saved.get("train_seconds", 0.0),
+                   eval_every=config.eval_every or extra.get("eval_every", 0),
+                   alarm_window=extra.get("alarm_window", config.alarm_window), alarms=saved.get("alarms"))
+
+    def extra(self, monitor: AlarmMonitor, train_seconds: float) -> dict:
+        """What a checkpoint written now carries besides weights, optimiser and sampler."""
+        return {"history": self.history, "bad_in_a_row": self.bad_in_a_row, "alarms": monitor.state(),
+                "train_seconds": train_seconds,
+                "schedule": {"eval_every": self.eval_every, "alarm_window": self.alarm_window}}
+
+
+def fix_schedule(state: RunState, config: TrainConfig, world: World, monitor: AlarmMonitor, *,
+                 auto_alarm_window: bool, eval_seconds: float, step_seconds: float) -> None:
+    """Fix an automatic (0) evaluation schedule after step 1: every steps/10 steps, or less often when an
+    evaluation costs more than a tenth of that many steps, but at least every steps/4 steps (then
+    evaluations may take more than a tenth). Under a time budget (``minutes``) "steps" are those that
+    fit in it at the first step's pace, and an automatic alarm window is refitted to them. Decided on
+    rank 0."""
+    steps = config.steps
+    if config.minutes:
+        steps = int(min(steps, max(1, 60 * config.minutes // max(step_seconds * (1 + EVAL_SHARE), 1e-6))))
+        if auto_alarm_window:
+            state.alarm_window = alarm_window_for(steps)
+            monitor.config = replace(monitor.config, window=state.alarm_window)
+    every = max(math.ceil(steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
+    # at most steps/4, so that the alarms see at least three evaluations during the run
+    state.eval_every = int(world.broadcast_object(min(every, max(1, steps // 4))))
+
+
+def checkpoint_or_stop(trainer: GRPOTrainer, step: int, extra: dict, stop: StopRequests | None, *,
+                       final: bool = False) -> None:
+    """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
+
+    No checkpoint is written after a bad step, so the latest one is the last good state.
+    """
+    cfg, bad_in_a_row = trainer.config, extra["bad_in_a_row"]
+    if bad_in_a_row >= cfg.max_bad_steps:
+        raise RunStopped(
+            f"loss or gradient was NaN/inf in {bad_in_a_row} consecutive steps (the last at step {step}); "
+            f"stopped (max_bad_steps={cfg.max_bad_steps}); {where(trainer.run_dir)}"
+        )
+    requested = stop is not None and stop.received is not None
+    due = step % cfg.save_every == 0 or step == cfg.steps or requested or final
+    if trainer.saving and due and bad_in_a_row == 0:
+        save_checkpoint(trainer, step, extra)
+    if requested:
+        raise RunStopped(f"stopped by {stop.received.name} after step {step}; {where(trainer.run_dir)}",
+                         exit_code=128 + int(stop.received))
+
+
+def save_checkpoint(trainer: GRPOTrainer, step: int, extra: dict) -> None:
+    """Rank 0 writes the whole weights and optimiser state; under FSDP each process writes its
+    shards of them into the folder rank 0 begins, which rank 0 then completes."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    world, run_dir = trainer.world, trainer.run_dir
+    weights = optimizer = tmp = failure = None
+    if world.fsdp:
+        tmp = world.broadcast_object(checkpoint.begin(run_dir, step) if run_dir else None)
+        try:
+            save_shards(trainer.model, trainer.optimizer, tmp / checkpoint.SHARDS)
+        except (OSError, CheckpointException) as err:  # raised on every process when one fails
+            failure = f"cannot write the shards of checkpoint {step} into {tmp}: {err}; the run stopped"
+    else:
+        weights, optimizer = training_state(trainer.model, trainer.optimizer)
+    if run_dir is not None and failure is None:
+        try:
+            checkpoint.save(run_dir, step, weights=weights, optimizer=optimizer, owner=trainer, tmp=tmp,
+                            config=trainer.config.to_dict(), extra=extra, keep=trainer.config.keep_checkpoints)
+        except checkpoint.CheckpointError as err:
+            failure = f"{err}; the run stopped at step {step}"
+    failure = world.broadcast_object(failure)  # every process stops, not rank 0 alone
+    if failure:
+        raise RunStopped(failure)
+
+
+def where(run_dir: Path | None) -> str:
+    """Where the latest checkpoint is, and how to continue from it."""
+    path = checkpoint.latest(run_dir) if run_dir is not None else None
+    if path is None:
+        return "no checkpoint was written"
+    return f"latest checkpoint: {path} (continue with: grpo train --resume {run_dir})"
+
+
+def restore(trainer: GRPOTrainer, run_dir: Path | None) -> dict:
+    """Restore the latest complete checkpoint of run_dir into the trainer; return what it saved beside."""
+    path = checkpoint.latest(run_dir) if run_dir is not None else None
+    if path is None:
+        raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
+    checkpoint.remove_partial(run_dir)
+    model, optimizer = trainer.model, trainer.optimizer
+    return checkpoint.restore(
+        path, model=model, owner=trainer,
+        load=lambda weights, state, shards: load_shards(model, optimizer, shards) if shards
+        else load_training_state(model, optimizer, weights, state))

@@ -1,0 +1,204 @@
+"""What a step records: raw reward, where the compute went, the update's statistics, timings; and
+where each step's metrics go (through the alarms, to the sinks).
+
+Advantages are relative within a group, so they never show whether the
+policy improves: every step logs the raw reward, each reward function's mean,
+and the share of groups whose rewards were all equal (they teach nothing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from grpo.alarms import AlarmMonitor
+from grpo.batch import Batch
+from grpo.episodes import episode_metrics
+from grpo.metrics import MetricsLogger, repeated_ngram_frac
+from grpo.progress import StepProgress
+from grpo.update import StepStats, learning_rate
+
+if TYPE_CHECKING:
+    from grpo.trainer import GRPOTrainer
+
+
+@dataclass
+class StepTimes:
+    """Seconds since the step began at which each phase ended."""
+
+    start: float
+    scored: float  # the batch generated and scored
+    updated: float  # the update done
+    end: float  # the weights pushed to the engine, where there is one
+
+
+def step_record(trainer: GRPOTrainer, step: int, batch: Batch, advantages: Tensor, stats: StepStats,
+                times: StepTimes) -> dict[str, float]:
+    """The metrics of one step, as metrics.jsonl has them."""
+    generated = batch.generated_rewards()
+    t_gen = sum(r.seconds_generate for r in batch.rounds)
+    return {
+        "reward_mean": generated.mean().item(),
+        "reward_std": generated.std().item(),
+        **first_try_metrics(trainer, batch),
+        **batch.reward_means(),
+        **group_metrics(trainer, batch, advantages, t_gen),
+        "accuracy": accuracy(trainer, batch.texts(), batch.group_rows(truncated=True), generated),
+        "completion_len": batch.generated_lengths().float().mean().item(),
+        "completion_len_max": batch.generated_lengths().max().item(),
+        "truncated_frac": torch.cat([r.truncated for r in batch.rounds]).float().mean().item(),
+        "repeat_ngram_frac": repeated_ngram_frac(batch.rollout.completion_ids, batch.rollout.mask),
+        **step_episode_metrics(trainer, batch),
+        **{k: v for k, v in vars(stats).items()},
+        "lr": learning_rate(trainer.config, step),
+        "time_generate": t_gen,
+        "time_reward": times.scored - times.start - t_gen,
+        "time_update": times.updated - times.scored,
+        **({"time_sync": times.end - times.updated} if trainer.engine is not None else {}),
+        "time_step": times.end - times.start,
+        "tokens_per_second": float(batch.generated_lengths().sum()) / (times.end - times.start),
+    }
+
+
+def first_try_metrics(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:
+    """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
+    the share of groups whose prompt had been drawn before: see DrawCounts and the checker alarm."""
+    g = trainer.config.group_size
+    first = torch.tensor([f for r in batch.rounds for f in r.first_try], dtype=torch.bool)  # (R,)
+    rewards = batch.generated_rewards().cpu().view(-1, g)  # (R, G)
+    return {"reward_first_try": rewards[first].mean().item() if first.any() else float("nan"),
+            "repeat_frac": 1.0 - first.float().mean().item()}
+
+
+def group_metrics(trainer: GRPOTrainer, batch: Batch, advantages: Tensor, seconds_generate: float
+                  ) -> dict[str, float]:
+    """Where the step's compute went: groups by outcome, and what the uninformative ones cost.
+
+    Group fractions are over every group generated this step (what the
+    sampler produced); ``trained_*`` and the advantages over the batch
+    trained. Generation time is attributed to groups by their tokens.
+    """
+    cfg, g = trainer.config, trainer.config.group_size
+    grouped = batch.generated_rewards().view(-1, g)  # (R, G) every generated group
+    zero_var = grouped.max(dim=1).values == grouped.min(dim=1).values  # (R,)
+    tokens = batch.generated_lengths().view(-1, g).sum(dim=1).float()  # (R,)
+    wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
+    trained = batch.rewards.view(-1, g)  # (B', G)
+    trained_zero_var = trained.max(dim=1).values == trained.min(dim=1).values  # (B',)
+    trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
+    skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # the update skips these groups' passes
+    drawn = sum(len(r.prompts) for r in batch.rounds)
+    out = {
+        "zero_var_frac": zero_var.float().mean().item(),
+        "all_correct_frac": (zero_var & (grouped[:, 0] >= 1.0)).float().mean().item(),
+        "all_wrong_frac": (zero_var & (grouped[:, 0] <= 0.0)).float().mean().item(),
+        "mixed_frac": (~zero_var).float().mean().item(),
+        "zero_var_tokens_frac": wasted,
+        "time_generate_zero_var": seconds_generate * wasted,
+        "adv_mean": advantages.mean().item() if advantages.numel() else 0.0,
+        "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+        "adv_nonzero": int((advantages != 0).sum()),
+        "adv_nonzero_frac": (advantages != 0).float().mean().item() if advantages.numel() else 0.0,
+        "trained_groups": len(trained),
+        "trained_zero_var_frac": trained_zero_var.float().mean().item() if len(trained) else 0.0,
+        "update_skipped_tokens_frac":
+            float(trained_tokens[trained_zero_var].sum() / trained_tokens.sum().clamp(min=1)) if skip else 0.0,
+        "gen_rounds": len(batch.rounds),
+        "generated_groups": drawn,
+        "shortfall": cfg.prompts_per_step - len(trained),
+        # the share of the B groups a step asks for that it trained with rewards that vary
+        "signal_frac": float((~trained_zero_var).sum()) / cfg.prompts_per_step,
+    }
+    if cfg.sampler != "uniform":
+        out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn
+    return out
+
+
+def step_episode_metrics(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:
+    """Turns, tool use, errors and environment time over every episode generated this step (summed
+    over processes); nothing for a single-turn run."""
+    if trainer.agent is None:
+        return {}
+    episodes = [e for r in batch.rounds for e in r.rollout.episodes or []]
+    own = episode_metrics(episodes)
+    n = sum(len(r.rollout.texts) for r in batch.rounds)
+    env_tokens = sum(e.env_tokens for e in episodes)
+    tokens = env_tokens + sum(e.policy_tokens for e in episodes)
+    means = ("turns_per_episode", "tool_calls_per_episode")
+    keys = [k for k in own if k != "env_token_frac"]
+    totals = trainer.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in keys]
+                                            + [n, env_tokens, tokens], dtype=torch.float64)).tolist()
+    count = max(totals[-3], 1.0)
+    out = {k: v / count if k in means else v for k, v in zip(keys, totals[:-3], strict=True)}
+    return {**out, "env_token_frac": totals[-2] / max(totals[-1], 1.0)}  # a ratio of the summed tokens
+
+
+def best_completions(trainer: GRPOTrainer, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
+    """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
+    g, scored = trainer.config.group_size, []
+    for r in batch.rounds:
+        first = r.mine.start * g
+        scored += zip(r.rewards[first : first + len(r.rollout.texts)].tolist(), r.rollout.texts, strict=True)
+    best: dict[str, float] = {}
+    for reward, text in sorted(scored, key=lambda pair: -pair[0]):
+        best.setdefault(text[:200], reward)
+        if len(best) == k:
+            break
+    return [(reward, text) for text, reward in best.items()]
+
+
+def accuracy(trainer: GRPOTrainer, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
+    """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
+    if trainer.reward_fns == [trainer.task.reward] and not trainer.config.reward_weights:
+        return (rewards >= 1.0).float().mean().item()
+    return sum(trainer.task.reward(t, r) >= 1.0 for t, r in zip(texts, rows, strict=True)) / max(len(texts), 1)
+
+
+def write_samples(trainer: GRPOTrainer, step: int, batch: Batch, advantages: Tensor) -> None:
+    """Every trained completion of the step, with its reward and advantage, to completions.jsonl
+    (each process's, gathered by rank 0 in batch order)."""
+    g = trainer.config.group_size
+    first = trainer.world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
+    episodes = batch.rollout.episodes
+    lines = [json.dumps({
+        "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")), "completion": text,
+        "reward": batch.rewards[first + i].item(), "advantage": advantages[first + i].item(),
+        # the whole episode after the prompt, role-tagged
+        **({} if episodes is None else {"transcript": episodes[i].transcript(), "turns": episodes[i].turns,
+                                        "env_error": episodes[i].env_error}),
+    }) for i, (row, text) in enumerate(zip([r for r in batch.rows for _ in range(g)], batch.rollout.texts,
+                                            strict=True))]
+    lines = [line for part in trainer.world.gather_objects(lines) for line in part]
+    if trainer.run_dir is not None:
+        with (trainer.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+
+
+@dataclass
+class RunLog:
+    """Where each step's metrics go: through the alarms (which add their flags), to the sinks."""
+
+    monitor: AlarmMonitor
+    logger: MetricsLogger | None
+    bar: StepProgress
+    explain: dict[str, Callable[[], str]] = field(default_factory=dict)  # alarm -> what to show with it
+    raised: dict[str, int] = field(default_factory=dict)  # alarm -> first step it was on
+    messages: dict[str, str] = field(default_factory=dict)  # alarm -> its first warning
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        flags, warnings = self.monitor.observe(step, metrics)
+        metrics.update(flags)
+        for name, on in flags.items():
+            if on:
+                self.raised.setdefault(name.removeprefix("alarm/"), step)
+        for name, text in warnings.items():
+            text += self.explain[name]() if name in self.explain else ""
+            self.messages.setdefault(name, text)
+            self.bar.warn(step, text)
+        if self.logger is not None:
+            self.logger.log(step, metrics)

@@ -1,0 +1,264 @@
+"""The optimisation of one batch: epochs, minibatches of whole groups, micro-batches, TIS weights,
+normalisers, gradient sync, and one optimiser step per minibatch.
+
+The surrogate itself is :func:`grpo.algorithm.policy_loss`; here is only how
+the batch is cut and fed to it. With mu = 1 and one minibatch the update is
+on-policy and the ratio is 1. A group whose advantages are all zero adds
+nothing to the gradient when beta = 0, so its passes are skipped (the
+normaliser still counts its tokens); a minibatch with no such group makes no
+optimiser step at all, and a step whose loss or gradient is NaN/inf is
+skipped and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from grpo.algorithm import policy_loss, tis_weights
+from grpo.config import TrainConfig
+from grpo.distributed import Policy, pad_micro_batches, to_float
+from grpo.logprobs import rollout_logprobs
+from grpo.rollout import Rollout
+
+if TYPE_CHECKING:
+    from grpo.trainer import GRPOTrainer
+
+TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
+MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
+
+
+@dataclass
+class StepStats:
+    """What the update of one step measured (token-weighted means)."""
+
+    loss: float = 0.0
+    ratio_mean: float = 1.0
+    clip_frac_low: float = 0.0
+    clip_frac_high: float = 0.0
+    kl: float = 0.0
+    entropy: float = float("nan")
+    grad_norm: float = 0.0
+    optimizer_steps: int = 0
+    nonfinite_skipped: int = 0
+    trained_sequences: int = 0
+    sampler_logp_diff: float = 0.0  # mean |log pi_trainer - log pi_sampler| over the tokens trained
+    sampler_kl: float = 0.0  # k3 estimate of KL(pi_sampler || pi_trainer)
+    tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
+
+
+@dataclass
+class Minibatch:
+    """The part of a minibatch one process trains on, and the whole minibatch's loss normalisers."""
+
+    groups: Tensor  # this process's informative groups of the minibatch, as indices into its rollout
+    first: int  # global index of this process's first group
+    total_tokens: float  # the whole minibatch's tokens in the loss
+    total_sequences: float
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warm-up over warmup_steps (step counts from 1), then constant."""
+    return config.lr * min(1.0, step / (config.warmup_steps + 1))
+
+
+def on_policy(config: TrainConfig) -> bool:
+    """One pass, one minibatch: the weights the loss sees are those that sampled (pi_old = pi_theta)."""
+    return config.epochs == 1 and config.minibatches == 1
+
+
+def update(trainer: GRPOTrainer, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None,
+           lengths: Tensor) -> StepStats:
+    """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
+
+    The old policy is the trainer's own log-probs and each token is weighted
+    by its truncated importance ratio to the sampler's (TIS, tis_cap > 0;
+    one extra no-grad pass when off-policy), or, with tis_cap = 0, the
+    sampler's log-probs (rollout.logprobs), as PPO has it.
+    Under torchrun ``rollout`` and ``ref_logp`` hold this process's groups
+    (``world.split`` of the batch's) and ``advantages`` and ``lengths`` (the
+    tokens each completion puts in the loss) the whole batch's; minibatches
+    and normalisers are the whole batch's, and the gradients are summed
+    over processes.
+    """
+    cfg, g = trainer.config, trainer.config.group_size
+    n_groups = advantages.numel() // g
+    first = trainer.world.split(n_groups).start  # global index of this process's first group
+    informative = (advantages.view(n_groups, g) != 0).any(dim=1)  # (B,)
+    skip = cfg.skip_zero_advantage and cfg.beta == 0.0
+    stats, sums = StepStats(), {"weight": 0.0}
+    # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
+    old_all = trainer_logprobs(trainer, rollout) if cfg.tis_cap and not on_policy(cfg) else None
+    for _ in range(cfg.epochs):
+        order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(trainer.prompt_rng.randrange(2**31)))
+        for minibatch in order.chunk(cfg.minibatches):
+            rows = (minibatch.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+            todo = minibatch[informative[minibatch]] if skip else minibatch
+            if len(todo) == 0:
+                continue  # nothing to learn from: no update, rather than a momentum-only one
+            own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
+            part = Minibatch(own, first, float(lengths[rows].sum()), float(len(rows)))
+            minibatch_step(trainer, rollout, part, advantages, ref_logp, old_all, stats, sums)
+    return whole_batch_stats(trainer, stats, sums)
+
+
+def minibatch_step(trainer: GRPOTrainer, rollout: Rollout, part: Minibatch, advantages: Tensor,
+                   ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> None:
+    """Accumulate the minibatch's gradient over its micro-batches, sync it, clip it and step (or skip
+    a non-finite step, on every process alike)."""
+    cfg = trainer.config
+    trainer.optimizer.zero_grad(set_to_none=True)
+    minibatch_loss = 0.0
+    for micro, micro_weight in pad_micro_batches(micro_batches(cfg, rollout, part.groups), trainer.world):
+        if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
+            trainer.policy(zero_loss).backward()
+            continue
+        minibatch_loss += micro_step(trainer, rollout, micro, part, advantages, ref_logp, old_all, stats, sums)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainer.world.sync_gradients(params)
+    if cfg.max_grad_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    else:
+        norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+    stats.grad_norm = to_float(norm)
+    finite = math.isfinite(minibatch_loss) and math.isfinite(stats.grad_norm)
+    if not bool(trainer.world.sum(torch.tensor([0.0 if finite else 1.0])) == 0):  # all ranks agree
+        # a NaN/inf would poison the weights and Adam's moments for good: skip, count
+        trainer.optimizer.zero_grad(set_to_none=True)
+        stats.nonfinite_skipped += 1
+        return
+    trainer.optimizer.step()
+    stats.optimizer_steps += 1
+
+
+def micro_step(trainer: GRPOTrainer, rollout: Rollout, micro: Tensor, part: Minibatch, advantages: Tensor,
+               ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> float:
+    """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
+    cfg, g = trainer.config, trainer.config.group_size
+    sub = rollout.select_groups(micro)
+    sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+    with trainer.autocast:
+        # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
+        # as often (the shared-prefix pass makes a data-dependent number of calls)
+        logp, entropy = trainer.policy(
+            rollout_logprobs, sub, trainer.tokenizer.pad_token_id,
+            temperature=cfg.temperature, with_entropy=True, share_prefix=not trainer.world.fsdp,
+        )
+    old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, micro, old_all)
+    loss, m = policy_loss(
+        logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,
+        ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
+        beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        ratio_level=cfg.ratio_level, aggregate=cfg.aggregate,
+        max_tokens=cfg.max_new_tokens, total_tokens=part.total_tokens,
+        total_sequences=part.total_sequences, tis_weight=tis_weight,
+    )
+    m.update(tis)
+    loss.backward()
+    w = float(sub.mask.sum())
+    sums["weight"] += w
+    sums["loss"] = sums.get("loss", 0.0) + loss.item()
+    for k, v in m.items():
+        sums[k] = sums.get(k, 0.0) + v.item() * w
+    sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * sub.mask).sum())
+    stats.trained_sequences += len(sub_rows)
+    return loss.item()
+
+
+def whole_batch_stats(trainer: GRPOTrainer, stats: StepStats, sums: dict) -> StepStats:
+    """The step's token-weighted means over every process's micro-batches."""
+    keys = ("loss", *MEAN_KEYS)
+    totals = trainer.world.sum(torch.tensor(
+        [sums["weight"], stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
+    weight, stats.trained_sequences = float(totals[0]), int(totals[1])
+    summed = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
+    if weight > 0:
+        stats.loss = summed["loss"] / max(stats.optimizer_steps, 1)
+        for key in MEAN_KEYS:
+            setattr(stats, key, summed[key] / weight)
+    return stats
+
+
+def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, groups: Tensor, old_all: Tensor | None
+               ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+    """pi_old's log-probs for the micro-batch of ``groups`` (``sub``), and the TIS weights.
+
+    Without TIS (tis_cap = 0) pi_old is the sampler's log-probs, as PPO
+    has it. With TIS pi_old is the trainer's own: the current log-probs,
+    detached, when on-policy, else those computed before the update
+    (``old_all``); the weights carry the sampler/trainer mismatch
+    (:func:`grpo.algorithm.tis_weights`).
+    """
+    if not cfg.tis_cap:
+        return sub.logprobs, None, {}
+    if old_all is None:
+        old = logp.detach()
+    else:
+        rows = (groups.unsqueeze(1) * cfg.group_size + torch.arange(cfg.group_size)).reshape(-1)
+        old = old_all[rows, : sub.mask.shape[1]]
+    weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level)
+    return old, weight, metrics
+
+
+@torch.no_grad()
+def reference_logprobs(trainer: GRPOTrainer, rollout: Rollout) -> Tensor | None:
+    """The frozen reference's log-probs of the rollout's tokens, (N, T), for the KL term; None when beta = 0.
+    With LoRA the reference is the base model: the policy with its adapter disabled."""
+    if trainer.config.beta == 0.0:
+        return None
+    if trainer.reference is not None:
+        return scored_logprobs(trainer, trainer.reference, rollout)
+    return scored_logprobs(trainer, trainer.policy, rollout, trainer.model.disable_adapter())
+
+
+def scored_logprobs(trainer: GRPOTrainer, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
+    """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``; a process
+    with no group of the batch joins the FSDP gathers and returns the rollout's own."""
+    if not rollout.prompt_ids:
+        policy.without_grad(lambda model: None)
+        return rollout.logprobs
+    with context or nullcontext(), trainer.autocast:
+        logp, _ = policy.without_grad(
+            rollout_logprobs, rollout, trainer.tokenizer.pad_token_id, temperature=trainer.config.temperature)
+    return logp.float()
+
+
+@torch.no_grad()
+def trainer_logprobs(trainer: GRPOTrainer, rollout: Rollout) -> Tensor:
+    """The policy's log-probs of the rollout's tokens now, (N, T): pi_old of an off-policy update."""
+    trainer.model.eval()
+    logp = scored_logprobs(trainer, trainer.policy, rollout)
+    trainer.model.train()
+    return logp
+
+
+def micro_batches(cfg: TrainConfig, rollout: Rollout, groups: Tensor) -> list[Tensor]:
+    """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens.
+
+    Sorting by length keeps padding low; a group larger than the budget gets its own.
+    """
+    g = cfg.group_size
+    lengths = rollout.lengths.view(-1, g).max(dim=1).values  # (B,)
+    cost = {int(i): len(rollout.prompt_ids[int(i)]) + g * int(lengths[int(i)]) for i in groups}
+    ordered = sorted(cost, key=lambda i: -cost[i])
+    batches, current, used = [], [], 0
+    for i in ordered:
+        if current and used + cost[i] > cfg.micro_batch_tokens:
+            batches.append(torch.tensor(current))
+            current, used = [], 0
+        current.append(i)
+        used += cost[i]
+    if current:
+        batches.append(torch.tensor(current))
+    return batches
+
+
+def zero_loss(model: nn.Module) -> Tensor:
+    """0 x a one-token forward: runs every layer once, as a micro-batch does, and adds nothing."""
+    hidden = model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device))
+    return (hidden.last_hidden_state.sum() + model.get_output_embeddings().weight.sum()) * 0.0
