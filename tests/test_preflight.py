@@ -12,12 +12,11 @@ from conftest import make_model, make_tokenizer
 from tiny_run import count_a, params, tiny_task, tiny_trainer
 
 from grpo.alarms import AlarmConfig, AlarmMonitor
-from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
+from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
 from grpo.interrupt import RunStopped
 from grpo.preflight import fit_token_limit, stop_at_fitted_limit
 from grpo.run_state import RunState, fix_schedule
 from grpo.tasks import Task, load_task
-from grpo.trainer import settle_config
 
 
 def never(completion, example):

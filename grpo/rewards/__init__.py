@@ -36,12 +36,7 @@ from grpo.rewards.basic import (
 from grpo.rewards.code import code_tests, code_tests_all
 from grpo.rewards.combine import RewardCallError, RewardScorer, combine_rewards
 from grpo.rewards.math import math_answer
-from grpo.rewards.resolve import RewardError, resolve_reward
-
-BUILTIN_REWARDS = (
-    "answer_only", "code_tests", "code_tests_all", "exact_match", "final_number", "math_answer", "multiple_choice",
-    "overlong_penalty", "regex_match", "think_format",
-)
+from grpo.rewards.resolve import BUILTIN_REWARDS, RewardError, resolve_reward
 
 __all__ = [
     "BUILTIN_REWARDS",

@@ -12,6 +12,9 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 
+from grpo.rewards.answers import ENDS_EQUALS as ENDS_EQUALS  # importable here, as before
+from grpo.rewards.answers import MAX_ANSWER_CHARS, final_answers
+
 _INT = re.compile(r"[+-]?\d+")
 
 
@@ -46,11 +49,6 @@ def answer_only(completion: str, example: Mapping) -> float:
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-MAX_ANSWER_CHARS = 32_000
-"""Longer completions score 0 with the answer checkers: no real answer needs 100 kB, a spray of guesses might."""
-ENDS_EQUALS = re.compile(r"(?:=|\bequals|\bis|\bgives|\bmakes|\banswer:)\s*\$?(-?\d+(?:\.\d+)?(?:/\d+)?)\s*\.?\s*$",
-                         re.IGNORECASE | re.ASCII)
-"""A reply ending "= x", "equals x", "is x" or "gives x": x is marked as the result."""
 
 
 def final_number(completion: str, example: Mapping) -> float:
@@ -66,8 +64,6 @@ def final_number(completion: str, example: Mapping) -> float:
     """
     if was_truncated(example) or len(completion) > MAX_ANSWER_CHARS:
         return 0.0
-    from grpo.rewards.math import final_answers  # math builds on this module
-
     prompt = str(example.get("prompt", "")).strip()
     answers = final_answers(completion.replace(prompt, " ") if prompt else completion, prompt)
     gold = _leading_number(str(example["answer"]))

@@ -12,17 +12,15 @@ from __future__ import annotations
 import math
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
 
 import torch
 from torch import Tensor
 
-from grpo.rewards.resolve import RewardError
+from grpo.rewards.base import RewardError, RewardFn
 from grpo.rewards.styles import CallResult, call_batch, detect_style
 from grpo.workers import ForkPool
-
-RewardFn = Callable[[str, Mapping], float]
 
 
 class RewardCallError(RewardError):

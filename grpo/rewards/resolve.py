@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from grpo.rewards.base import RewardError, RewardFn
+from grpo.rewards.basic import (
+    answer_only,
+    exact_match,
+    final_number,
+    multiple_choice,
+    overlong_penalty,
+    regex_match,
+    think_format,
+)
+from grpo.rewards.code import code_tests, code_tests_all
+from grpo.rewards.math import math_answer
 from grpo.user_code import import_user_module
 
-RewardFn = Callable[[str, Mapping], float]
-
-
-class RewardError(ValueError):
-    """A reward name that does not resolve to a callable."""
+# the rewards named without a module (--rewards math_answer), and the functions they are
+_BUILTINS: dict[str, RewardFn] = {
+    "answer_only": answer_only, "code_tests": code_tests, "code_tests_all": code_tests_all, "exact_match": exact_match,
+    "final_number": final_number, "math_answer": math_answer, "multiple_choice": multiple_choice,
+    "overlong_penalty": overlong_penalty, "regex_match": regex_match, "think_format": think_format,
+}
+BUILTIN_REWARDS = tuple(_BUILTINS)
 
 
 def _builtin(name: str) -> RewardFn | None:
-    import grpo.rewards as builtins
-
-    return getattr(builtins, name) if name in builtins.BUILTIN_REWARDS else None
+    return _BUILTINS.get(name)
 
 
 def resolve_reward(spec: str | RewardFn) -> RewardFn:

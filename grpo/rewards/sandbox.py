@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from grpo.rewards.resolve import RewardError
+from grpo.rewards.base import RewardError
 
 MODES = ("strict", "weak")
 _CLONE_NEWNET = 0x40000000

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from grpo.rewards.resolve import RewardError
+from grpo.rewards.base import RewardError
 
 Style = Literal["grpo", "trl", "verl"]
 STYLES: tuple[str, ...] = ("grpo", "trl", "verl")

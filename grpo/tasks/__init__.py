@@ -1,6 +1,7 @@
 """Tasks: prompts with verifiable answers, split into disjoint train and held-out sets."""
 
-from grpo.tasks.base import Task, TaskError, describe_tasks, get_task, list_tasks
+from grpo.tasks.base import Task, TaskError
+from grpo.tasks.builtin import describe_tasks, get_task, list_tasks
 from grpo.tasks.data import DataError, dataset_task, heldout_rows, load_rows, split_rows
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from grpo.rewards.basic import final_number
-from grpo.tasks.base import Task, register
+from grpo.tasks.base import Task
 
 _SPLIT_SEED = 1234
 
@@ -36,7 +36,6 @@ def _rows(pairs: list[tuple[int, int]], op: str) -> list[dict]:
     return [_row(a, op, b) for a, b in pairs]
 
 
-@register("add")
 def two_digit_addition(heldout_size: int = 256) -> Task:
     """a + b with a, b in 10..99 (8,100 pairs)."""
     train, heldout = _split([(a, b) for a in range(10, 100) for b in range(10, 100)], heldout_size)
@@ -56,7 +55,6 @@ def _cell(da: int, op: str, db: int, rng: random.Random) -> list[tuple[int, str,
     return [(a, op, b) for a, b in rng.sample(pairs, min(_PER_CELL[da + db], len(pairs)))]
 
 
-@register("arith-mix")
 def mixed_arithmetic(heldout_size: int = 256) -> Task:
     """a op b with one- to three-digit operands and op in + - * (915 problems): a wide range of difficulty.
 

@@ -1,4 +1,4 @@
-"""The Task record and the registry of built-in tasks."""
+"""The Task record, and TaskError."""
 
 from __future__ import annotations
 
@@ -35,49 +35,3 @@ class Task:
             given = [dict(m) for m in row["prompt"]]
             return given if given and given[0]["role"] == "system" else [*msgs, *given]
         return [*msgs, {"role": "user", "content": str(row["prompt"])}]
-
-
-_BUILDERS: dict[str, Callable[..., Task]] = {}
-
-
-def register(name: str) -> Callable[[Callable[..., Task]], Callable[..., Task]]:
-    def wrap(builder: Callable[..., Task]) -> Callable[..., Task]:
-        _BUILDERS[name] = builder
-        return builder
-
-    return wrap
-
-
-def list_tasks() -> list[str]:
-    _load_builtins()
-    return sorted(_BUILDERS)
-
-
-def describe_tasks() -> list[str]:
-    """One line per built-in task: name, size, reward and its own settings."""
-    lines = []
-    for name in list_tasks():
-        task = get_task(name, heldout_size=0)
-        settings = ", ".join(f"{k}={v}" for k, v in task.defaults.items()) or "none"
-        doc = (_BUILDERS[name].__doc__ or "").strip().splitlines()[0]
-        agent = (f"; tools {', '.join(t.__name__ for t in task.tools)}" if task.tools else "") + (
-            f"; environment {task.env.__name__}" if task.env else "")
-        lines.append(f"{name:<10} {doc} [{len(task.train)} prompts; reward {task.reward.__name__}{agent}; "
-                     f"task settings: {settings}]")
-    return lines
-
-
-def get_task(name: str, *, heldout_size: int = 256) -> Task:
-    """A built-in task by name."""
-    _load_builtins()
-    if name not in _BUILDERS:
-        raise TaskError(f"unknown task {name!r}; built-in tasks: {', '.join(sorted(_BUILDERS))}")
-    return _BUILDERS[name](heldout_size=heldout_size)
-
-
-def _load_builtins() -> None:
-    import grpo.tasks.arithmetic  # noqa: F401  (each module registers its tasks)
-    import grpo.tasks.calc  # noqa: F401
-    import grpo.tasks.code_retry  # noqa: F401
-    import grpo.tasks.coding  # noqa: F401
-    import grpo.tasks.countdown  # noqa: F401

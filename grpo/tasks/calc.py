@@ -23,7 +23,7 @@ import operator
 import random
 
 from grpo.rewards.basic import final_number
-from grpo.tasks.base import Task, register
+from grpo.tasks.base import Task
 
 _SPLIT_SEED = 1234
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -81,7 +81,6 @@ def calc_reward(completion: str, example: dict) -> float:
     return final_number(completion, {**example, "prompt": example["question"]})
 
 
-@register("calc")
 def calc(heldout_size: int = 256) -> Task:
     """a * b + c with a of 3-4 digits, b of 2-3 and c of 3, a calculator tool to call (3,000 problems)."""
     rng = random.Random(_SPLIT_SEED)

@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping
 
 from grpo.rewards.code import extract_code, run_tests
-from grpo.tasks.base import Task, register
+from grpo.tasks.base import Task
 from grpo.tasks.coding import _SPLIT_SEED, _rows
 
 
@@ -45,7 +45,6 @@ def no_reward(completion: str, example: Mapping) -> float:
     return 0.0
 
 
-@register("code-retry")
 def code_retry(heldout_size: int = 64) -> Task:
     """The `code` problems as episodes: sandboxed test results come back, up to 3 attempts (200 problems)."""
     rows = _rows()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from grpo.rewards.code import code_tests
-from grpo.tasks.base import Task, register
+from grpo.tasks.base import Task
 
 _SPLIT_SEED = 1234
 
@@ -53,7 +53,6 @@ def _rows() -> list[dict]:
     return list(rows.values())
 
 
-@register("code")
 def coding(heldout_size: int = 64) -> Task:
     """200 one-function problems, scored by the fraction of asserts passed in the sandbox."""
     rows = _rows()

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from fractions import Fraction
 
-from grpo.tasks.base import Task, register
+from grpo.tasks.base import Task
 
 _SPLIT_SEED = 1234
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
@@ -86,7 +86,6 @@ def _row(numbers: list[int], target: int) -> dict:
     return {"prompt": prompt, "answer": str(target), "numbers": numbers, "target": target}
 
 
-@register("countdown")
 def countdown(heldout_size: int = 256, size: int = 10_000) -> Task:
     """3 or 4 numbers in 1..60, target in 1..999; train and held-out share no (numbers, target)."""
     rng = random.Random(_SPLIT_SEED)

@@ -1,0 +1,116 @@
+"""`grpo eval`: held-out greedy pass@1, pass@k and maj@k of a model on a task or a data file, scored as
+training scores it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import typing
+from pathlib import Path
+
+from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
+
+if typing.TYPE_CHECKING:
+    from grpo.rewards.resolve import RewardFn
+    from grpo.tasks import Task
+
+
+def _eval_task(args: argparse.Namespace) -> Task:
+    """The rows grpo eval scores: the task's held-out split, or --data's (--rows heldout: the split
+    training makes, --rows first: the file's first --eval-size rows)."""
+    from grpo.rewards.math import math_answer
+    from grpo.tasks import Task, get_task, load_rows, split_rows
+
+    if not args.data:
+        task = get_task(args.task, heldout_size=args.eval_size)
+        return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt,
+                    task.defaults, task.tools, task.env)
+    rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
+                     prompt_template=args.prompt_template, require_answer=not args.rewards)
+    if len(rows) < 2 and args.rows == "heldout":
+        raise ConfigError(f"{args.data}: a held-out split needs at least 2 rows; give --rows first to score it whole")
+    heldout = split_rows(rows, args.eval_size)[1] if args.rows == "heldout" else rows[: args.eval_size]
+    return Task(Path(args.data).stem, [], heldout, math_answer, args.system_prompt or None)
+
+
+EPISODE_FIELDS = ("tools", "env", "max_turns", "max_episode_tokens", "turn_discount", "tool_timeout")
+
+
+def _run_config(model: str) -> dict:
+    """The config.json of the run that saved ``model`` (runs/<run>/model beside runs/<run>/config.json),
+    or {} when it is not a grpo run's model."""
+    config = Path(model).parent / "config.json"
+    if Path(model).name != "model" or not config.is_file():
+        return {}
+    try:
+        found = json.loads(config.read_text())
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _run_token_limit(model: str) -> int:
+    """The max_new_tokens of the run that saved ``model``, or 0 when it is not a grpo run's model."""
+    try:
+        return int(_run_config(model).get("max_new_tokens", 0))
+    except (ValueError, TypeError):
+        return 0
+
+
+def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
+    """The task's checker, or the --rewards a run trained on, called in their own style."""
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.styles import check_style, weighted_reward
+
+    if not args.rewards:
+        return task.reward
+    if args.reward_weights and len(args.reward_weights) != len(args.rewards):
+        raise ConfigError(f"--reward-weights has {len(args.reward_weights)} entries but --rewards has {len(args.rewards)}")
+    fns = [resolve_reward(spec) for spec in args.rewards]
+    return weighted_reward(fns, [check_style(fn, args.reward_style) for fn in fns], args.reward_weights or None)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from grpo.config import settle_config
+    from grpo.episodes import make_agent
+    from grpo.evaluate import encode_prompts, evaluate
+    from grpo.models import check_model, load_policy
+    from grpo.process import pick_device
+
+    if args.eval_size <= 0 or args.max_new_tokens < 0:
+        raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
+    if args.samples < 0 or (args.samples and not all(0 < k <= args.samples for k in args.k)):
+        raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
+    if args.temperature <= 0 and args.samples:
+        raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
+    check_model(args.model)
+    task = _eval_task(args)
+    reward = _eval_reward(args, task)
+    device = pick_device(args.device)
+    policy = load_policy(args.model, device=device)
+    prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
+    limit = (args.max_new_tokens or _run_token_limit(args.model)
+             or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
+    # a task with tools or an environment is scored on whole episodes: with the run's own tools and turn
+    # settings when the model is a run's, else the task's
+    run = _run_config(args.model)
+    same = {k: run[k] for k in EPISODE_FIELDS if k in run}
+    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, **same), task)
+    agent, toolbox = make_agent(episodes, task, policy.tokenizer)
+    try:
+        result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
+                          max_new_tokens=limit, samples=args.samples, ks=args.k,
+                          temperature=args.temperature, stop_strings=tuple(args.stop),
+                          generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent)
+    finally:
+        if toolbox is not None:
+            toolbox.close()
+    name = args.data or args.task
+    if args.json:
+        print(json.dumps({"model": args.model, "task": name, "heldout_size": result.size,
+                          "samples": result.samples, **result.metrics()}))
+    else:
+        print(f"held-out {name}: {result.describe()}")
+    return 0

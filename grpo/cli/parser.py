@@ -1,0 +1,146 @@
+"""The command line's shape: every subcommand and its options, and usage errors on one line.
+
+`grpo train` and `grpo preflight` take one option per TrainConfig field, whose doc is the help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from grpo.config import TrainConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line, without the usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += _suggest_option(self, message.split(":", 1)[1].split())
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _suggest_option(parser: argparse.ArgumentParser, given: list[str]) -> str:
+    """' (did you mean --x?)' for the first misspelt option, looking through the subcommands and TRL's
+    names too."""
+    import difflib
+
+    known = list(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                known += list(sub._option_string_actions)
+    from grpo.trl_config import RENAMED
+
+    trl = {flag(key): flag(option) for key, option in RENAMED.items()}  # TRL's names, as flags
+    for word in given:
+        if word.startswith("--"):
+            hint = difflib.get_close_matches(word.split("=")[0], known + list(trl), n=1)
+            if hint and hint[0] in trl:
+                return f" (TRL's {hint[0][2:].replace('-', '_')} is {trl[hint[0]]} here)"
+            if hint:
+                return f" (did you mean {hint[0]}?)"
+    return ""
+
+
+def flag(name: str) -> str:
+    """A TrainConfig field's option: max_new_tokens is --max-new-tokens."""
+    return "--" + name.replace("_", "-")
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        kind = hints[f.name]
+        help_text = f"{f.metadata['help']} (default: {f.default!r})"
+        if kind is bool:
+            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif typing.get_origin(kind) is tuple:
+            inner = typing.get_args(kind)[0]
+            parser.add_argument(flag(f.name), type=inner, nargs="+", default=None, help=help_text, metavar=f.name.upper())
+        else:
+            parser.add_argument(flag(f.name), type=kind, default=None, help=help_text, metavar=kind.__name__.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="grpo", description="Group Relative Policy Optimization on verifiable rewards.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser("train", help="train a model with GRPO", description="Train a model with GRPO.")
+    train.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    _add_config_options(train)
+    train.add_argument("--no-preflight", dest="preflight", action="store_const", const="off",
+                       help="skip the pre-flight check (the same as --preflight off)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--nproc", type=int, default=1, metavar="INT",
+                       help="data-parallel processes on this machine: re-runs the command under torchrun (default: 1)")
+    ev = sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task")
+    ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
+    ev.add_argument("--task", default="add", help="built-in task (default: add)")
+    ev.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
+    ev.add_argument("--max-new-tokens", type=int, default=0,
+                    help="tokens per answer (default 0: for a model saved by grpo train, its run's limit from "
+                         "config.json, so it scores as it trained; else the task's own setting, or 256 for --data)")
+    ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
+    ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
+    _add_eval_data_options(ev)
+    ev.add_argument("--rows", choices=("heldout", "first"), default="heldout",
+                    help="with --data: the held-out split grpo train --data makes of the file with the same "
+                         "--eval-size (default; prompts the run did not train on), or the file's first "
+                         "--eval-size rows (a separate test file)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
+    ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    report = sub.add_parser("report", help="plots and an HTML page for a run, or two side by side",
+                         description="Write report.png and report.html into RUN_DIR (for two runs: "
+                         "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
+    report.add_argument("--output", default=None, help="write into this folder instead")
+    sub.add_parser("tasks", help="list the built-in tasks with their own settings")
+    pre = sub.add_parser(
+        "preflight", help="sample the starting model on a few training prompts and say whether GRPO can learn",
+        description="The pre-flight check on its own: pass rate, groups that vary, truncation, lengths and reward "
+        "errors of the starting model, with what to try. Takes every `grpo train` option. Exits 1 when the "
+        "check finds a problem that stops a run (any problem with --preflight strict).",
+    )
+    pre.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
+    _add_config_options(pre)
+    _add_check_reward(sub)
+    return parser
+
+
+def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
+    """grpo eval reads data, prompts and rewards as training does, so a held-out file is scored as trained."""
+    ev.add_argument("--data", default="", help="evaluate on this dataset file or folder (its first --eval-size rows) instead of a task's held-out split")
+    ev.add_argument("--prompt-field", default="", help="the data's prompt column")
+    ev.add_argument("--answer-field", default="", help="the data's answer column")
+    ev.add_argument("--system-prompt", default="", help="system message before every prompt")
+    ev.add_argument("--prompt-template", default="", help="format string over the row's fields making the user message")
+    ev.add_argument("--stop", nargs="+", default=[], metavar="STOP", help="stop strings, as in training")
+    ev.add_argument("--rewards", nargs="+", default=[], metavar="REWARD",
+                    help="score with these rewards (weighted sum; correct at >= 1.0) instead of the task's checker")
+    ev.add_argument("--reward-weights", type=float, nargs="+", default=[], metavar="WEIGHT", help="one weight per reward")
+    ev.add_argument("--reward-style", default="auto", choices=("auto", "grpo", "trl", "verl"),
+                    help="how the rewards are called (default: auto, read from each signature)")
+
+
+def _add_check_reward(sub: argparse._SubParsersAction) -> None:
+    check = sub.add_parser(
+        "check-reward", help="audit a reward: gold answers must score the max, exploit probes the min",
+        description="Audit a reward on a dataset: every gold answer in several surface forms must score "
+        "the maximum, and a bank of exploit probes must score the minimum. For code rewards (code_tests), "
+        "a battery of hostile programs must score 0 and leave no trace outside the sandbox. Exits 1 on failure.",
+    )
+    check.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    check.add_argument("--data", default="", help="dataset file or folder (default: the task's held-out rows)")
+    check.add_argument("--task", default="add", help="built-in task when no --data (default: add)")
+    check.add_argument("--prompt-field", default="", help="the data's prompt column")
+    check.add_argument("--answer-field", default="", help="the data's answer column")
+    check.add_argument("--limit", type=int, default=0, help="audit only the first N rows (0: all)")
+    check.add_argument("--max-gold-failure", type=float, default=0.005,
+                       help="largest allowed share of rows where a gold form misses the maximum (default: 0.005)")
+    check.add_argument("--workers", type=int, default=2, help="reward worker processes (default: 2)")
+    check.add_argument("--sandbox", default="strict", choices=("strict", "weak"),
+                       help="how code rewards run untrusted code (default: strict, under bubblewrap)")

@@ -1,0 +1,205 @@
+"""`grpo train` and `grpo preflight`: the config a command line means (its file and options, or the
+resumed run's), the cheap checks made before anything loads, and the run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from grpo.cli.parser import flag
+from grpo.config import ConfigError, TrainConfig, load_config_file
+
+# What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
+# processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
+RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
+             "eval_batch_size", "save_model", "device", "threads", "fsdp", "vllm_sleep", "vllm_memory")
+
+
+def _given_options(args: argparse.Namespace) -> dict:
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if getattr(args, f.name) is not None
+    }
+    for key, value in values.items():
+        if isinstance(value, list):
+            values[key] = tuple(value)
+    return values
+
+
+def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
+    given on the command line."""
+    from grpo.trl_config import is_trl_config, translate
+
+    given = _given_options(args)
+    values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
+    if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
+        values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
+    config = TrainConfig.from_dict({**values, **given})
+    if args.config and is_trl_config(load_config_file(args.config)):
+        print(f"grpo train: {args.config} is read as a TRL GRPOConfig: keys it leaves unset take TRL's defaults",
+              file=sys.stderr)
+    if ignored:
+        print(f"grpo train: warning: {args.config}: TRL keys with no meaning in grpo, ignored: {', '.join(ignored)}",
+              file=sys.stderr)
+    return config
+
+
+def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    """The config of the run being resumed, with the few options that may change."""
+    from grpo.checkpoint import latest, read_meta
+
+    run_dir = Path(args.resume)
+    if args.config:
+        raise ConfigError("--resume continues a run with its own config; drop --config")
+    if not run_dir.is_dir():
+        raise ConfigError(f"cannot resume {run_dir}: no such directory")
+    path = latest(run_dir)
+    if path is None:
+        raise ConfigError(f"cannot resume {run_dir}: not a run directory (no complete checkpoint in {run_dir / 'checkpoints'})")
+    given = _given_options(args)
+    fixed = [k for k in given if k not in RESUMABLE]
+    if fixed:
+        allowed = ", ".join(flag(k) for k in RESUMABLE)
+        raise ConfigError(f"{flag(fixed[0])} cannot change when resuming (only {allowed} can)")
+    saved = read_meta(path)
+    config = TrainConfig.from_dict({**saved["config"], **given})
+    if config.steps < saved["step"]:
+        raise ConfigError(f"--steps {config.steps} is below the step of the latest checkpoint ({saved['step']})")
+    return config, run_dir
+
+
+def check_run_dir(path: Path) -> None:
+    """An --output that cannot be a directory is refused before anything loads: not an existing file,
+    not below one, and writable where it would be created."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output {path} is a file, not a directory")
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise ConfigError(f"output {path} cannot be a directory: {parent} is a file")
+    if not os.access(path if path.exists() else parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {path} is not writable")
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def _check_engine(config: TrainConfig) -> None:
+    """--engine vllm: a Python that has vLLM (EngineError, one line, if not); not LoRA under FSDP."""
+    if config.engine != "vllm":
+        return
+    if config.fsdp and config.lora_rank:
+        from grpo.trainer import VLLM_FSDP_LORA
+
+        raise ConfigError(VLLM_FSDP_LORA)
+    from grpo.vllm_engine import find_python
+
+    find_python(config.vllm_python)
+
+
+def _check_user_code(config: TrainConfig, task: object) -> None:
+    """The rewards resolve and fit their style, code rewards can be sandboxed, and the user's tool and
+    environment files import: refused now, not at the first step."""
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.sandbox import check_sandbox, needs_sandbox
+    from grpo.rewards.styles import check_style
+    from grpo.tools import load_functions
+
+    reward_fns = [resolve_reward(spec) for spec in config.rewards] or [task.reward]
+    for fn in reward_fns[: len(config.rewards)]:
+        check_style(fn, config.reward_style)
+    if needs_sandbox(reward_fns):
+        check_sandbox(config.sandbox)
+    if config.tools and config.tools != "none":
+        load_functions(config.tools)
+    if config.env:
+        load_functions(config.env, "environment")
+    # as make_agent decides: the given or the task's environment, beside the given or the task's tools
+    has_env = bool(config.env) or getattr(task, "env", None) is not None
+    has_tools = (config.tools not in ("", "none")) or bool(getattr(task, "tools", ()))
+    if has_env and has_tools:
+        raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+
+
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    # Everything that can be checked cheaply is checked before a run directory exists.
+    config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
+    from grpo.models import check_model
+    from grpo.tasks import load_task
+
+    check_model(config.model)
+    task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
+                     answer_field=config.answer_field, system_prompt=config.system_prompt,
+                     prompt_template=config.prompt_template, eval_data=config.eval_data,
+                     require_answer=not config.rewards)
+    _check_user_code(config, task)
+    if config.output and run_dir is None:
+        check_run_dir(Path(config.output))
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be positive, got {args.nproc}")
+    _check_engine(config)
+    from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
+
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return launch(args.nproc, _without_nproc(argv))
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer, default_run_dir
+
+    world = init_world(config.device, fsdp=config.fsdp)
+    try:
+        if run_dir is None:
+            run_dir = Path(str(world.broadcast_object(str(default_run_dir(config)))))  # rank 0's clock
+            if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
+                raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
+        setup_process(config)
+        trainer = GRPOTrainer(config, task=task, progress=not args.no_progress, world=world)  # data read once
+        if world.is_main:
+            where = f"{'resuming' if args.resume else 'run directory:'} {run_dir}"
+            print(where + (f" ({world.size} processes)" if world.size > 1 else ""), flush=True)
+        try:
+            summary = trainer.train(run_dir, resume=bool(args.resume))
+        finally:
+            trainer.close()
+    finally:
+        world.close()
+    if world.is_main:
+        print(
+            f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
+            f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
+        )
+        if summary.get("stopped_early"):
+            print(f"stopped early after step {summary['steps']} of {summary['steps_planned']}: {summary['stopped_early']}")
+    return 0
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
+    from grpo.models import check_model
+
+    config = _config_from_args(args)
+    check_model(config.model)
+    from grpo.preflight import run_preflight
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    setup_process(config)
+    trainer = GRPOTrainer(config, progress=False)
+    try:
+        report = run_preflight(trainer, fit=trainer.fit_token_limit)
+    finally:
+        trainer.close()
+    print(report.describe())
+    return 1 if report.stops("on" if config.preflight == "off" else config.preflight) else 0
