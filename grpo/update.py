@@ -1,6 +1,12 @@
 """The optimisation of one batch: epochs, minibatches of whole groups, micro-batches, TIS weights,
 normalisers, gradient sync, and one optimiser step per minibatch.
 
+Where tensors live: everything per token or per completion (the rollout's
+ids, masks and log-probs, rewards, advantages, lengths) is on the policy's
+device; the bookkeeping over groups (orders, minibatches, micro-batches and
+masks over them) is on the CPU. Indexing a device tensor with a CPU index is
+fine; a CPU tensor is never indexed with a device mask (CUDA refuses it).
+
 The surrogate itself is :func:`grpo.algorithm.policy_loss`; here is only how
 the batch is cut and fed to it. With mu = 1 and one minibatch the update is
 on-policy and the ratio is 1. A group whose advantages are all zero adds
@@ -89,7 +95,6 @@ def update(trainer: GRPOTrainer, rollout: Rollout, advantages: Tensor, ref_logp:
     cfg, g = trainer.config, trainer.config.group_size
     n_groups = advantages.numel() // g
     first = trainer.world.split(n_groups).start  # global index of this process's first group
-    informative = (advantages.view(n_groups, g) != 0).any(dim=1)  # (B,)
     skip = cfg.skip_zero_advantage and cfg.beta == 0.0
     stats, sums = StepStats(), {"weight": 0.0}
     # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
@@ -98,13 +103,22 @@ def update(trainer: GRPOTrainer, rollout: Rollout, advantages: Tensor, ref_logp:
         order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(trainer.prompt_rng.randrange(2**31)))
         for minibatch in order.chunk(cfg.minibatches):
             rows = (minibatch.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
-            todo = minibatch[informative[minibatch]] if skip else minibatch
+            todo = trained_groups(minibatch, advantages, g, skip_zero=skip)
             if len(todo) == 0:
                 continue  # nothing to learn from: no update, rather than a momentum-only one
             own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
             part = Minibatch(own, first, float(lengths[rows].sum()), float(len(rows)))
             minibatch_step(trainer, rollout, part, advantages, ref_logp, old_all, stats, sums)
     return whole_batch_stats(trainer, stats, sums)
+
+
+def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, skip_zero: bool) -> Tensor:
+    """The groups of ``minibatch`` (B',) to run forward and backward: with ``skip_zero``, those whose
+    advantages (N,), on the policy's device, are not all zero. On the CPU, as all group bookkeeping is."""
+    if not skip_zero:
+        return minibatch
+    informative = (advantages.view(-1, group_size) != 0).any(dim=1).cpu()  # (B,)
+    return minibatch[informative[minibatch]]
 
 
 def minibatch_step(trainer: GRPOTrainer, rollout: Rollout, part: Minibatch, advantages: Tensor,
