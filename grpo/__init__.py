@@ -1,18 +1,42 @@
-"""grpo: Group Relative Policy Optimization on verifiable rewards."""
+"""grpo: Group Relative Policy Optimization on verifiable rewards.
+
+``grpo.train`` runs the whole trainer; the building blocks below are the GRPO
+step's parts, for writing a loop of one's own (examples/plain_grpo.py).
+"""
 
 from grpo.config import TrainConfig
 
-__all__ = ["GRPOTrainer", "TrainConfig", "group_advantages", "policy_loss", "train"]
+# name -> the module that defines it, imported on first use: `import grpo` stays light (and the CLI's
+# errors fast), with no torch until a name that needs it is used. No name may be a submodule's
+# (`evaluate`, `rollout`): once that submodule is imported, its module object shadows the name.
+_LAZY = {
+    "GRPOTrainer": "grpo.trainer",
+    "train": "grpo.trainer",
+    "setup_process": "grpo.process",
+    "load_policy": "grpo.models",
+    "load_task": "grpo.tasks",
+    "encode_prompts": "grpo.evaluate",
+    "generate": "grpo.rollout",
+    "Rollout": "grpo.rollout",
+    "group_advantages": "grpo.algorithm",
+    "rollout_logprobs": "grpo.logprobs",
+    "policy_loss": "grpo.algorithm",
+    "greedy_accuracy": "grpo.evaluate",
+}
+
+__all__ = ["TrainConfig", *_LAZY]
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):  # keep `import grpo` light (and CLI errors fast): no torch until needed
-    if name in ("GRPOTrainer", "train"):
-        from grpo import trainer
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'grpo' has no attribute {name!r}")
+    import importlib
 
-        return getattr(trainer, name)
-    if name in ("group_advantages", "policy_loss"):
-        from grpo import algorithm
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-        return getattr(algorithm, name)
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
