@@ -61,6 +61,17 @@ def group_advantages(
     return centred.reshape(-1)  # (N,)
 
 
+def group_varies(grouped: Tensor) -> Tensor:
+    """(B,) True where a group's rewards (B, G) are not all equal: the groups with a learning signal.
+
+    The one definition used everywhere (dynamic sampling, the frontier sampler,
+    the step's metrics, pre-flight), on the raw rewards whatever their scale: a
+    reward in [-1, 1], a weighted sum or a format penalty varies when its values
+    differ, not when their clamp to [0, 1] does.
+    """
+    return grouped.max(dim=1).values > grouped.min(dim=1).values
+
+
 def importance_ratio(
     logp: Tensor, old_logp: Tensor, mask: Tensor, *, level: RatioLevel = "token"
 ) -> Tensor:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from grpo.algorithm import group_varies
 from grpo.episodes import episode_total
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.streams import stream_keys
@@ -49,8 +50,7 @@ class Round:
 
     def varies(self) -> Tensor:
         """(n,) True where a group's rewards are not all equal: its advantages are not all zero."""
-        grouped = self.rewards.view(len(self.prompts), -1)  # (n, G)
-        return grouped.max(dim=1).values > grouped.min(dim=1).values
+        return group_varies(self.rewards.view(len(self.prompts), -1))  # (n, G) -> (n,)
 
 
 @dataclass

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo.algorithm import group_varies
+
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
 FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
@@ -273,9 +275,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     for first in range(0, len(order), cfg.preflight_prompts):
         _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
         grouped = samples.grouped(g)
-        if (grouped.max(dim=1).values > grouped.min(dim=1).values).any():
+        if group_varies(grouped).any():
             break
-    same = grouped.max(dim=1).values == grouped.min(dim=1).values  # (B,)
+    same = ~group_varies(grouped)  # (B,)
     names = trainer.score.names
     total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
     report = PreflightReport(

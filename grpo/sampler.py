@@ -58,6 +58,8 @@ from typing import Protocol
 import numpy as np
 from torch import Tensor
 
+from grpo.algorithm import group_varies
+
 SAMPLERS = ("uniform", "frontier")
 
 
@@ -205,10 +207,11 @@ class FrontierSampler:
     def observe(self, step: int, prompts: Sequence[int], rewards: Tensor) -> None:
         """Add each group's rewards (len(prompts), G) to its prompt's counts; the last
         ``explored`` prompts of the latest draw were exploration and also measure the pool."""
-        r = rewards.detach().double().clamp(0.0, 1.0).cpu().numpy()  # (B, G)
+        varies = group_varies(rewards.detach()).cpu().numpy()  # (B,) on the raw rewards, as dynamic sampling
+        r = rewards.detach().double().clamp(0.0, 1.0).cpu().numpy()  # (B, G) as pass rates
         idx = np.asarray(prompts, dtype=np.int64)
         self._age_pool(step)
-        for i, row in zip(idx, r, strict=True):  # one at a time: a prompt may appear twice
+        for i, row, mixed in zip(idx, r, varies, strict=True):  # one at a time: a prompt may appear twice
             if self.trained[i] and self.seen_at[i] < step:
                 keep = 0.0  # the counts predate an update on this prompt (within a step, none has come)
             else:
@@ -216,10 +219,10 @@ class FrontierSampler:
             self.successes[i] = keep * self.successes[i] + row.sum()
             self.failures[i] = keep * self.failures[i] + (1.0 - row).sum()
             self.seen_at[i] = step
-            self.trained[i] = bool(row.max() > row.min())
+            self.trained[i] = bool(mixed)
         explored = r[len(r) - self.explored :] if self.explored else r[:0]
         self.pool_reward += [explored.sum(), explored.size]
-        self.pool_mixed += [float((explored.max(axis=1) > explored.min(axis=1)).sum()), len(explored)]
+        self.pool_mixed += [float(varies[len(r) - len(explored) :].sum()), len(explored)]
         x = explored.mean(axis=1)
         self.pool_groups += [len(x), x.sum(), (x * x).sum()]
 

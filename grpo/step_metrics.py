@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from grpo.alarms import AlarmMonitor
+from grpo.algorithm import group_varies
 from grpo.batch import Batch
 from grpo.episodes import episode_metrics
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
@@ -85,11 +86,11 @@ def group_metrics(trainer: GRPOTrainer, batch: Batch, advantages: Tensor, second
     """
     cfg, g = trainer.config, trainer.config.group_size
     grouped = batch.generated_rewards().view(-1, g)  # (R, G) every generated group
-    zero_var = grouped.max(dim=1).values == grouped.min(dim=1).values  # (R,)
+    zero_var = ~group_varies(grouped)  # (R,)
     tokens = batch.generated_lengths().view(-1, g).sum(dim=1).float()  # (R,)
     wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
     trained = batch.rewards.view(-1, g)  # (B', G)
-    trained_zero_var = trained.max(dim=1).values == trained.min(dim=1).values  # (B',)
+    trained_zero_var = ~group_varies(trained)  # (B',)
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
     skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # the update skips these groups' passes
     drawn = sum(len(r.prompts) for r in batch.rounds)

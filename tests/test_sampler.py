@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from grpo.algorithm import group_advantages, group_varies
 from grpo.config import ConfigError, TrainConfig
 from grpo.sampler import FrontierSampler, UniformSampler, expected_power, mixed_probability
 
@@ -162,3 +163,18 @@ def test_evidence_from_before_an_update_on_the_prompt_is_dropped():
     t = FrontierSampler(10, G, seed=0, prior_strength=0.5)
     t.load_state_dict(state)
     assert t.trained.tolist() == s.trained.tolist() and not t.trained[3]
+
+
+def test_one_definition_of_a_group_that_varies_whatever_the_reward_scale():
+    # a reward in [-1, 0]: the group [-1, 0, -1, 0] varies (its advantages are +-0.87, not 0);
+    # clamped to [0, 1] it would read [0, 0, 0, 0], and the sampler would think it taught nothing
+    rewards = torch.tensor([[-1.0, 0.0, -1.0, 0.0], [-1.0, -1.0, -1.0, -1.0], [0.5, 0.5, 0.5, 0.5]])
+    assert group_varies(rewards).tolist() == [True, False, False]
+    assert (group_advantages(rewards.reshape(-1), 4).view(3, 4) != 0).any(dim=1).tolist() == [True, False, False]
+    s = FrontierSampler(10, 4, seed=0)
+    drawn = s.draw(3, step=1)
+    assert s.explored == 3  # nothing seen yet: the whole draw explores, and measures the pool
+    before, keep = s.pool_mixed.copy(), 0.5 ** ((1 - s.now) / s.half_life)
+    s.observe(1, drawn, rewards)
+    assert s.trained[drawn].tolist() == [True, False, False]
+    assert s.pool_mixed - before * keep == pytest.approx([1.0, 3.0])  # one mixed group of three
