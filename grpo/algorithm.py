@@ -170,14 +170,17 @@ def aggregate_loss(
     - ``"sequence"`` (DeepSeekMath): mean over completions of each one's token mean (1/|o_i|).
     - ``"fixed"`` (Dr. GRPO): sum over valid tokens / (N * max_tokens).
 
-    ``total_tokens`` and ``total_sequences`` replace this batch's own counts
+    Sequences count only when they have a token in the loss (a completion
+    masked whole leaves both normalisers). ``total_tokens`` and
+    ``total_sequences`` replace this batch's own counts
     by those of the whole batch it is part of: a micro-batch, or one rank's
     share, then contributes exactly its part of the full-batch loss, so
     accumulating micro-batches (or all-reducing ranks) gives the full-batch
     gradient.
     """
     masked = per_token * mask
-    n_seq = float(per_token.shape[0]) if total_sequences is None else float(total_sequences)
+    # a sequence with no token in the loss (cut and masked, DAPO's overlong filter) is not counted
+    n_seq = float((mask.sum(dim=1) > 0).sum()) if total_sequences is None else float(total_sequences)
     if mode == "token":
         n_tok = mask.sum() if total_tokens is None else total_tokens
         return masked.sum() / max(float(n_tok), 1.0)

@@ -107,7 +107,8 @@ def update(trainer: GRPOTrainer, rollout: Rollout, advantages: Tensor, ref_logp:
             if len(todo) == 0:
                 continue  # nothing to learn from: no update, rather than a momentum-only one
             own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
-            part = Minibatch(own, first, float(lengths[rows].sum()), float(len(rows)))
+            # lengths are 0 for completions masked whole (mask_truncated): they leave both normalisers
+            part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))
             minibatch_step(trainer, rollout, part, advantages, ref_logp, old_all, stats, sums)
     return whole_batch_stats(trainer, stats, sums)
 

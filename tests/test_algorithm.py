@@ -106,6 +106,16 @@ def test_each_aggregate_by_hand():
     assert aggregate_loss(per_token, mask, mode="fixed", max_tokens=5).item() == pytest.approx(0.7)
 
 
+def test_a_sequence_masked_whole_leaves_the_sequence_normalisers():
+    # DAPO's overlong filter masks a cut completion whole: sequence 2 below has no token in the loss
+    per_token = torch.tensor([[4.0, 9.0, 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    # sequence: 4/1 over 1 sequence = 4 (counting the masked one would give 2)
+    assert aggregate_loss(per_token, mask, mode="sequence").item() == pytest.approx(4.0)
+    # fixed: 4 / (1 sequence * max_tokens 5) = 0.8 (not 0.4)
+    assert aggregate_loss(per_token, mask, mode="fixed", max_tokens=5).item() == pytest.approx(0.8)
+
+
 def test_gspo_sequence_ratio_is_geometric_mean():
     # token log-ratios 0.1 and 0.3 -> s = exp(0.2), the same for both tokens
     logp = torch.tensor([[0.1, 0.3, 5.0]])

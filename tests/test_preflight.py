@@ -12,6 +12,7 @@ from conftest import make_model, make_tokenizer
 from tiny_run import count_a, params, tiny_task, tiny_trainer
 
 from grpo.alarms import AlarmConfig, AlarmMonitor
+from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
 from grpo.interrupt import RunStopped
 from grpo.preflight import fit_token_limit, stop_at_fitted_limit
@@ -107,6 +108,31 @@ def test_rewards_see_which_completions_hit_the_token_limit():
     # three characters are three tokens for this tokenizer: a 3-character completion hit the limit
     assert seen and any(cut for _, cut in seen)
     assert all(cut == (n == 3) for n, cut in seen if n != 3) and all(cut for n, cut in seen if n == 3)
+
+
+def test_mask_truncated_leaves_cut_completions_out_of_the_sequence_normaliser(monkeypatch):
+    import grpo.batch
+    import grpo.update
+    from grpo.rollout import generate
+
+    def half_cut(*args, **kwargs):  # as if the first two completions of each group had hit the token limit
+        rollout = generate(*args, **kwargs)
+        rollout.truncated.view(-1, rollout.group_size)[:, :2] = True
+        rollout.truncated.view(-1, rollout.group_size)[:, 2:] = False
+        return rollout
+
+    seen = []
+
+    def loss(*args, **kwargs):
+        seen.append(kwargs["total_sequences"])
+        return policy_loss(*args, **kwargs)
+
+    monkeypatch.setattr(grpo.batch, "generate", half_cut)
+    monkeypatch.setattr(grpo.update, "policy_loss", loss)
+    trainer = tiny_trainer(reward=odd_length, mask_truncated=True, aggregate="sequence", steps=1,
+                           skip_zero_advantage=False)
+    trainer.step(1)
+    assert seen and all(n == 4 * 2 for n in seen)  # 4 groups of 4, 2 of each cut: 8 sequences in the loss
 
 
 def test_mask_truncated_leaves_cut_completions_out_of_the_loss(monkeypatch):
