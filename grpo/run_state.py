@@ -67,14 +67,17 @@ def fix_schedule(state: RunState, config: TrainConfig, world: World, monitor: Al
     fit in it at the first step's pace, and an automatic alarm window is refitted to them. Decided on
     rank 0."""
     steps = config.steps
+    window = state.alarm_window
     if config.minutes:
         steps = int(min(steps, max(1, 60 * config.minutes // max(step_seconds * (1 + EVAL_SHARE), 1e-6))))
         if auto_alarm_window:
-            state.alarm_window = alarm_window_for(steps)
-            monitor.config = replace(monitor.config, window=state.alarm_window)
+            window = alarm_window_for(steps)
     every = max(math.ceil(steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
-    # at most steps/4, so that the alarms see at least three evaluations during the run
-    state.eval_every = int(world.broadcast_object(min(every, max(1, steps // 4))))
+    # at most steps/4, so that the alarms see at least three evaluations during the run; rank 0's timing
+    # decides both for every rank, so their alarms read the same window
+    every, window = world.broadcast_object((min(every, max(1, steps // 4)), window))
+    state.eval_every, state.alarm_window = int(every), int(window)
+    monitor.config = replace(monitor.config, window=state.alarm_window)
 
 
 def checkpoint_or_stop(trainer: GRPOTrainer, step: int, extra: dict, stop: StopRequests | None, *,

@@ -344,7 +344,8 @@ class GRPOTrainer:
             log.bar.update(step, metrics)
             if cfg.log_every and step % cfg.log_every == 0:
                 log.bar.print(summary_line(step, cfg.steps, metrics))
-            stopped = log.monitor.stopping() if cfg.early_stop else None
+            # rank 0's verdict binds all: each rank's alarms may read another window (their timings differ)
+            stopped = world.broadcast_object(log.monitor.stopping() if cfg.early_stop else None)
             # the time budget: stop where the next step, at the mean pace so far, would end past it
             out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
                 trained() + (trained() - trained_before) / (step - first_step) > 60 * cfg.minutes)

@@ -11,6 +11,7 @@ Usage: python -m torch.distributed.run --nproc-per-node 2 tests/distributed_work
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -133,9 +134,33 @@ def completions(rollout: Rollout) -> list[list[int]]:
     return [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths, strict=True)]
 
 
+def run_stop_case(rank_that_stops: int) -> dict:
+    """A 3-step run whose alarms say "stop" on one rank only (as when each rank's own timing moves its
+    alarm window): the ranks must agree, on rank 0's verdict, or one leaves the loop while the others
+    wait in a collective. Returns the steps each rank ran."""
+    from grpo.alarms import AlarmMonitor
+
+    if int(os.environ["RANK"]) == rank_that_stops:
+        AlarmMonitor.stopping = lambda self: f"no_signal (forced on rank {rank_that_stops})"
+    tokenizer = make_tokenizer()
+    config = TrainConfig(temperature=1.0, sampler="uniform", filter_groups=False, preflight="off", steps=3,
+                         prompts_per_step=4, group_size=4, max_new_tokens=4, eval_size=4, sample_every=0,
+                         device="cpu", save_model=False, seed=5, early_stop=True, eval_every=-1)
+    grpo.process.setup_process(config)
+    rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
+    trainer = grpo.trainer.GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
+                                       task=Task("tiny", rows[:32], rows[32:], first_char), progress=False)
+    summary = trainer.train(None)
+    return {"steps": trainer.world.gather_objects(summary["steps"]),
+            "stopped": trainer.world.gather_objects(summary["stopped_early"])}
+
+
 def main() -> None:
     out, cases = Path(sys.argv[1]), json.loads(sys.argv[2])
-    results = [run_case(case) for case in cases]
+    if isinstance(cases, dict):  # one run of another kind
+        results = run_stop_case(cases["stop_on_rank"])
+    else:
+        results = [run_case(case) for case in cases]
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:

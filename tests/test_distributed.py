@@ -87,6 +87,20 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     assert two["trained_prompts"] == one["trained_prompts"]  # the same groups, in the same order
 
 
+def test_ranks_stop_together_on_rank_0s_verdict(tmp_path):
+    # rank 1's alarms alone say stop; without the broadcast it left the loop and rank 0 hung in a collective
+    out = tmp_path / "stop.pt"
+    proc = _torchrun("--standalone", "--nproc-per-node=2", str(TESTS / "distributed_worker.py"), str(out),
+                     json.dumps({"stop_on_rank": 1}), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert torch.load(out, weights_only=False) == {"steps": [3, 3], "stopped": [None, None]}
+    proc = _torchrun("--standalone", "--nproc-per-node=2", str(TESTS / "distributed_worker.py"), str(out),
+                     json.dumps({"stop_on_rank": 0}), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stopped = torch.load(out, weights_only=False)
+    assert stopped["steps"] == [1, 1] and stopped["stopped"] == ["no_signal (forced on rank 0)"] * 2
+
+
 def test_the_episode_case_runs_several_turns(two_process_results):
     metrics = two_process_results[CASES.index({"episodes": True, "fsdp": True})]["metrics"]
     assert metrics["turns_per_episode"] > 1.5 and 0 < metrics["env_token_frac"] < 1
