@@ -130,7 +130,10 @@ def tis_weights(
     Metrics, means over valid tokens: ``sampler_logp_diff`` mean |delta_t|,
     ``sampler_kl`` the k3 estimate of KL(pi_sampler || pi_trainer) (the tokens
     are the sampler's draws), ``tis_capped_frac`` the share of tokens capped
-    (token level) or masked (sequence level).
+    (token level) or masked (sequence level); and ``sampler_logp_diff_max``,
+    max |delta_t| over the valid tokens (0 without any): a mean hides the few
+    tokens whose probabilities the two disagree on, which is where a bf16
+    output layer shows (see grpo/forward.py, ``head_logits``).
     """
     with torch.no_grad():
         mask = mask.to(trainer_logp.dtype)
@@ -149,6 +152,7 @@ def tis_weights(
         n_valid = mask.sum().clamp(min=1)
         metrics = {
             "sampler_logp_diff": delta.abs().sum() / n_valid,
+            "sampler_logp_diff_max": delta.abs().amax() if delta.numel() else delta.new_zeros(()),
             "sampler_kl": (k3_kl(sampler_logp, trainer_logp) * mask).sum() / n_valid,
             "tis_capped_frac": (capped * mask).sum() / n_valid,
         }

@@ -139,6 +139,24 @@ def encode_prompt_batch(
     )
 
 
+def head_logits(hidden: Tensor, lm_head: nn.Module) -> Tensor:
+    """The output layer in fp32 whatever the autocast dtype: h.float() @ W.float()^T (+ b); (n, H) -> (n, V).
+
+    The sampler and the training pass both take their logits here. Under
+    bf16 autocast (the CUDA path) a bf16 head rounds every logit to 8 bits of
+    mantissa and rounds the hidden state it reads, so two passes whose hidden
+    states differ in their last fp32 bits (the decode step's kernels against
+    the training pass's) give log-probs apart by up to ~1e-2: the
+    sampler/trainer ratio where GRPO runs collapse. MiniMax-M1 (2025, section
+    3.2) computes its LM head in fp32 for this reason. The module's forward
+    (and any hook on it) is bypassed, as the training pass's fused
+    log-softmax (grpo/logprobs.py) does.
+    """
+    bias = getattr(lm_head, "bias", None)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return F.linear(hidden.float(), lm_head.weight.float(), None if bias is None else bias.float())
+
+
 def check_supported(model: nn.Module) -> None:
     """The fast paths compute logits as lm_head(final hidden state); refuse models that rescale them."""
     cfg = getattr(model, "config", None)

@@ -14,6 +14,7 @@ T completion tokens, H hidden size, V vocabulary.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grpo.forward import (
@@ -34,25 +35,28 @@ class _LinearLogprob(torch.autograd.Function):
     Forward keeps only h and each row's log-sum-exp; backward recomputes a
     chunk's logits and turns them into their gradient in place,
     (onehot - softmax) * g / temperature, so a chunk costs one (c, V) buffer
-    in each direction. The entropy output carries no gradient.
+    in each direction. The entropy output carries no gradient. Logits and
+    both gradients are computed in fp32 outside autocast, as the sampler's
+    (``grpo.forward.head_logits``): the same log-probs whatever the autocast
+    dtype, and backward is the exact gradient of forward. A bf16 weight (FSDP's
+    mixed precision) is cast once per call, not per chunk.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy):  # noqa: ANN001, ANN205
-        device = hidden.device.type
-        # backward recomputes the logits under the same autocast as forward (bf16 on CUDA), so they match
-        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         m = hidden.shape[0]
         logp, lse_all = hidden.new_empty(m, dtype=torch.float32), hidden.new_empty(m, dtype=torch.float32)
         entropy = hidden.new_zeros(m if with_entropy else 0, dtype=torch.float32)
-        for i in range(0, m, chunk):
-            logits = _logits(hidden[i : i + chunk], weight, temperature)  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)
-            logp[i : i + chunk] = logits.gather(1, targets[i : i + chunk].unsqueeze(1)).squeeze(1) - lse
-            lse_all[i : i + chunk] = lse
-            if with_entropy:
-                weighted = (logits - lse.unsqueeze(1)).exp_().mul_(logits)  # softmax * logits
-                entropy[i : i + chunk] = lse - weighted.sum(dim=-1)
+        with torch.autocast(hidden.device.type, enabled=False):
+            weight32 = weight.float()
+            for i in range(0, m, chunk):
+                logits = _logits(hidden[i : i + chunk], weight32, temperature)  # (c, V)
+                lse = torch.logsumexp(logits, dim=-1)
+                logp[i : i + chunk] = logits.gather(1, targets[i : i + chunk].unsqueeze(1)).squeeze(1) - lse
+                lse_all[i : i + chunk] = lse
+                if with_entropy:
+                    weighted = (logits - lse.unsqueeze(1)).exp_().mul_(logits)  # softmax * logits
+                    entropy[i : i + chunk] = lse - weighted.sum(dim=-1)
         ctx.save_for_backward(hidden, weight, targets, lse_all)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
@@ -65,28 +69,26 @@ class _LinearLogprob(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         # summed over the chunks in fp32, also when the weight is bf16 (FSDP's mixed precision on CUDA)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        device, dtype, enabled = ctx.autocast
-        for i in range(0, hidden.shape[0], ctx.chunk):
-            h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
-            with torch.autocast(device, dtype=dtype, enabled=enabled):
-                logits = _logits(h, weight, ctx.temperature)
-            grad = logits.sub_(lse_all[i : i + ctx.chunk].unsqueeze(1)).exp_().mul_(-g.unsqueeze(1))  # -softmax*g
-            grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
-            if scale != 1.0:
-                grad.mul_(scale)
-            grad = grad.to(h.dtype)
-            if grad_hidden is not None:
-                with torch.autocast(device, dtype=dtype, enabled=enabled):  # the autocast dtype, as forward's
-                    grad_hidden[i : i + ctx.chunk] = grad @ weight
-            if grad_weight is not None:  # in place, in fp32 (in-place products never autocast)
-                grad_weight.addmm_(grad.T.float(), h.float())
+        with torch.autocast(hidden.device.type, enabled=False):
+            weight32 = weight.float()
+            for i in range(0, hidden.shape[0], ctx.chunk):
+                h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
+                logits = _logits(h, weight32, ctx.temperature)
+                grad = logits.sub_(lse_all[i : i + ctx.chunk].unsqueeze(1)).exp_().mul_(-g.unsqueeze(1))  # -softmax*g
+                grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
+                if scale != 1.0:
+                    grad.mul_(scale)
+                if grad_hidden is not None:
+                    grad_hidden[i : i + ctx.chunk] = grad @ weight32
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad.T, h.float())
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def _logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    logits = (hidden @ weight.T).float()  # (c, V)
+def _logits(hidden: Tensor, weight32: Tensor, temperature: float) -> Tensor:
+    logits = F.linear(hidden.float(), weight32)  # (c, V), fp32: called outside autocast, as head_logits
     if temperature > 0.0 and temperature != 1.0:
         logits = logits / temperature
     return logits

@@ -1,20 +1,14 @@
 """The console: progress bars with ETA for training and evaluation, a one-line summary every
-few steps, and alarm warnings."""
+few steps, and alarm warnings.
+
+The bars are rich's, imported only when they are shown: without rich (a GPU
+machine with torch and transformers alone) the trainer prints plain lines.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 
 def _fmt(metrics: dict, key: str, spec: str) -> str:
@@ -47,26 +41,45 @@ def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
+def _bars() -> object | None:
+    """rich's Progress with the trainer's columns, or None when rich is not installed."""
+    try:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+    except ImportError:
+        return None
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+    )
+
+
 class StepProgress:
-    """Rich progress bars over training steps and evaluation prompts; plain prints when disabled."""
+    """Rich progress bars over training steps and evaluation prompts; plain prints when disabled (or
+    when rich is not installed)."""
 
     def __init__(self, total: int, *, enabled: bool = True, silent: bool = False) -> None:
-        self.enabled = enabled
         self.silent = silent  # prints nothing (a process other than rank 0)
         self.heldout: float | None = None
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-            disable=not enabled,
-        )
-        self._task = self._progress.add_task("train", total=total, info="")
+        self._progress = _bars() if enabled else None
+        self.enabled = self._progress is not None
+        if self._progress is not None:
+            self._task = self._progress.add_task("train", total=total, info="")
 
     def __enter__(self) -> StepProgress:
-        self._progress.__enter__()
+        if self._progress is not None:
+            self._progress.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.__exit__(*exc)
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         latest = metrics.get("heldout_accuracy", metrics.get("heldout_subset_accuracy"))
@@ -75,11 +88,15 @@ class StepProgress:
         info = f"reward {metrics['reward_mean']:.3f}  zero-var {metrics['zero_var_frac']:.2f}"
         if self.heldout is not None:
             info += f"  held-out {self.heldout:.1%}"
-        self._progress.update(self._task, completed=step, info=info)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
 
     @contextmanager
     def evaluating(self, total: int) -> Iterator[Callable[[int], None]]:
         """A bar over the evaluation's prompts while it runs; yields the callback that advances it."""
+        if self._progress is None:
+            yield lambda n: None
+            return
         task = self._progress.add_task("eval", total=total, info="held-out")
         try:
             yield lambda n: self._progress.advance(task, n)
@@ -90,7 +107,9 @@ class StepProgress:
         """A line above the bars (or a plain print when they are off)."""
         if self.silent:
             return
-        if self.enabled:
+        if self._progress is not None:
+            from rich.markup import escape
+
             self._progress.console.print(escape(text), highlight=False)
         else:
             print(text, flush=True)
@@ -99,7 +118,9 @@ class StepProgress:
         line = f"warning (step {step}): {text}"
         if self.silent:
             return
-        if self.enabled:
+        if self._progress is not None:
+            from rich.markup import escape
+
             self._progress.console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
         else:
             print(line, flush=True)

@@ -20,7 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpo.forward import check_supported, decode, encode_prompt_batch, left_pad, positions, select_rows
+from grpo.forward import (
+    check_supported,
+    decode,
+    encode_prompt_batch,
+    head_logits,
+    left_pad,
+    positions,
+    select_rows,
+)
 from grpo.streams import stream_uniforms
 
 
@@ -259,7 +267,7 @@ def sample_turn(
             use_cache=True,
         )
         cache = out.cache
-        logits = lm_head(out.last_hidden_state[:, -1])
+        logits = head_logits(out.last_hidden_state[:, -1], lm_head)
         next_pos = next_pos + 1
     return Turn(tokens, logprobs, lengths, stopped, paused)
 
@@ -307,14 +315,15 @@ def prefill(
     attn = torch.cat([state.attn, block], dim=1)
     pos = state.next_pos.unsqueeze(1) + positions(block)  # (r, W)
     out = decode(decoder, state.cache, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    return DecodeState(out.cache, attn, state.next_pos + block.sum(dim=1), lm_head(out.last_hidden_state[:, -1]))
+    logits = head_logits(out.last_hidden_state[:, -1], lm_head)  # (r, V)
+    return DecodeState(out.cache, attn, state.next_pos + block.sum(dim=1), logits)
 
 
 def start_state(decoder: nn.Module, lm_head: nn.Module, prompt_ids: list[list[int]], group_size: int,
                 pad_id: int) -> DecodeState:
     """The B prompts run once, their state repeated for the G rows of each group."""
     state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
-    return DecodeState(state.cache, state.attn, state.next_pos, lm_head(state.last_hidden))
+    return DecodeState(state.cache, state.attn, state.next_pos, head_logits(state.last_hidden, lm_head))
 
 
 @torch.no_grad()

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+FILES: dict[str, str] = {}  # module name -> the .py file it was loaded from (for a fresh interpreter to load again)
+
 
 def import_user_module(where: str, what: str, error: type[Exception]) -> ModuleType:
     """The module at ``where`` (a ``.py`` file or an importable module name); ``error(message)`` when
@@ -31,6 +33,8 @@ def import_user_module(where: str, what: str, error: type[Exception]) -> ModuleT
             if registered:
                 del sys.modules[spec.name]
             raise error(f"cannot import {what} file {where}: {err}") from err
+        if registered:
+            FILES[spec.name] = str(path.resolve())
         return module
     if not where or where.startswith("."):
         raise error(f"{what} {where!r}: name a .py file or an importable module before the colon")

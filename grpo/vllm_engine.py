@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
@@ -44,9 +45,16 @@ from grpo.rollout import Rollout, end_of_turn_ids
 
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
-START_SECONDS = 900  # vLLM's start (model load, memory profiling, warm-up) may take this long at most
+# vLLM's whole start (our model write, its load, memory profiling, compilation, warm-up) may take this long at
+# most: under torchrun every rank starts its engine at its first rollout, and a rank with no group in that
+# draw (or a faster start) waits for the others in the step's first collective, which NCCL ends after 600 s
+# by default (torch's default_pg_nccl_timeout). Below that, a slow start fails here, with a message that
+# names vLLM's log, rather than as a collective timeout; gloo (the CPU) waits 30 minutes by default.
+# Raising the process group's timeout instead would delay every real hang's report as much.
+START_SECONDS = {"cuda": 480, "cpu": 900}
 TORCHRUN_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                            "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"))
+SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep mode frees, by the tags its wake_up takes
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
 
@@ -125,7 +133,7 @@ class VLLMEngine:
                  cpus: str = "", sleep: bool = False) -> None:
         self.python = find_python(python)
         self.sleep_mode = sleep  # vLLM's sleep mode (CUDA only): see sleep()
-        self.asleep = False
+        self.sleeping: list[str] = []  # what vLLM has put to sleep and not woken yet: "weights", "kv_cache"
         self.cpus = cpus  # the cores vLLM's CPU backend binds its threads to ("0-3"); empty: every core
         self.tokenizer = tokenizer
         self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
@@ -153,6 +161,7 @@ class VLLMEngine:
     def start(self) -> None:
         """Write the model for vLLM, start the worker, wait until vLLM is ready (tens of seconds)."""
         t0 = time.perf_counter()
+        deadline = time.monotonic() + START_SECONDS["cpu" if self.cuda_device is None else "cuda"]
         folder = self.dir / "model"
         model = self._model
         if self.lora_rank:
@@ -177,18 +186,17 @@ class VLLMEngine:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self.dir, [self.proc])
-        self.conn = self._connect(address, key)
+        self.conn = self._connect(address, key, deadline)
         self._call({"model": str(folder), "tokenizer": str(folder), "dtype": self.dtype, "seed": self.seed,
                     "memory": self.memory, "lora_rank": _vllm_lora_rank(self.lora_rank),
                     "max_model_len": self.max_model_len, "sleep": self.sleep_mode, "extra": self.extra},
-                   starting=True)
+                   deadline=deadline)
         if self.lora_rank:
             self.push(model)  # the initial adapter (LoRA's B is zero: the base model's outputs)
         self._model = self._state = None
         self.start_seconds = time.perf_counter() - t0
 
-    def _connect(self, address: str, key: bytes) -> Connection:
-        deadline = time.monotonic() + START_SECONDS
+    def _connect(self, address: str, key: bytes, deadline: float) -> Connection:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise EngineError(self._died("before it was ready"))
@@ -198,8 +206,12 @@ class VLLMEngine:
                 except ConnectionRefusedError:
                     pass
             time.sleep(0.05)
+        raise EngineError(self._too_slow())
+
+    def _too_slow(self) -> str:
         self.failed = True
-        raise EngineError(f"--engine vllm: the worker did not start in {START_SECONDS} s (log: {self.log})")
+        limit = START_SECONDS["cpu" if self.cuda_device is None else "cuda"]
+        return f"--engine vllm: vLLM did not start in {limit} s (log: {self.log})"
 
     def close(self) -> None:
         """End the worker process and remove its files (the log stays only when something failed)."""
@@ -217,13 +229,17 @@ class VLLMEngine:
 
     # ---- requests ----
 
-    def _call(self, message: object, *, starting: bool = False) -> object:
-        """Send one request and wait for its reply, watching that the worker is alive."""
+    def _call(self, message: object, *, deadline: float | None = None) -> object:
+        """Send one request and wait for its reply, watching that the worker is alive; ``deadline``
+        (time.monotonic()): the start-up request, which fails once it is past."""
+        starting = deadline is not None
         try:
             self.conn.send(message)
             while not self.conn.poll(1.0):
                 if self.proc.poll() is not None:
                     raise EngineError(self._died("before it was ready" if starting else "during the run"))
+                if starting and time.monotonic() > deadline:
+                    raise EngineError(self._too_slow())
             reply = self.conn.recv()
         except (EOFError, OSError) as err:
             raise EngineError(self._died("before it was ready" if starting else "during the run")) from err
@@ -283,8 +299,9 @@ class VLLMEngine:
         if streams is not None:
             seeds = [((a << 31) ^ b ^ (d * _GOLDEN)) % 2**63 for (a, b), d in zip(streams.cpu().tolist(), drawn,
                                                                                   strict=True)]
-        else:
-            seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator).tolist()
+        else:  # drawn where the generator lives: the pre-flight check's is on the trainer's device
+            device = generator.device if generator is not None else "cpu"
+            seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator, device=device).tolist()
         requests = [{"prompt": list(p), "temperature": temperature, "top_p": top_p, "top_k": top_k,
                      "max_tokens": m, "seed": seed, "stop": list(stop_strings), "stop_token_ids": stops}
                     for p, m, seed in zip(prompts, max_tokens, seeds, strict=True)]
@@ -329,7 +346,7 @@ class VLLMEngine:
             self._model, self._state = model, state
             return 0.0
         t0 = time.perf_counter()
-        self._wake(weights_only=not self.lora_rank)  # its KV cache comes back once the new weights are in
+        self._wake(["weights"] if not self.lora_rank else SLEEP_TAGS)  # the KV cache once the new weights are in
         self.versions += 1
         if self.lora_rank:
             folder = self.dir / f"adapter-{self.versions}"
@@ -344,9 +361,8 @@ class VLLMEngine:
             save_file(_distinct(state if state is not None else model.state_dict()), str(path))
             self._call(("load_weights", str(path)))
             path.unlink()
-            self._wake()
+            self._wake(["kv_cache"])
         return time.perf_counter() - t0
-
 
     def sleep(self) -> None:
         """Free the engine's device memory for the update (sleep mode on, engine started): vLLM's
@@ -355,17 +371,24 @@ class VLLMEngine:
         update (and LoRA keeps its base weights)."""
         if self.sleep_mode and self.conn is not None and not self.asleep:
             self._call(("sleep", 1))
-            self.asleep = True
+            self.sleeping = list(SLEEP_TAGS)
 
-    def _wake(self, *, weights_only: bool = False) -> None:
-        """Bring back vLLM's memory: the weights alone (before a push loads new ones into them, as vLLM
-        advises against running out of memory), or all. The trainer's cached blocks go back first."""
-        if not self.asleep:
+    @property
+    def asleep(self) -> bool:
+        """Whether any of vLLM's device memory is asleep (the trainer frees its gradients before a push)."""
+        return bool(self.sleeping)
+
+    def _wake(self, tags: Sequence[str] = SLEEP_TAGS) -> None:
+        """Bring back those of vLLM's memories ``tags`` names that sleep: the weights alone before a push
+        loads new ones into them, then the KV cache (vLLM's advice, so that the two never need the
+        memory at once), or both before a request. The trainer's cached blocks go back first."""
+        waking = [tag for tag in self.sleeping if tag in tags]
+        if not waking:
             return
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self._call(("wake", ["weights"] if weights_only else None))
-        self.asleep = weights_only
+        self._call(("wake", waking))
+        self.sleeping = [tag for tag in self.sleeping if tag not in waking]
 
 
 def _root_cause(log: Path) -> str:

@@ -164,6 +164,8 @@ def test_tis_weights_cap_token_ratios():
     assert m["tis_capped_frac"].item() == pytest.approx(1 / 3)
     # mean |delta| = (0 + ln 3 + ln 2) / 3
     assert m["sampler_logp_diff"].item() == pytest.approx((math.log(3) + math.log(2)) / 3, rel=1e-6)
+    # max |delta| over the valid tokens: ln 3 (the padding's delta, 5 - 0, is left out)
+    assert m["sampler_logp_diff_max"].item() == pytest.approx(math.log(3), rel=1e-6)
     # k3 KL(sampler || trainer) per token = r - 1 - ln r with r = pi_trainer / pi_sampler:
     #   r = 1: 0; r = 3: 2 - ln 3; r = 0.5: -0.5 + ln 2
     expected = (0 + (2 - math.log(3)) + (-0.5 + math.log(2))) / 3

@@ -38,7 +38,7 @@ def test_stop_token_ends_a_completion_and_marks_it(tiny_model, tokenizer):
     eos = tokenizer.eos_token_id
     head_bias = torch.zeros(len(tokenizer))
     head_bias[eos] = 100.0  # make the end token all but certain
-    tiny_model.lm_head.register_forward_hook(lambda m, i, o: o + head_bias)
+    tiny_model.lm_head.bias = torch.nn.Parameter(head_bias)  # the sampler's head adds it (hooks are bypassed)
     r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=5)
     assert r.lengths.tolist() == [1] * 6
     assert not r.truncated.any()
@@ -189,10 +189,10 @@ def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
     hidden.grad, head.weight.grad = None, None
     expected = torch.log_softmax(head(hidden) / 0.8, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
     expected.sum().backward()
-    tol = {"atol": 0.05, "rtol": 0.05}  # bf16 products
-    torch.testing.assert_close(got[0], expected.detach(), **tol)
-    torch.testing.assert_close(got[1], hidden.grad, **tol)
-    torch.testing.assert_close(got[2], head.weight.grad, **tol)
+    # the head and its gradients are computed in fp32 whatever the autocast: fp32 tolerances
+    torch.testing.assert_close(got[0], expected.detach())
+    torch.testing.assert_close(got[1], hidden.grad)
+    torch.testing.assert_close(got[2], head.weight.grad)
 
 
 def test_grouped_kv_attention_changes_nothing_but_memory(tiny_model, tokenizer, monkeypatch):

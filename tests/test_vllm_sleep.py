@@ -4,6 +4,7 @@ vLLM's CPU build has no sleep mode, so this checks the trainer-side protocol
 with the worker's replies stubbed: what is sent, in which order.
 """
 
+import pytest
 import torch
 
 from grpo.vllm_engine import VLLMEngine
@@ -12,7 +13,7 @@ from grpo.vllm_engine import VLLMEngine
 def _engine(sleep: bool) -> tuple[VLLMEngine, list]:
     sent = []
     engine = VLLMEngine.__new__(VLLMEngine)  # no worker process: _call records the requests
-    engine.sleep_mode, engine.asleep, engine.conn, engine.lora, engine.stops = sleep, False, object(), None, [2]
+    engine.sleep_mode, engine.sleeping, engine.conn, engine.lora, engine.stops = sleep, [], object(), None, [2]
     engine.lora_rank, engine.versions, engine.dir, engine.woken = 0, 0, None, []
 
     def call(message, **_):
@@ -32,6 +33,7 @@ def test_the_engine_sleeps_once_through_the_update_and_wakes_before_the_next_req
     assert sent == ["sleep"] and engine.asleep
     out = engine.sample([[1, 2, 3]], max_tokens=[4], drawn=[0], streams=torch.tensor([[1, 2]]))
     assert sent == ["sleep", "wake", "generate"] and not engine.asleep
+    assert engine.woken == [["weights", "kv_cache"]]  # everything that sleeps, at once
     assert out == [([5, 2], [-0.1, -0.2], True)]  # the stop token 2 ended it
 
 
@@ -47,9 +49,21 @@ def test_a_push_wakes_the_engine_before_loading_the_weights(tmp_path):
     engine.dir = tmp_path
     engine.sleep()
     engine.push(torch.nn.Linear(2, 2))
-    # the weights wake first and take the new ones; the KV cache after
+    # the weights wake first and take the new ones; the KV cache after, alone (tags=None would wake the
+    # weights again, vLLM's default being every tag)
     assert sent == ["sleep", "wake", "load_weights", "wake"] and not engine.asleep
-    assert engine.woken == [["weights"], None]
+    assert engine.woken == [["weights"], ["kv_cache"]]
+    engine.sample([[1, 2, 3]], max_tokens=[4], drawn=[0])  # all awake: the request wakes nothing
+    assert sent[-1] == "generate" and len(engine.woken) == 2
+
+
+def test_a_lora_push_wakes_everything_at_once(tmp_path):
+    # LoRA loads no weights into vLLM's model: the adapter comes with the next request
+    engine, sent = _engine(sleep=True)
+    engine.dir, engine.lora_rank = tmp_path, 8
+    engine.sleep()
+    engine.push(type("Adapter", (), {"save_pretrained": lambda self, folder: None})())
+    assert sent == ["sleep", "wake"] and engine.woken == [["weights", "kv_cache"]] and not engine.asleep
 
 
 class Recorder:
@@ -102,3 +116,39 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
     assert events[-2:] == ["sleep", "push"] and set(events[:-2]) == {"generate"}, events
     # the gradients were freed before the engine woke for the push (their memory goes back to it)
     assert all(p.grad is None for p in trainer.model.parameters())
+
+
+def test_seeds_are_drawn_on_the_generators_own_device(monkeypatch):
+    # on a GPU the pre-flight check's generator is a CUDA one (preflight.py builds it on the trainer's
+    # device), and a CUDA generator cannot draw a CPU tensor; this CPU build has no CUDA generator, so a
+    # stand-in checks the rule torch applies there
+    from types import SimpleNamespace
+
+    cuda = SimpleNamespace(device=torch.device("cuda", 0))
+
+    def randint(low, high, size, *, generator=None, device=None):
+        if generator is not None and torch.device(device or "cpu") != generator.device:
+            raise RuntimeError(f"Expected a '{torch.device(device or 'cpu').type}' device type for generator")
+        return torch.arange(size[0])
+
+    monkeypatch.setattr(torch, "randint", randint)
+    engine, sent = _engine(sleep=False)
+    engine.sample([[1, 2, 3]], max_tokens=[4], drawn=[0], generator=cuda)
+    assert sent == ["generate"]
+
+
+def test_a_start_past_its_deadline_fails_with_the_log_named(tmp_path):
+    import time
+    from multiprocessing import Pipe
+
+    from grpo.vllm_engine import START_SECONDS, EngineError
+
+    # below NCCL's default collective timeout (600 s), so a slow start fails here, not as a hung collective
+    assert START_SECONDS["cuda"] < 600
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.conn, _silent = Pipe()  # the worker never answers
+    engine.proc = type("Alive", (), {"poll": lambda self: None})()
+    engine.cuda_device, engine.log, engine.failed = 0, tmp_path / "vllm.log", False
+    with pytest.raises(EngineError, match=r"did not start in 480 s \(log: .*vllm.log\)"):
+        engine._call({"model": "m"}, deadline=time.monotonic() + 1.5)
+    assert engine.failed  # the log is kept

@@ -16,7 +16,8 @@ receives the engine's settings, and then serves requests, one at a time, until t
   model in place (no reload from disk of the rest) and drop the prefix cache;
 - ``("sleep", level)`` and ``("wake", tags)``: vLLM's sleep mode (CUDA),
   which frees the engine's device memory while the trainer updates (tags:
-  None for everything, ["weights"] for the weights alone);
+  ["weights"] before a push loads new weights, ["kv_cache"] after it, both
+  before a request that finds them asleep);
 - ``("close",)``.
 
 Every reply is ``("ok", value)`` or ``("error", kind, message)``; a start-up

@@ -1,0 +1,378 @@
+"""The GPU path in one command: does a first CUDA run work, how fast, in how much memory?
+
+    python bench/gpu_check.py                        # a CUDA machine: Qwen2.5-0.5B and -1.5B shapes
+    python bench/gpu_check.py --device cpu --tiny    # anywhere, in seconds (tests/test_gpu_check.py)
+
+It needs torch and transformers alone (no internet, vLLM, math-verify, rich or
+gguf): the models are random weights in the shapes of Qwen2.5-0.5B and
+Qwen2.5-1.5B (``--tiny``: a two-layer model of the same family), and the
+tokenizer is SmolLM2's, kept in bench/tokenizer (1.6 MB, with its chat
+template). Through grpo's Python API (``GRPOTrainer`` given the model and
+tokenizer objects, task ``add``) it runs, per model shape:
+
+- ``build``: the model made on the device and the trainer around it;
+- ``preflight``: the pre-flight check (grpo/preflight.py);
+- ``train``: 3 steps of the default recipe (TrainConfig's defaults) on the own engine;
+- ``train-ckpt``: the same with gradient checkpointing, once TrainConfig has the
+  option (the hook below; skipped, and said so, until then);
+
+and on the smallest shape ``checkpoint``: 2 steps into a run folder, then a new
+trainer resumes it for step 3; with two GPUs (or ``--torchrun``) ``torchrun``:
+one step by two processes. Random weights cannot add, so the reward is the
+parity of a completion's first character, which splits most groups: every step
+trains.
+
+One line per phase: seconds; tokens sampled per second; peak memory
+(``torch.cuda.max_memory_allocated``; on the CPU the process's peak resident
+set); MFU, (2 P per sampled token + 6 P per trained completion token) / seconds
+/ the GPU's dense bf16 peak (P: the parameters of the matrix products,
+attention left out; n/a on the CPU or an unknown GPU without
+``--peak-tflops``); and the sampler/trainer log-prob gap |log pi_trainer - log
+pi_sampler| per token, the step metrics ``sampler_logp_diff`` (mean) and
+``sampler_logp_diff_max``. The exit status is 1 when any phase failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # grpo from this checkout, installed or not
+TOKENIZER = HERE / "tokenizer"
+STEPS = 3
+# the Qwen2.5 models' shapes (their config.json); both tie the output layer to the embeddings
+SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=49152),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936),
+}
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16, by device name
+
+
+def first_char_parity(completion: str, example: dict) -> float:
+    """1 for an odd first character, 0 for an even one: random completions split most groups."""
+    return float(ord(completion[0]) % 2) if completion else 0.5
+
+
+@dataclass
+class Counts:
+    """What a phase did: tokens sampled, completion tokens trained, and each step's log-prob gap."""
+
+    params: int = 0  # the model's, for MFU (0: no MFU)
+    sampled: int = 0
+    trained: float = 0.0
+    gaps: list[tuple[float, float | None]] = field(default_factory=list)  # (mean, max) per step
+
+    def add_step(self, metrics: dict) -> None:
+        """A step's metrics (as trainer.step returns them, or as metrics.jsonl holds them)."""
+        self.trained += metrics["trained_sequences"] * metrics["completion_len"]
+        if metrics.get("sampler_logp_diff") is not None:
+            self.gaps.append((metrics["sampler_logp_diff"], metrics.get("sampler_logp_diff_max")))
+
+
+@dataclass
+class Check:
+    """The run's settings and what its phases found."""
+
+    device: torch.device
+    peak_flops: float | None  # per second
+    failed: list[str] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)  # the running phase's
+
+    @contextmanager
+    def phase(self, name: str, params: int = 0) -> Iterator[Counts]:
+        """Measure the body as one phase and print its line; a failure is printed and counted, not raised."""
+        self.counts = Counts(params=params)
+        _reset_peak_memory(self.device)
+        start = time.perf_counter()
+        try:
+            yield self.counts
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as err:  # every phase runs, whatever an earlier one did
+            traceback.print_exc()
+            print(f"{name:<18} FAILED: {type(err).__name__}: {' '.join(str(err).split())[:300]}", flush=True)
+            self.failed.append(name)
+            return
+        print(self.line(name, time.perf_counter() - start), flush=True)
+
+    def line(self, name: str, seconds: float) -> str:
+        c = self.counts
+        mfu = "n/a"
+        if self.peak_flops and c.params:
+            mfu = f"{c.params * (2 * c.sampled + 6 * c.trained) / seconds / self.peak_flops:.1%}"
+        gap = "-"
+        if c.gaps:
+            mean, tops = sum(m for m, _ in c.gaps) / len(c.gaps), [t for _, t in c.gaps if t is not None]
+            gap = f"mean {mean:.2e} max {max(tops):.2e}" if tops else f"mean {mean:.2e} max n/a"
+        memory = "GPU" if self.device.type == "cuda" else "RSS"
+        return (f"{name:<18} {seconds:7.1f} s  {c.sampled / seconds:8.0f} tok/s  peak {memory} "
+                f"{_peak_memory(self.device) / 2**30:6.2f} GiB  MFU {mfu:>6}  logp gap {gap}")
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:  # Linux: "5" resets the process's peak resident set (VmHWM)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Bytes: the CUDA allocator's peak, or the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_model(shape: str, device: torch.device, tokenizer: object) -> torch.nn.Module:
+    """A random-weight Qwen2 of the shape's sizes, made on the device itself (fast on a GPU), in fp32."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen2ForCausalLM(config).float()
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """The parameters of the matrix products one token costs: all, but an untied embedding table."""
+    total = sum(p.numel() for p in model.parameters())
+    head, embed = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    return total if head is embed else total - embed.numel()
+
+
+def make_trainer(model: torch.nn.Module, tokenizer: object, device: torch.device, **config: object) -> object:
+    """The default recipe on task add, its reward the parity one (named by file, as a user names theirs)."""
+    from grpo import GRPOTrainer, TrainConfig
+
+    settings = dict(task="add", steps=STEPS, device=str(device), eval_size=8, eval_every=-1, save_model=False)
+    return GRPOTrainer(TrainConfig(**{**settings, **config}), model=model, tokenizer=tokenizer,
+                       rewards=[f"{Path(__file__).resolve()}:first_char_parity"], progress=False)
+
+
+def count_sampled_tokens(trainer: object, check: Check) -> None:
+    """Add every rollout's tokens to the running phase's count."""
+    sample_and_score = trainer.sample_and_score
+
+    def counted(*args: object, **kwargs: object) -> tuple:
+        out = sample_and_score(*args, **kwargs)
+        check.counts.sampled += int(out[0].lengths.sum())
+        return out
+
+    trainer.sample_and_score = counted
+
+
+def free_memory() -> None:
+    """Give the memory of the models and trainers dropped so far back before the next one."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def train_steps(trainer: object, counts: Counts, steps: int = STEPS) -> None:
+    """``steps`` GRPO steps; at least one must update the policy."""
+    updates = 0
+    for step in range(1, steps + 1):
+        metrics = trainer.step(step)
+        counts.add_step(metrics)
+        updates += metrics["optimizer_steps"]
+    if not updates:
+        raise RuntimeError(f"none of the {steps} steps updated the policy")
+
+
+def check_shape(check: Check, shape: str, tokenizer: object) -> None:
+    """build, preflight and train for one model shape, then the gradient-checkpointing hook."""
+    from grpo.preflight import run_preflight
+
+    trainer = None
+    with check.phase(f"build {shape}"):
+        trainer = make_trainer(build_model(shape, check.device, tokenizer), tokenizer, check.device)
+        count_sampled_tokens(trainer, check)
+    if trainer is None:
+        return
+    params = matmul_params(trainer.model)
+    try:
+        with check.phase(f"preflight {shape}", params):
+            fatal = run_preflight(trainer, fit=False).stops("on")
+            if fatal:
+                raise RuntimeError(fatal[0].message)
+        with check.phase(f"train {shape}", params) as counts:
+            train_steps(trainer, counts)
+    finally:
+        trainer.close()
+    del trainer
+    free_memory()
+    train_with_gradient_checkpointing(check, shape, tokenizer, params)
+
+
+def train_with_gradient_checkpointing(check: Check, shape: str, tokenizer: object, params: int) -> None:
+    """HOOK, issue 28 item 2 (--gradient-checkpointing): runs once TrainConfig has the field, skipped until then."""
+    from grpo import TrainConfig
+
+    name = f"train-ckpt {shape}"
+    if "gradient_checkpointing" not in {f.name for f in dataclasses.fields(TrainConfig)}:
+        print(f"{name:<18} skipped: TrainConfig has no gradient_checkpointing yet", flush=True)
+        return
+    with check.phase(name, params) as counts:
+        trainer = make_trainer(build_model(shape, check.device, tokenizer), tokenizer, check.device,
+                               gradient_checkpointing=True)
+        count_sampled_tokens(trainer, check)
+        try:
+            train_steps(trainer, counts)
+        finally:
+            trainer.close()
+    free_memory()
+
+
+def checkpoint_and_resume(check: Check, shape: str, tokenizer: object) -> None:
+    """2 steps into a run folder (checkpoint at step 2), then a new trainer resumes it for step 3."""
+    run_dir = Path(tempfile.mkdtemp(prefix="grpo-gpu-check-"))
+    settings = dict(preflight="off", keep_checkpoints=1, save_every=STEPS)
+    try:
+        with check.phase(f"checkpoint {shape}") as counts:
+            for steps, resume in ((STEPS - 1, False), (STEPS, True)):
+                model = build_model(shape, check.device, tokenizer)
+                counts.params = matmul_params(model)
+                trainer = make_trainer(model, tokenizer, check.device, steps=steps, **settings)
+                count_sampled_tokens(trainer, check)
+                try:
+                    summary = trainer.train(run_dir, resume=resume)
+                finally:
+                    trainer.close()
+                del trainer, model
+                free_memory()
+            logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            trained = [m for m in logged if "optimizer_steps" in m]
+            if summary["steps"] != STEPS or [m["step"] for m in trained] != list(range(1, STEPS + 1)):
+                raise RuntimeError(f"the resumed run logged steps {[m['step'] for m in trained]}")
+            for metrics in trained:
+                counts.add_step(metrics)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def torchrun_step(check: Check, shape: str) -> None:
+    """One step by two processes under torchrun (NCCL on two GPUs, gloo on the CPU); each prints its line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    with check.phase(f"torchrun {shape}"):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                               __file__, "--rank-step", shape, "--device", check.device.type], env=env)
+        if done.returncode:
+            raise RuntimeError(f"torchrun exited with {done.returncode}")
+
+
+def rank_step(shape: str, device_type: str) -> int:
+    """A torchrun process: one step of the shape on this rank's device."""
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")
+    tokenizer = load_tokenizer()
+    check = Check(device, None)
+    trainer = make_trainer(build_model(shape, device, tokenizer), tokenizer, device, preflight="off")
+    count_sampled_tokens(trainer, check)
+    try:
+        with check.phase(f"rank {rank} step"):
+            train_steps(trainer, check.counts, steps=1)
+    finally:
+        trainer.close()
+        trainer.world.close()
+    return 1 if check.failed else 0
+
+
+def load_tokenizer() -> object:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TOKENIZER)
+
+
+def peak_flops(device: torch.device, given: float) -> float | None:
+    """The device's dense bf16 peak in FLOP/s: ``given`` TFLOP/s, else by the GPU's name; None on the CPU."""
+    if given:
+        return given * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tflops * 1e12 for key, tflops in PEAK_TFLOPS.items() if key in name), None)
+
+
+def header(check: Check) -> str:
+    import transformers
+
+    import grpo
+
+    where = torch.cuda.get_device_name(check.device) if check.device.type == "cuda" else "CPU"
+    peak = f"{check.peak_flops / 1e12:g} TFLOP/s" if check.peak_flops else "n/a"
+    return (f"gpu_check on {where}: torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"grpo from {Path(grpo.__file__).parent}, MFU against {peak}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--tiny", action="store_true", help="a two-layer Qwen2 instead of the 0.5B and 1.5B shapes")
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for MFU (default: by name)")
+    parser.add_argument("--torchrun", action="store_true", help="the two-process step also with fewer than 2 GPUs")
+    parser.add_argument("--rank-step", default="", help=argparse.SUPPRESS)  # a torchrun process (internal)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rank_step:
+        return rank_step(args.rank_step, args.device)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; run with --device cpu --tiny", flush=True)
+        return 1
+    if args.tiny:  # a tiny model gains nothing from threads, and they fight a busy machine's other work
+        torch.set_num_threads(1)
+    start = time.perf_counter()
+    check = Check(device, peak_flops(device, args.peak_tflops))
+    print(header(check), flush=True)
+    tokenizer = load_tokenizer()
+    shapes = ["tiny"] if args.tiny else ["0.5b", "1.5b"]
+    for shape in shapes:
+        check_shape(check, shape, tokenizer)
+    checkpoint_and_resume(check, shapes[0], tokenizer)
+    if args.torchrun or (device.type == "cuda" and torch.cuda.device_count() >= 2):
+        torchrun_step(check, shapes[0])
+    else:
+        print(f"{'torchrun ' + shapes[0]:<18} skipped: fewer than 2 GPUs (--torchrun runs it anyway)", flush=True)
+    seconds = time.perf_counter() - start
+    if check.failed:
+        print(f"gpu_check: FAILED {', '.join(check.failed)} ({seconds:.0f} s)", flush=True)
+        return 1
+    print(f"gpu_check: every phase passed in {seconds:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
