@@ -164,12 +164,12 @@ class GRPOTrainer:
             model, tokenizer = policy.model, policy.tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+        # None: single-turn (the one-turn episode is plain sampling); its tool workers fork before CUDA starts
+        self.agent, self.toolbox = make_agent(config, self.task, tokenizer, tools=tools, env=env)
         model.to(self.device)
         if config.lora_rank > 0:
             model = add_lora(model, config.lora_rank, config.lora_alpha or None)
         self.model, self.tokenizer = model, tokenizer
-        # None: single-turn (the one-turn episode is plain sampling)
-        self.agent, self.toolbox = make_agent(config, self.task, self.tokenizer, tools=tools, env=env)
         self.world.broadcast_parameters(model)
         self.reference = self._reference_model()
         self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see

@@ -54,6 +54,7 @@ class StepStats:
     nonfinite_skipped: int = 0
     trained_sequences: int = 0
     sampler_logp_diff: float = 0.0  # mean |log pi_trainer - log pi_sampler| over the tokens trained
+    sampler_logp_diff_max: float = 0.0  # its largest value over the step's tokens trained
     sampler_kl: float = 0.0  # k3 estimate of KL(pi_sampler || pi_trainer)
     tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
 
@@ -173,6 +174,9 @@ def micro_step(trainer: GRPOTrainer, rollout: Rollout, micro: Tensor, part: Mini
         max_tokens=cfg.max_new_tokens, total_tokens=part.total_tokens,
         total_sequences=part.total_sequences, tis_weight=tis_weight,
     )
+    peak = tis.pop("sampler_logp_diff_max", None)  # a maximum, not a token-weighted mean
+    if peak is not None:
+        sums["logp_diff_max"] = max(sums.get("logp_diff_max", 0.0), float(peak))
     m.update(tis)
     loss.backward()
     w = float(sub.mask.sum())
@@ -191,6 +195,7 @@ def whole_batch_stats(trainer: GRPOTrainer, stats: StepStats, sums: dict) -> Ste
     totals = trainer.world.sum(torch.tensor(
         [sums["weight"], stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
     weight, stats.trained_sequences = float(totals[0]), int(totals[1])
+    stats.sampler_logp_diff_max = max(trainer.world.gather_objects(sums.get("logp_diff_max", 0.0)))
     summed = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
     if weight > 0:
         stats.loss = summed["loss"] / max(stats.optimizer_steps, 1)
