@@ -238,24 +238,25 @@ def policy_loss(
             raise ValueError("beta > 0 needs ref_logp")
         kl = k3_kl(logp, ref_logp)  # (N, T)
         per_token = per_token + beta * kl
-    loss = aggregate_loss(
-        per_token,
-        mask,
-        mode=aggregate,
-        max_tokens=max_tokens,
-        total_tokens=total_tokens,
-        total_sequences=total_sequences,
-    )
-    with torch.no_grad():
-        n_valid = mask.sum().clamp(min=1)
-        adv = advantages.unsqueeze(1)
-        low = (ratio < 1.0 - clip_low) & (adv < 0)
-        high = (ratio > 1.0 + clip_high) & (adv > 0)
-        metrics = {
-            "ratio_mean": (ratio * mask).sum() / n_valid,
-            "clip_frac_low": (low.to(mask.dtype) * mask).sum() / n_valid,
-            "clip_frac_high": (high.to(mask.dtype) * mask).sum() / n_valid,
-        }
-        if kl is not None:
-            metrics["kl"] = (kl * mask).sum() / n_valid
-    return loss, metrics
+    loss = aggregate_loss(per_token, mask, mode=aggregate, max_tokens=max_tokens, total_tokens=total_tokens,
+                          total_sequences=total_sequences)
+    return loss, loss_metrics(ratio, advantages, mask, kl, clip_low=clip_low, clip_high=clip_high)
+
+
+@torch.no_grad()
+def loss_metrics(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor | None, *, clip_low: float,
+                 clip_high: float) -> dict[str, Tensor]:
+    """Token means over the mask: ``ratio_mean``, ``clip_frac_low`` (rho < 1-eps_low with A < 0),
+    ``clip_frac_high`` (rho > 1+eps_high with A > 0), and ``kl`` when there is a KL term."""
+    n_valid = mask.sum().clamp(min=1)
+    adv = advantages.unsqueeze(1)  # (N, 1)
+    low = (ratio < 1.0 - clip_low) & (adv < 0)  # (N, T)
+    high = (ratio > 1.0 + clip_high) & (adv > 0)
+    metrics = {
+        "ratio_mean": (ratio * mask).sum() / n_valid,
+        "clip_frac_low": (low.to(mask.dtype) * mask).sum() / n_valid,
+        "clip_frac_high": (high.to(mask.dtype) * mask).sum() / n_valid,
+    }
+    if kl is not None:
+        metrics["kl"] = (kl * mask).sum() / n_valid
+    return metrics

@@ -210,34 +210,24 @@ def sample_turn(
 
     A row ends at a stop token, at the token that completes one of
     ``stop_strings``, at its own ``budget`` of tokens (n,) or at
-    max_new_tokens. Rows that end leave the decoding batch; with
-    ``keep_paused`` their cache is kept aside (``Turn.paused``) so that an
-    episode can continue it (see :func:`resume`).
-    ``streams`` (n, 2): each row's random stream (grpo/streams.py), drawn at
-    counter ``drawn`` (n,) + t for its t-th token of the turn (``drawn``: the
-    tokens its episode sampled in earlier turns, so no number is used twice);
-    without it rows draw from ``generator``.
+    max_new_tokens. Rows that end leave the decoding batch; with ``keep_paused``
+    their cache is kept aside (``Turn.paused``) for the episode to continue (:func:`resume`).
+    ``streams`` (n, 2): each row's random stream (grpo/streams.py), drawn at counter
+    ``drawn`` (n,) + t for its t-th token (``drawn``: its episode's tokens in earlier turns,
+    so no number is used twice); without it rows draw from ``generator``.
     """
     device = state.attn.device
-    pad_id = tokenizer.pad_token_id
     cache, attn, next_pos, logits = state.cache, state.attn, state.next_pos, state.logits
-    n = attn.shape[0]
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((n, max_new_tokens), device=device)
-    lengths = torch.zeros(n, dtype=torch.long, device=device)
-    stopped = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens, logprobs, lengths, stopped = _turn_buffers(attn.shape[0], max_new_tokens, tokenizer.pad_token_id, device)
     paused: list[tuple[Tensor, DecodeState]] = []
-    active = torch.arange(n, device=device)  # rows of the full batch still decoding
+    active = torch.arange(attn.shape[0], device=device)  # rows of the full batch still decoding
     for t in range(max_new_tokens):
-        uniforms = None
-        if streams is not None:  # (len(active),)
-            uniforms = stream_uniforms(streams[active], t if drawn is None else drawn[active] + t)
+        uniforms = None if streams is None else stream_uniforms(  # (len(active),)
+            streams[active], t if drawn is None else drawn[active] + t)
         token, logp = sample_next(
             logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, uniforms=uniforms
         )
-        tokens[active, t] = token
-        logprobs[active, t] = logp
-        lengths[active] = t + 1
+        tokens[active, t], logprobs[active, t], lengths[active] = token, logp, t + 1
         done = torch.isin(token, stops)
         if stop_strings:
             done |= _ends_with_stop(tokenizer, tokens[active, : t + 1], stop_strings)
@@ -250,26 +240,34 @@ def sample_turn(
                 paused.append((active, DecodeState(cache, attn, next_pos, None)))
             break
         if bool(done.any()):
-            if keep_paused:
-                ended = done.nonzero().squeeze(1)
-                paused.append((active[ended], DecodeState(
-                    select_rows(cache, ended), attn[ended], next_pos[ended], None)))
-            keep = (~done).nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
+            active, token, attn, next_pos = _leave(done, active, token, DecodeState(cache, attn, next_pos, None),
+                                                   paused if keep_paused else None)
         attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-        out = decode(
-            decoder,
-            cache,
-            input_ids=token.unsqueeze(1),
-            attention_mask=attn,
-            position_ids=next_pos.unsqueeze(1),
-            use_cache=True,
-        )
-        cache = out.cache
-        logits = head_logits(out.last_hidden_state[:, -1], lm_head)
-        next_pos = next_pos + 1
+        out = decode(decoder, cache, input_ids=token.unsqueeze(1), attention_mask=attn,
+                     position_ids=next_pos.unsqueeze(1), use_cache=True)
+        cache, logits, next_pos = out.cache, head_logits(out.last_hidden_state[:, -1], lm_head), next_pos + 1
     return Turn(tokens, logprobs, lengths, stopped, paused)
+
+
+def _turn_buffers(n: int, max_new_tokens: int, pad_id: int, device: torch.device
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A turn's tokens (n, T) (pad after each row's end), their log-probs (n, T), lengths (n,), stopped (n,)."""
+    return (torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device),
+            torch.zeros((n, max_new_tokens), device=device), torch.zeros(n, dtype=torch.long, device=device),
+            torch.zeros(n, dtype=torch.bool, device=device))
+
+
+def _leave(done: Tensor, active: Tensor, token: Tensor, state: DecodeState,
+           paused: list[tuple[Tensor, DecodeState]] | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Take the rows that are ``done`` out of the decoding batch (their cache too, in place); with
+    ``paused``, keep their state there. Returns the remaining rows, their last tokens, mask and positions."""
+    if paused is not None:
+        ended = done.nonzero().squeeze(1)
+        paused.append((active[ended], DecodeState(
+            select_rows(state.cache, ended), state.attn[ended], state.next_pos[ended], None)))
+    keep = (~done).nonzero().squeeze(1)
+    state.cache.batch_select_indices(keep)
+    return active[keep], token[keep], state.attn[keep], state.next_pos[keep]
 
 
 def resume(paused: list[tuple[Tensor, DecodeState]], rows: list[int]) -> DecodeState:
