@@ -66,3 +66,43 @@ def _no_bomb_files_left_behind():
                 os.remove(path)
             except OSError:
                 pass
+
+
+# ---- test layers: every test belongs to one (its file's, unless it is marked with another), and
+# ``slow`` (the real embedded model) is counted beside them; the run ends with how many ran in each
+
+LAYERS = ("unit", "equivalence", "model", "vllm", "attack")
+FILE_LAYERS = {
+    "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams"),
+    "model": ("test_trainer", "test_preflight", "test_filter_groups", "test_agent_training", "test_run_metrics",
+              "test_episodes", "test_evaluate", "test_rollout", "test_reward_training", "test_gpu_check",
+              "test_coming_from_trl", "test_embedded", "test_agent_embedded", "test_example",
+              "test_architectures", "test_model_folders", "test_prompt_formats"),
+    "vllm": ("test_vllm_engine", "test_vllm_sleep", "test_vllm_acceptance"),
+    "attack": ("test_sandbox", "test_code_audit"),
+}  # any other file: unit
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(layer) for layer in LAYERS):
+            continue
+        module = item.path.stem
+        layer = next((name for name, files in FILE_LAYERS.items() if module in files), "unit")
+        item.add_marker(getattr(pytest.mark, layer))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts = {layer: {} for layer in (*LAYERS, "slow")}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", "call") != "call" and outcome in ("passed", "failed"):
+                continue
+            keywords = getattr(report, "keywords", {})
+            for layer in counts:
+                if layer in keywords:
+                    counts[layer][outcome] = counts[layer].get(outcome, 0) + 1
+    parts = [f"{layer} {counts[layer].get('passed', 0)}"
+             + "".join(f" ({n} {outcome})" for outcome, n in counts[layer].items() if outcome != "passed")
+             for layer in counts]
+    terminalreporter.write_line("tests passed per layer: " + ", ".join(parts))
