@@ -121,6 +121,39 @@ def test_sampling_follows_the_softmax_of_logits_over_temperature():
         torch.testing.assert_close(logp, expected.log()[token], atol=1e-6, rtol=0)
 
 
+def test_a_uniform_of_zero_never_draws_a_masked_token():
+    # top-k/top-p leave the first tokens with probability 0, so the CDF starts [0, 0, ...]; a uniform
+    # of exactly 0 (one in 2^24 per token) must still land on the first token that has mass.
+    from grpo.rollout import inverse_cdf, sample_next
+
+    probs = torch.tensor([[0.0, 0.0, 0.3, 0.0, 0.7], [0.0, 0.5, 0.0, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]])
+    token = inverse_cdf(probs, torch.zeros(3))
+    assert token.tolist() == [2, 1, 0]
+    assert (probs.gather(1, token.unsqueeze(1)) > 0).all()
+    # the same through the sampler: top-k = 1 leaves only the largest logit (the last) any mass
+    token, _ = sample_next(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), temperature=1.0, top_k=1, uniforms=torch.zeros(1))
+    assert token.tolist() == [3]
+
+
+def test_the_draw_is_unchanged_for_positive_uniforms():
+    # Against the plain search (searchsorted with right=False, the draw before the u = 0 fix): for
+    # u > 0 they must pick the same token, on CDFs with masked entries, and never a masked one.
+    from grpo.rollout import inverse_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(4096, 50, generator=gen) ** 4
+    probs = probs.masked_fill(torch.rand(4096, 50, generator=gen) < 0.5, 0.0)  # masked tokens
+    probs[:, 7] += 0.01  # every row keeps some mass
+    probs = probs / probs.sum(dim=1, keepdim=True)
+    u = torch.rand(4096, generator=gen).clamp(min=2.0**-24)  # (0, 1): what stream_uniforms gives besides 0
+    u[:8] = torch.tensor([2.0**-24, 1 - 2.0**-24, 0.5, 0.25, 0.125, 2.0**-23, 1 - 2.0**-23, 0.75])
+    cdf = probs.cumsum(dim=-1)
+    before = torch.searchsorted(cdf, (u.unsqueeze(1) * cdf[:, -1:])).squeeze(1).clamp(max=49)
+    token = inverse_cdf(probs, u)
+    assert torch.equal(token, before)
+    assert (probs.gather(1, token.unsqueeze(1)) > 0).all()
+
+
 def test_length_buckets_trade_padding_against_calls():
     # rows of lengths 10, 2, 10, 2: two groups run 2*10 + 2*2 = 24 tokens, one group runs 4*10 = 40
     assert length_buckets([10, 2, 10, 2], overhead_tokens=0) == [[0, 2], [1, 3]]
