@@ -67,6 +67,7 @@ class Episode:
     env_error: str | None = None  # the traceback's last line when the environment raised
     env_tokens: int = 0
     policy_tokens: int = 0
+    last_turn_tokens: int = 0  # the policy's tokens in its last turn: the completion the task scores
     seconds_env: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)  # the environment's own counts (tool calls, ...)
 
@@ -203,6 +204,7 @@ class Agent:
             going, replies = [], []
             for j, (i, (ids, logprobs, stopped)) in enumerate(zip(live, sampled, strict=True)):
                 record.add(i, ids, logprobs)
+                episodes[i].last_turn_tokens = len(ids)
                 episodes[i].messages.append(
                     {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
                 episodes[i].turns += 1
@@ -381,6 +383,24 @@ def episode_total(task_reward: float, episode: Episode | None) -> float:
     if episode is None:
         return task_reward
     return 0.0 if episode.env_error is not None else task_reward + episode.reward
+
+
+def scored_tokens(rollout: Rollout) -> list[int]:
+    """Each row's tokens in the completion its task reward scores, what a reward sees as
+    ``completion_tokens``: a single-turn row's, an episode's last policy turn.
+
+    Length-aware rewards (DAPO's overlong penalty) compare this count with
+    ``max_completion_tokens``, which is max_new_tokens, the per-turn limit; so an
+    episode's count is per turn too, like with like. Not the sum over its turns,
+    which the per-turn limit does not bound (three turns of 60 under a limit of
+    100 scored as 180, past it), and not the episode's total against
+    max_episode_tokens, which counts the environment's tokens, not the policy's
+    to shorten. A turn cut by a limit ends its episode, so the turn a cut falls
+    on is the last one, the one counted.
+    """
+    if rollout.episodes is None:
+        return rollout.lengths.tolist()
+    return [e.last_turn_tokens for e in rollout.episodes]
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

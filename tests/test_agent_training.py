@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from conftest import make_model, make_tokenizer
 from test_checkpoint import _same_params
@@ -60,6 +61,23 @@ def test_multi_turn_run_trains_and_logs_episodes(tmp_path):
                for s in samples)
     assert all(s["completion"] == s["transcript"][-1]["content"] or s["transcript"][-1]["role"] != "assistant"
                for s in samples)
+
+
+@pytest.mark.xfail(strict=True, reason="until GRPOTrainer.sample_and_score passes scored_tokens(rollout) "
+                   "(grpo/episodes.py) to the scorer instead of rollout.lengths (issue 25, item 3)")
+def test_length_aware_rewards_count_the_scored_turn_against_the_per_turn_limit():
+    seen = []
+
+    def length(completion, example):
+        seen.append((len(completion), example["completion_tokens"], example["max_completion_tokens"]))
+        return 0.0
+
+    trainer = agent_trainer(task=tiny_task(length))
+    rollout, *_ = trainer.sample_and_score(list(range(4)), torch.Generator().manual_seed(0))
+    assert max(e.turns for e in rollout.episodes) > 1
+    assert any(n > 8 for n in rollout.lengths.tolist())  # the policy's tokens summed over turns
+    # the character tokenizer: one token a character, but the random model's special tokens decode to nothing
+    assert all(chars <= tokens <= limit == 8 for chars, tokens, limit in seen), seen
 
 
 def test_multi_turn_run_resumes_exactly(tmp_path):

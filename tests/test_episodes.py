@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo.algorithm import policy_loss
-from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics
+from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics, scored_tokens
 from grpo.logprobs import rollout_logprobs
 
 
@@ -118,6 +118,20 @@ def test_episode_token_limit_and_turn_limit(tiny_model, tokenizer):
     assert int(r.spans.max()) <= 30
     for i, e in enumerate(r.episodes):  # a reply with no room left is not in the transcript, nor counted
         assert e.env_tokens == int(r.env_mask[i].sum()) and e.policy_tokens == int(r.mask[i].sum())
+
+
+def test_a_reward_sees_the_scored_turns_tokens_not_the_sum_over_turns(tiny_model, tokenizer):
+    # completion_tokens is compared with max_new_tokens, a per-turn limit: it must count the last policy
+    # turn (the completion scored), not every policy token of the episode
+    r = _run(tiny_model, tokenizer)
+    counted = scored_tokens(r)
+    for i, e in enumerate(r.episodes):
+        policy = r.mask[i, : int(r.spans[i])]
+        last_turn = int(policy.flip(0).cumprod(0).sum())  # the trailing run of policy tokens
+        assert counted[i] == e.last_turn_tokens == last_turn <= 12
+    assert any(n > 12 for n in r.lengths.tolist())  # summed over turns, past the per-turn limit
+    single = _run(tiny_model, tokenizer, max_turns=1)
+    assert scored_tokens(single) == single.lengths.tolist()
 
 
 def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, tokenizer):
