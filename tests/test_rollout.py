@@ -228,22 +228,50 @@ def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
     torch.testing.assert_close(got[2], head.weight.grad, **tol)
 
 
-def test_grouped_kv_attention_changes_nothing_but_memory(tiny_model, tokenizer, monkeypatch):
-    # the tiny model has 4 query heads over 2 key/value heads, so both attention paths are taken
+def test_grouped_kv_attention_keeps_only_the_grouped_keys_for_backward(tiny_model, tokenizer, monkeypatch):
+    # What grouped_kv_attention (grpo/forward.py) is for: without TRANSFORMERS_SDPA_FORCE_GQA, transformers
+    # repeats each key/value head for its query heads before SDPA whenever there is a mask (always here), and
+    # autograd keeps those copies; with it SDPA gets the 2 key/value heads and enable_gqa. The tiny model has
+    # 4 query heads over 2 key/value heads, so a repeated copy is twice the size of the keys it repeats and
+    # the pass saves, per SDPA call, K and V of half its repeated size less: 2 * numel(repeated K) / 2 floats.
+    import torch.nn.functional as F
+
     prompts = _prompts(tokenizer, ["1+2?", "What is 30+4?"])
     r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=8,
                  generator=torch.Generator().manual_seed(2))
+    sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(query, key, value, *args, **kwargs):
+        calls.append((key.shape[1], key.numel(), bool(kwargs.get("enable_gqa"))))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     results = []
     for forced in ("0", None):  # "0": transformers repeats the key/value heads; None: our context decides
         if forced is None:
             monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
         else:
             monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", forced)
+        calls.clear()
+        storages = {}  # what autograd keeps for backward, each storage once
+
+        def pack(t, storages=storages):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
         tiny_model.zero_grad()
-        logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
         logp.sum().backward()
-        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()]))
+        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()], sum(storages.values()),
+                        list(calls)))
     assert "TRANSFORMERS_SDPA_FORCE_GQA" not in __import__("os").environ  # restored
+    (_, _, repeated_bytes, repeated), (_, _, grouped_bytes, grouped) = results
+    # a pass without a mask (one row) has SDPA group the heads either way; the others repeat them
+    copies = [numel for heads, numel, gqa in repeated if heads == 4 and not gqa]
+    assert copies
+    assert len(grouped) == len(repeated) and all(heads == 2 and gqa for heads, _, gqa in grouped)
+    assert repeated_bytes - grouped_bytes == sum(2 * numel // 2 * 4 for numel in copies)  # float32
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-6)
     for a, b in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
