@@ -46,11 +46,34 @@ def agent_trainer(env=Talk, tools=None, task=None, env_spec="", tools_spec="", *
                        progress=False)
 
 
+def watch_trained_logprobs(trainer: GRPOTrainer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Every (mask, env_mask, gradient of the loss with respect to the log-probs) of the training passes: the
+    log-probs the update's loss is built on come out of the policy (grpo.distributed.Policy) with gradients."""
+    seen = []
+
+    def hook(module, args, output):
+        fn, sub = args[0], args[1] if len(args) > 1 else None
+        if getattr(fn, "__name__", "") == "rollout_logprobs" and output[0].requires_grad:
+            mask, env_mask = sub.mask.clone(), sub.env_mask.clone()
+            output[0].register_hook(lambda grad: seen.append((mask, env_mask, grad.detach().clone())))
+
+    trainer.policy.register_forward_hook(hook)
+    return seen
+
+
 def test_multi_turn_run_trains_and_logs_episodes(tmp_path):
     trainer = agent_trainer(steps=2, sample_every=1)
     before = params(trainer)
+    trained = watch_trained_logprobs(trainer)
     trainer.train(tmp_path / "run")
     assert any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+    # the environment's tokens are context: no gradient reaches their log-probs; the policy's carry it
+    assert trained and sum(float(env.sum()) for _, env, _ in trained) > 0
+    for mask, env, grad in trained:
+        assert grad.shape == mask.shape and (mask * env).sum() == 0
+        assert torch.equal(grad * env, torch.zeros_like(grad))
+        assert torch.equal(grad * (1 - mask), torch.zeros_like(grad))  # nor to padding
+    assert any(bool((grad * mask).abs().sum() > 0) for mask, _, grad in trained)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if "turns_per_episode" in x]
     assert len(steps) == 2 and all(x["turns_per_episode"] > 1 and 0 < x["env_token_frac"] < 1 for x in steps)
