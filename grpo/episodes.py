@@ -2,12 +2,19 @@
 
 An environment is any class with
 
-    reset(example) -> messages            the opening conversation for a task row
+    reset(example, seed) -> messages      the opening conversation for a task row
     step(messages) -> (reply, reward, done)   after each policy turn: the messages to
                                           append (None: none), a reward for the turn (None: 0)
                                           and whether the episode is over
 
 and one instance is made per episode, so state never leaks between episodes.
+The G episodes of a group are one task: they are sampled from one opening and
+their relative rewards are the advantages. So ``reset`` gets a ``seed`` (an int
+in [0, 2^32), one per group, the same on a rerun; grpo/streams.py) from which
+to draw any random state (``random.Random(seed)``); a reset without a ``seed``
+parameter is called with the row alone. A group whose openings differ stops
+the run with an error naming the environment (state that the opening does not
+show escapes the check).
 Tools are the environment :class:`ToolEnv`: a turn with tool calls gets their
 results back, a turn without ends the episode. A single-turn task is the
 one-turn episode, sampled by :func:`grpo.rollout.generate` itself.
@@ -27,6 +34,7 @@ An environment whose reset or step raises ends its episode with reward 0
 
 from __future__ import annotations
 
+import inspect
 import time
 import traceback
 import warnings
@@ -40,6 +48,7 @@ from torch import Tensor, nn
 from grpo.config import ConfigError, TrainConfig
 from grpo.forward import check_supported
 from grpo.rollout import Rollout, Turn, end_of_turn_ids, prefill, resume, sample_turn, start_state
+from grpo.streams import stream_keys, stream_seeds
 from grpo.tools import ToolBox, load_functions, parse_tool_calls
 
 Messages = list[dict]
@@ -47,7 +56,11 @@ SENTINEL = "\u2063grpo-turn\u2063"  # stands in for a policy turn when the templ
 
 
 class Environment(Protocol):
-    def reset(self, example: Mapping) -> Messages: ...
+    """One episode's counterpart; see the module docstring. ``seed`` is optional in an implementation:
+    a reset that takes none is called with the row alone, and must then open every episode of a row
+    the same way."""
+
+    def reset(self, example: Mapping, seed: int) -> Messages: ...
 
     def step(self, messages: Messages) -> tuple[Messages | None, float | None, bool]: ...
 
@@ -67,6 +80,7 @@ class Episode:
     env_error: str | None = None  # the traceback's last line when the environment raised
     env_tokens: int = 0
     policy_tokens: int = 0
+    last_turn_tokens: int = 0  # the policy's tokens in its last turn: the completion the task scores
     seconds_env: float = 0.0
     stats: dict[str, float] = field(default_factory=dict)  # the environment's own counts (tool calls, ...)
 
@@ -178,7 +192,8 @@ class Agent:
         (grpo/vllm_engine.py) that samples the turns instead of the policy itself."""
         stops = end_of_turn_ids(model, tokenizer)
         envs = [self.make_env() for _ in range(len(rows) * group_size)]
-        episodes, prompts = self._open(envs, rows, group_size, tokenizer)
+        episodes, prompts = self._open(envs, rows, group_seeds(len(rows), group_size, streams, generator),
+                                       group_size, tokenizer)
         record = _Transcripts(len(envs))
         if engine is not None:
             turns: _OwnTurns | _EngineTurns = _EngineTurns(engine, prompts, group_size)
@@ -203,6 +218,7 @@ class Agent:
             going, replies = [], []
             for j, (i, (ids, logprobs, stopped)) in enumerate(zip(live, sampled, strict=True)):
                 record.add(i, ids, logprobs)
+                episodes[i].last_turn_tokens = len(ids)
                 episodes[i].messages.append(
                     {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
                 episodes[i].turns += 1
@@ -227,19 +243,26 @@ class Agent:
             episode.stats.update(getattr(env, "stats", {}))
         return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, next(model.parameters()).device)
 
-    def _open(self, envs: list[Environment], rows: Sequence[Mapping], group_size: int,
+    def _open(self, envs: list[Environment], rows: Sequence[Mapping], seeds: list[int], group_size: int,
               tokenizer: object) -> tuple[list[Episode], list[list[int]]]:
-        """Reset every environment; a group's prompt is its first episode's opening conversation."""
+        """Reset every environment with its group's seed; a group's prompt is its opening conversation."""
         episodes, prompts = [], []
-        for b, row in enumerate(rows):
+        for b, (row, seed) in enumerate(zip(rows, seeds, strict=True)):
+            group = envs[b * group_size : (b + 1) * group_size]
             opened = []
-            for env in envs[b * group_size : (b + 1) * group_size]:
+            for env in group:
                 episode = Episode([], 0)
-                messages = self._call(episode, env.reset, row)
+                args = (row, seed) if takes_seed(env.reset) else (row,)
+                messages = self._call(episode, env.reset, *args)
                 opened.append((episode, messages))
             good = [m for _, m in opened if m is not None]
             if not good:
                 raise EpisodeError(f"every environment's reset raised for row {b}: {opened[0][0].env_error}")
+            if any(m != good[0] for m in good[1:]):
+                raise ConfigError(
+                    f"environment {type(group[0]).__qualname__}: the {group_size} episodes of row {b} opened with "
+                    "different conversations, but a group's episodes must share one task; draw random state "
+                    "from the seed reset(example, seed) is given (random.Random(seed)), not from a global RNG")
             for episode, messages in opened:
                 episode.messages = [dict(m) for m in (messages if messages is not None else good[0])]
                 episode.opening = len(episode.messages)
@@ -321,6 +344,28 @@ class _EngineTurns:
         self.conversations = conversations
 
 
+def takes_seed(reset: Callable) -> bool:
+    """Whether an environment's reset takes the group's seed: a ``seed`` parameter or ``**kwargs``."""
+    try:
+        params = inspect.signature(reset).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): called with the row alone
+        return False
+    return any(p.name == "seed" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def group_seeds(groups: int, group_size: int, streams: Tensor | None,
+                generator: torch.Generator | None) -> list[int]:
+    """One seed in [0, 2^32) per group for its environments' reset: from the group's first episode's
+    stream (grpo/streams.py), the same on a rerun and on any number of processes; without streams,
+    drawn from ``generator`` (the pre-flight check); without either (greedy evaluation), the stream
+    of the group's index in the call, so that torch's global generator is left as it was."""
+    if streams is not None:
+        return stream_seeds(streams[::group_size][:groups])
+    if generator is not None:
+        return torch.randint(0, 2**32, (groups,), generator=generator, device=generator.device).tolist()
+    return stream_seeds(stream_keys(torch.arange(groups)))
+
+
 def continuation_ids(tokenizer: object, messages: Messages, reply: Messages, extra: dict, *,
                      stop_text: str) -> list[int]:
     """The tokens the chat template puts between the end of the last policy turn and the next one:
@@ -381,6 +426,24 @@ def episode_total(task_reward: float, episode: Episode | None) -> float:
     if episode is None:
         return task_reward
     return 0.0 if episode.env_error is not None else task_reward + episode.reward
+
+
+def scored_tokens(rollout: Rollout) -> list[int]:
+    """Each row's tokens in the completion its task reward scores, what a reward sees as
+    ``completion_tokens``: a single-turn row's, an episode's last policy turn.
+
+    Length-aware rewards (DAPO's overlong penalty) compare this count with
+    ``max_completion_tokens``, which is max_new_tokens, the per-turn limit; so an
+    episode's count is per turn too, like with like. Not the sum over its turns,
+    which the per-turn limit does not bound (three turns of 60 under a limit of
+    100 scored as 180, past it), and not the episode's total against
+    max_episode_tokens, which counts the environment's tokens, not the policy's
+    to shorten. A turn cut by a limit ends its episode, so the turn a cut falls
+    on is the last one, the one counted.
+    """
+    if rollout.episodes is None:
+        return rollout.lengths.tolist()
+    return [e.last_turn_tokens for e in rollout.episodes]
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -145,14 +145,27 @@ def sample_next(
     else:
         logp = torch.log_softmax(logits / temperature, dim=-1)
         probs = filter_logits(logp, top_k=top_k, top_p=top_p).softmax(dim=-1)
-        # Inverse-CDF sampling: one uniform number per row. (torch.multinomial draws an
-        # exponential per vocabulary entry, which cost ~12 ms a step for 16 x 49k on the CPU.)
-        cdf = probs.cumsum(dim=-1)  # (n, V)
         if uniforms is None:
             uniforms = torch.rand(probs.shape[0], generator=generator, device=probs.device)
-        u = uniforms.to(cdf.device, cdf.dtype).unsqueeze(1) * cdf[:, -1:]  # (n, 1)
-        token = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)
+        token = inverse_cdf(probs, uniforms)
     return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)
+
+
+def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF sampling: row i's token is the first whose cumulative mass reaches u_i times the row's
+    total. probs (n, V), uniforms (n,) in [0, 1) -> (n,).
+
+    One uniform number per row: torch.multinomial draws an exponential per
+    vocabulary entry, which cost ~12 ms a step for 16 x 49k on the CPU.
+    The target u is kept at least the smallest normal float: the search
+    returns the first index with cdf >= u, which for u = 0 would be index 0
+    even when masking (top-k, top-p) left it no mass. Any u > 0 is at least
+    2^-24 times the total, far above that floor, so no other draw changes.
+    """
+    cdf = probs.cumsum(dim=-1)  # (n, V)
+    u = uniforms.to(cdf.device, cdf.dtype).unsqueeze(1) * cdf[:, -1:]  # (n, 1)
+    u = u.clamp(min=torch.finfo(cdf.dtype).tiny)
+    return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 def end_of_turn_ids(model: nn.Module, tokenizer: object) -> list[int]:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 _M32 = 0xFFFFFFFF
 _SALTS = (0x9E3779B9, 0x85EBCA6B)  # one per lane of a key
+_SEED_AT = 0xC2B2AE35  # the counter a stream's seed is hashed at: a token index no completion reaches
 
 
 def _mul32(x: Tensor, c: int) -> Tensor:
@@ -58,6 +59,12 @@ def stream_keys(*parts: int | Tensor) -> Tensor:
     return torch.stack(lanes, dim=1)  # (n, 2)
 
 
+def _hash(keys: Tensor, at: Tensor) -> Tensor:
+    """Each stream's 32-bit hash at counter ``at`` (n,): keys (n, 2) -> (n,) int64."""
+    h = _mix(keys[:, 0] ^ _mix(at))
+    return _mix(h ^ keys[:, 1])
+
+
 def stream_uniforms(keys: Tensor, position: int | Tensor) -> Tensor:
     """Each stream's uniform number in [0, 1) at ``position`` (a token index, or one per stream (n,)):
     keys (n, 2) -> (n,) float32.
@@ -68,6 +75,17 @@ def stream_uniforms(keys: Tensor, position: int | Tensor) -> Tensor:
         at = position.to(keys.dtype) & _M32
     else:
         at = torch.full_like(keys[:, 0], position & _M32)
-    h = _mix(keys[:, 0] ^ _mix(at))
-    h = _mix(h ^ keys[:, 1])
-    return (h >> 8).float() * (1.0 / (1 << 24))
+    return (_hash(keys, at) >> 8).float() * (1.0 / (1 << 24))
+
+
+def stream_seeds(keys: Tensor) -> list[int]:
+    """An integer seed in [0, 2^32) for each stream: keys (n, 2) -> n ints.
+
+    What an environment's reset is given (grpo/episodes.py): a group's seed is
+    its first episode's stream hashed at a counter no completion reaches
+    (_SEED_AT, past 2^31 tokens), so it is none of the numbers its tokens draw
+    and the same on a rerun and on any number of processes. 32 bits, because
+    every seeding API takes that (``random.seed``, ``numpy.random.seed``,
+    ``torch.manual_seed``).
+    """
+    return _hash(keys, torch.full_like(keys[:, 0], _SEED_AT)).tolist()

@@ -48,20 +48,51 @@ def test_sampling_log_probs_match_the_plain_model(policy):
     torch.testing.assert_close(full * r.mask, r.logprobs, atol=2e-4, rtol=0)
 
 
+def greedy_recount(folder: Path, rows: list[dict], max_new_tokens: int) -> float:
+    """Greedy pass@1 of a saved model on the ``add`` rows, counted apart from grpo's evaluation: transformers'
+    own generate, one unpadded prompt at a time, each completion scored by the task's checker (cut: no stop)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.tasks import get_task
+
+    task = get_task("add")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    declared = model.generation_config.eos_token_id
+    stops = {tokenizer.eos_token_id, *(declared if isinstance(declared, list) else [declared])} - {None}
+    solved = 0
+    for row in rows:
+        ids = tokenizer.apply_chat_template(task.messages(row), add_generation_prompt=True, return_dict=True)
+        prompt = torch.tensor([ids["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stops),
+                                 pad_token_id=tokenizer.pad_token_id)[0, prompt.shape[1] :].tolist()
+        text = tokenizer.decode(out, skip_special_tokens=True)
+        solved += task.reward(text, {**row, "truncated": not stops & set(out)}) == 1.0
+    return solved / len(rows)
+
+
 def test_a_short_cli_run_trains_and_saves_a_loadable_model(tmp_path):
+    from grpo.tasks import get_task
+
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # 12 tokens, the add task's own limit: room for "23 + 45 = 68", so the held-out accuracy is not 0 by truncation
     result = subprocess.run(
         [sys.executable, "-m", "grpo", "train", "--steps", "2", "--eval-size", "16", "--prompts-per-step", "4",
-         "--max-new-tokens", "8", "--output", str(run), "--no-progress"],
+         "--max-new-tokens", "12", "--output", str(run), "--no-progress"],
         capture_output=True, text=True, env=env, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["heldout_size"] == 16
-    assert 0.0 <= summary["heldout_accuracy_end"] <= 1.0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "reward_mean" in x] == [1, 2]
+    # the untrained model answers 5 of these 16 sums right greedily (its sentence "22 + 13 = 35" ends on the
+    # answer); a broken template, stop or checker scores 0
+    assert summary["heldout_accuracy_start"] >= 4 / 16, summary
+    # the saved model is the one evaluated last, and the accuracy is what the checker says of its completions
+    rows = list(get_task("add", heldout_size=16).heldout)
+    assert summary["heldout_accuracy_end"] == greedy_recount(run / "model", rows, 12), summary
 
     from transformers import AutoModelForCausalLM
 

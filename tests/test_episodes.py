@@ -1,11 +1,15 @@
 """Multi-turn episodes: the continued cache is exact, environment tokens are context only, limits hold."""
 
+import random
+
 import pytest
 import torch
 
 from grpo.algorithm import policy_loss
-from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics
+from grpo.config import ConfigError
+from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics, scored_tokens
 from grpo.logprobs import rollout_logprobs
+from grpo.streams import stream_keys, stream_seeds
 
 
 class Echo:
@@ -120,6 +124,20 @@ def test_episode_token_limit_and_turn_limit(tiny_model, tokenizer):
         assert e.env_tokens == int(r.env_mask[i].sum()) and e.policy_tokens == int(r.mask[i].sum())
 
 
+def test_a_reward_sees_the_scored_turns_tokens_not_the_sum_over_turns(tiny_model, tokenizer):
+    # completion_tokens is compared with max_new_tokens, a per-turn limit: it must count the last policy
+    # turn (the completion scored), not every policy token of the episode
+    r = _run(tiny_model, tokenizer)
+    counted = scored_tokens(r)
+    for i, e in enumerate(r.episodes):
+        policy = r.mask[i, : int(r.spans[i])]
+        last_turn = int(policy.flip(0).cumprod(0).sum())  # the trailing run of policy tokens
+        assert counted[i] == e.last_turn_tokens == last_turn <= 12
+    assert any(n > 12 for n in r.lengths.tolist())  # summed over turns, past the per-turn limit
+    single = _run(tiny_model, tokenizer, max_turns=1)
+    assert scored_tokens(single) == single.lengths.tolist()
+
+
 def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, tokenizer):
     with pytest.warns(RuntimeWarning, match="env bug"):
         r = _run(tiny_model, tokenizer, env=Broken)
@@ -128,6 +146,61 @@ def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, toke
     assert episode_metrics(r.episodes)["env_errors"] == len(stopped)
     with pytest.raises(EpisodeError, match="env bug"):
         _run(tiny_model, tokenizer, env=Broken, on_error="raise")
+
+
+class Unseeded(Echo):
+    """Draws its task from the global RNG: the G episodes of a row get different tasks."""
+
+    def reset(self, example):
+        return [{"role": "user", "content": f"{example['prompt']} {random.randrange(10**9)}"}]
+
+
+class Seeded(Echo):
+    """Draws its task from the seed it is given, and records the seed."""
+
+    seeds: list[int] = []
+
+    def reset(self, example, seed):
+        Seeded.seeds.append(seed)
+        return [{"role": "user", "content": f"{example['prompt']} {random.Random(seed).randrange(10**9)}"}]
+
+
+def _run_streams(model, tokenizer, env, step=0):
+    streams = stream_keys(7, step, 0, torch.arange(len(ROWS) * 3))  # as the trainer keys a round
+    return Agent(env, max_turns=2, max_episode_tokens=60).run(model, tokenizer, ROWS, group_size=3,
+                                                              max_new_tokens=4, streams=streams)
+
+
+def test_a_group_whose_openings_differ_stops_with_one_line_naming_the_environment(tiny_model, tokenizer):
+    with pytest.raises(ConfigError, match="environment Unseeded: the 3 episodes of row 0 opened with different") as err:
+        _run_streams(tiny_model, tokenizer, Unseeded)
+    assert "\n" not in str(err.value)
+
+
+def test_reset_gets_one_seed_per_group_the_same_on_a_rerun(tiny_model, tokenizer):
+    Seeded.seeds = []
+    first = _run_streams(tiny_model, tokenizer, Seeded)
+    seeds = Seeded.seeds
+    assert seeds == [seeds[0]] * 3 + [seeds[3]] * 3 and seeds[0] != seeds[3]  # one per group of 3
+    assert seeds[::3] == stream_seeds(stream_keys(7, 0, 0, torch.tensor([0, 3])))  # the group's first stream
+    openings = [e.messages[: e.opening] for e in first.episodes]
+    assert openings[0] == openings[1] == openings[2] != openings[3] == openings[4] == openings[5]
+    Seeded.seeds = []
+    again = _run_streams(tiny_model, tokenizer, Seeded)
+    assert Seeded.seeds == seeds and [e.messages[: e.opening] for e in again.episodes] == openings
+    Seeded.seeds = []
+    _run_streams(tiny_model, tokenizer, Seeded, step=1)
+    assert Seeded.seeds[::3] != seeds[::3]  # another step, other tasks
+    # without streams (the pre-flight check) the seed comes from the generator, as reproducible
+    Seeded.seeds = []
+    _run(tiny_model, tokenizer, Seeded, max_turns=1)
+    _run(tiny_model, tokenizer, Seeded, max_turns=1)
+    assert Seeded.seeds[:6] == Seeded.seeds[6:] and len(set(Seeded.seeds[:6])) == 2
+    # greedy evaluation (neither): still a seed per group, and torch's global generator left alone
+    Seeded.seeds, state = [], torch.get_rng_state()
+    Agent(Seeded, max_turns=1, max_episode_tokens=60).run(tiny_model, tokenizer, ROWS, group_size=3,
+                                                          max_new_tokens=4, temperature=0.0)
+    assert torch.equal(torch.get_rng_state(), state) and len(set(Seeded.seeds)) == 2
 
 
 def test_episode_record_keeps_the_opening_apart():

@@ -121,6 +121,39 @@ def test_sampling_follows_the_softmax_of_logits_over_temperature():
         torch.testing.assert_close(logp, expected.log()[token], atol=1e-6, rtol=0)
 
 
+def test_a_uniform_of_zero_never_draws_a_masked_token():
+    # top-k/top-p leave the first tokens with probability 0, so the CDF starts [0, 0, ...]; a uniform
+    # of exactly 0 (one in 2^24 per token) must still land on the first token that has mass.
+    from grpo.rollout import inverse_cdf, sample_next
+
+    probs = torch.tensor([[0.0, 0.0, 0.3, 0.0, 0.7], [0.0, 0.5, 0.0, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]])
+    token = inverse_cdf(probs, torch.zeros(3))
+    assert token.tolist() == [2, 1, 0]
+    assert (probs.gather(1, token.unsqueeze(1)) > 0).all()
+    # the same through the sampler: top-k = 1 leaves only the largest logit (the last) any mass
+    token, _ = sample_next(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), temperature=1.0, top_k=1, uniforms=torch.zeros(1))
+    assert token.tolist() == [3]
+
+
+def test_the_draw_is_unchanged_for_positive_uniforms():
+    # Against the plain search (searchsorted with right=False, the draw before the u = 0 fix): for
+    # u > 0 they must pick the same token, on CDFs with masked entries, and never a masked one.
+    from grpo.rollout import inverse_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(4096, 50, generator=gen) ** 4
+    probs = probs.masked_fill(torch.rand(4096, 50, generator=gen) < 0.5, 0.0)  # masked tokens
+    probs[:, 7] += 0.01  # every row keeps some mass
+    probs = probs / probs.sum(dim=1, keepdim=True)
+    u = torch.rand(4096, generator=gen).clamp(min=2.0**-24)  # (0, 1): what stream_uniforms gives besides 0
+    u[:8] = torch.tensor([2.0**-24, 1 - 2.0**-24, 0.5, 0.25, 0.125, 2.0**-23, 1 - 2.0**-23, 0.75])
+    cdf = probs.cumsum(dim=-1)
+    before = torch.searchsorted(cdf, (u.unsqueeze(1) * cdf[:, -1:])).squeeze(1).clamp(max=49)
+    token = inverse_cdf(probs, u)
+    assert torch.equal(token, before)
+    assert (probs.gather(1, token.unsqueeze(1)) > 0).all()
+
+
 def test_length_buckets_trade_padding_against_calls():
     # rows of lengths 10, 2, 10, 2: two groups run 2*10 + 2*2 = 24 tokens, one group runs 4*10 = 40
     assert length_buckets([10, 2, 10, 2], overhead_tokens=0) == [[0, 2], [1, 3]]
@@ -195,22 +228,50 @@ def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
     torch.testing.assert_close(got[2], head.weight.grad)
 
 
-def test_grouped_kv_attention_changes_nothing_but_memory(tiny_model, tokenizer, monkeypatch):
-    # the tiny model has 4 query heads over 2 key/value heads, so both attention paths are taken
+def test_grouped_kv_attention_keeps_only_the_grouped_keys_for_backward(tiny_model, tokenizer, monkeypatch):
+    # What grouped_kv_attention (grpo/forward.py) is for: without TRANSFORMERS_SDPA_FORCE_GQA, transformers
+    # repeats each key/value head for its query heads before SDPA whenever there is a mask (always here), and
+    # autograd keeps those copies; with it SDPA gets the 2 key/value heads and enable_gqa. The tiny model has
+    # 4 query heads over 2 key/value heads, so a repeated copy is twice the size of the keys it repeats and
+    # the pass saves, per SDPA call, K and V of half its repeated size less: 2 * numel(repeated K) / 2 floats.
+    import torch.nn.functional as F
+
     prompts = _prompts(tokenizer, ["1+2?", "What is 30+4?"])
     r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=8,
                  generator=torch.Generator().manual_seed(2))
+    sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(query, key, value, *args, **kwargs):
+        calls.append((key.shape[1], key.numel(), bool(kwargs.get("enable_gqa"))))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     results = []
     for forced in ("0", None):  # "0": transformers repeats the key/value heads; None: our context decides
         if forced is None:
             monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
         else:
             monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", forced)
+        calls.clear()
+        storages = {}  # what autograd keeps for backward, each storage once
+
+        def pack(t, storages=storages):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
         tiny_model.zero_grad()
-        logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
         logp.sum().backward()
-        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()]))
+        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()], sum(storages.values()),
+                        list(calls)))
     assert "TRANSFORMERS_SDPA_FORCE_GQA" not in __import__("os").environ  # restored
+    (_, _, repeated_bytes, repeated), (_, _, grouped_bytes, grouped) = results
+    # a pass without a mask (one row) has SDPA group the heads either way; the others repeat them
+    copies = [numel for heads, numel, gqa in repeated if heads == 4 and not gqa]
+    assert copies
+    assert len(grouped) == len(repeated) and all(heads == 2 and gqa for heads, _, gqa in grouped)
+    assert repeated_bytes - grouped_bytes == sum(2 * numel // 2 * 4 for numel in copies)  # float32
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=1e-6)
     for a, b in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
