@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from grpo.algorithm import group_varies
-from grpo.episodes import episode_total
+from grpo.episodes import episode_total, scored_tokens
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.streams import stream_keys
 
@@ -229,7 +229,7 @@ def sample_and_score(
     group_rows = [t.task.train[i] for i in prompts for _ in range(cfg.group_size)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
     rewards, metrics = t.score(
-        rollout.texts, group_rows, rollout.lengths.tolist(), ids, truncated=rollout.truncated.tolist())
+        rollout.texts, group_rows, scored_tokens(rollout), ids, truncated=rollout.truncated.tolist())
     if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
         rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
     return rollout, rewards, metrics, seconds

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 from conftest import make_model, make_tokenizer
 from test_checkpoint import _same_params
@@ -88,8 +87,6 @@ def test_multi_turn_run_trains_and_logs_episodes(tmp_path):
                for s in samples)
 
 
-@pytest.mark.xfail(strict=True, reason="until GRPOTrainer.sample_and_score passes scored_tokens(rollout) "
-                   "(grpo/episodes.py) to the scorer instead of rollout.lengths (issue 25, item 3)")
 def test_length_aware_rewards_count_the_scored_turn_against_the_per_turn_limit():
     seen = []
 
