@@ -200,14 +200,7 @@ class Agent:
         else:
             turns = _OwnTurns(model, tokenizer, prompts, group_size, stops,
                               keep_cache=self.max_turns > 1 and not self.reencode)
-        # tokens each episode may add after its prompt; on an engine also within its length limit (vLLM
-        # refuses a request past it)
-        limits = [self.max_episode_tokens if engine is None else
-                  min(self.max_episode_tokens, engine.max_model_len - len(prompts[i // group_size]))
-                  for i in range(len(envs))]
-        if min(limits) <= 0:
-            raise ConfigError(f"an episode's opening ({max(len(p) for p in prompts)} tokens) leaves no room within "
-                              f"the engine's length limit ({engine.max_model_len} tokens)")
+        limits = self._limits(engine, prompts, group_size)
         live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):
             budgets = [min(max_new_tokens, limits[i] - record.used(i)) for i in live]
@@ -242,6 +235,17 @@ class Agent:
         for episode, env in zip(episodes, envs, strict=True):
             episode.stats.update(getattr(env, "stats", {}))
         return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, next(model.parameters()).device)
+
+    def _limits(self, engine: object | None, prompts: list[list[int]], group_size: int) -> list[int]:
+        """The tokens each episode may add after its prompt; on an engine also within its length limit
+        (vLLM refuses a request past it)."""
+        limits = [self.max_episode_tokens if engine is None else
+                  min(self.max_episode_tokens, engine.max_model_len - len(prompt))
+                  for prompt in prompts for _ in range(group_size)]
+        if min(limits) <= 0:
+            raise ConfigError(f"an episode's opening ({max(len(p) for p in prompts)} tokens) leaves no room within "
+                              f"the engine's length limit ({engine.max_model_len} tokens)")
+        return limits
 
     def _open(self, envs: list[Environment], rows: Sequence[Mapping], seeds: list[int], group_size: int,
               tokenizer: object) -> tuple[list[Episode], list[list[int]]]:
