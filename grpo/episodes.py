@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from grpo.config import ConfigError, TrainConfig
 from grpo.forward import check_supported
+from grpo.prompts import PromptFormat, prompt_format
 from grpo.rollout import Rollout, Turn, end_of_turn_ids, prefill, resume, sample_turn, start_state
 from grpo.tools import ToolBox, load_functions, parse_tool_calls
 
@@ -108,18 +109,20 @@ class ToolEnv:
         return [{"role": self.role, "content": r.text} for r in results], None, False
 
 
-def template_features(tokenizer: object, schemas: list[dict]) -> tuple[bool, str]:
-    """Whether the chat template renders ``tools=`` (its own call format), and the role its tool
-    results take: "tool" when the template renders that role, else "user"."""
+def template_features(tokenizer: object, schemas: list[dict], template: str | None = None) -> tuple[bool, str]:
+    """Whether the chat template (``template``, else the tokenizer's) renders ``tools=`` (its own call
+    format), and the role its tool results take: "tool" when the template renders that role, else "user"."""
     base = [{"role": "user", "content": "u"}]
-    plain = tokenizer.apply_chat_template(base, tokenize=False)
+    given = {"chat_template": template} if template else {}
+    plain = tokenizer.apply_chat_template(base, tokenize=False, **given)
     try:
-        native = bool(schemas) and tokenizer.apply_chat_template(base, tools=schemas, tokenize=False) != plain
+        native = bool(schemas) and tokenizer.apply_chat_template(base, tools=schemas, tokenize=False, **given) != plain
     except Exception:
         native = False
     try:
         shown = tokenizer.apply_chat_template(
-            [*base, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "MARK-7"}], tokenize=False)
+            [*base, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "MARK-7"}], tokenize=False,
+            **given)
         role = "tool" if "MARK-7" in shown else "user"
     except Exception:
         role = "user"
@@ -140,12 +143,12 @@ class Agent:
     turn_discount: float = 1.0
     on_error: str = "zero"
     schemas: list[dict] = field(default_factory=list)  # passed to the template as tools=, when it renders them
+    prompt_format: PromptFormat = field(default_factory=lambda: PromptFormat("chat"))  # chat: episodes take turns
     reencode: bool = False  # encode the whole conversation again each turn (bench/bench_rollout.py's baseline)
     warned: bool = field(default=False, repr=False)  # an environment's first raise was reported
 
     def encode(self, tokenizer: object, messages: Messages) -> list[int]:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **self._template_extra())
-        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+        return self.prompt_format.encode(tokenizer, messages, **self._tools())
 
     def _call(self, episode: Episode, fn: Callable, *args: object) -> object:
         """Run an environment method, timed; a raise ends the episode (or the run, with on_error raise)."""
@@ -264,8 +267,13 @@ class Agent:
         episode.messages.extend(dict(m) for m in reply)
         return ids
 
-    def _template_extra(self) -> dict:
+    def _tools(self) -> dict:
         return {"tools": self.schemas} if self.schemas else {}
+
+    def _template_extra(self) -> dict:
+        """What the chat template is called with: the tools, and the run's template when it is not the tokenizer's."""
+        template = self.prompt_format.template
+        return {**self._tools(), **({"chat_template": template} if template else {})}
 
 
 class _OwnTurns:
@@ -412,18 +420,22 @@ def make_agent(config: TrainConfig, task: object, tokenizer: object, *, tools: S
         tools = load_functions(config.tools) if config.tools and not withheld else list(task.tools)
     if make_env is not None and tools:
         raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+    if make_env is None and not tools:
+        return None, None
+    fmt = prompt_format(tokenizer, config.prompt_format, config.chat_template)
+    if fmt.name != "chat":
+        raise ConfigError(f"prompt format {fmt.name} writes one question and one answer; episodes with tools or an "
+                          "environment take turns, which need a chat template: a model that has one, or --chat-template FILE")
     schemas: list[dict] = []
     box = None
     if make_env is None:
-        if not tools:
-            return None, None
         box = ToolBox(tools, timeout=config.tool_timeout, withheld=withheld)
-        native, role = template_features(tokenizer, box.schemas)
+        native, role = template_features(tokenizer, box.schemas, fmt.template)
         schemas = box.schemas if native else []
 
         def make_env() -> ToolEnv:  # one per episode
             return ToolEnv(box, task.messages, role, native)
 
     agent = Agent(make_env, max_turns=config.max_turns, max_episode_tokens=config.max_episode_tokens,
-                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas)
+                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas, prompt_format=fmt)
     return agent, box
