@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.forward import check_supported
+from grpo.forward import has_sliding_window, output_head
 from grpo.prompts import PromptFormat, prompt_format
 from grpo.rollout import Rollout, Turn, end_of_turn_ids, prefill, resume, sample_turn, start_state
 from grpo.tools import ToolBox, load_functions, parse_tool_calls
@@ -187,7 +187,7 @@ class Agent:
             turns: _OwnTurns | _EngineTurns = _EngineTurns(engine, prompts, group_size)
         else:
             turns = _OwnTurns(model, tokenizer, prompts, group_size, stops,
-                              keep_cache=self.max_turns > 1 and not self.reencode)
+                              keep_cache=self.max_turns > 1 and not self.reencode and not has_sliding_window(model))
         # tokens each episode may add after its prompt; on an engine also within its length limit (vLLM
         # refuses a request past it)
         limits = [self.max_episode_tokens if engine is None else
@@ -282,8 +282,7 @@ class _OwnTurns:
 
     def __init__(self, model: nn.Module, tokenizer: object, prompts: list[list[int]], group_size: int,
                  stops: list[int], *, keep_cache: bool) -> None:
-        check_supported(model)
-        self.decoder, self.lm_head = model.get_decoder(), model.get_output_embeddings()
+        self.decoder, self.lm_head = model.get_decoder(), output_head(model)
         self.tokenizer, self.keep_cache = tokenizer, keep_cache
         self.device = next(model.parameters()).device
         self.stops = torch.tensor(stops, device=self.device)
