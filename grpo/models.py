@@ -211,6 +211,10 @@ def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Modu
     """Wrap a model with a peft LoRA adapter on every linear projection of its blocks."""
     from peft import LoraConfig, get_peft_model
 
+    if hasattr(model, "peft_config"):
+        raise ModelError("the model is a LoRA adapter already (an adapter folder as --model trains it on): "
+                         "drop --lora-rank")
+
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha if alpha is not None else 2 * rank,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import make_model, make_tokenizer
 
-from grpo.models import ModelError, check_model, load_policy
+from grpo.models import ModelError, add_lora, check_model, load_policy
 
 
 @pytest.mark.parametrize(("model_type", "message"), [
@@ -26,8 +26,6 @@ def test_an_unsupported_architecture_is_one_line_before_loading(tmp_path, model_
 def adapter_dir(tmp_path):
     """A LoRA adapter folder (as peft saves one) on a tiny base model folder."""
     from transformers import AutoModelForCausalLM
-
-    from grpo.models import add_lora
 
     tokenizer = make_tokenizer()
     make_model(len(tokenizer)).save_pretrained(tmp_path / "base")
@@ -49,6 +47,8 @@ def test_an_adapter_folder_loads_its_base_and_trains_the_adapter(adapter_dir):
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         torch.testing.assert_close(policy.model(input_ids=ids).logits, lora(input_ids=ids).logits)
+    with pytest.raises(ModelError, match="is a LoRA adapter already"):
+        add_lora(policy.model, 4)
 
 
 def test_grpo_train_continues_an_adapter(adapter_dir, tmp_path):
