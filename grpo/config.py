@@ -21,6 +21,7 @@ DATA_MAX_NEW_TOKENS = 256
 """The token limit of a run on the user's data when none is given and no pre-flight check fits one
 (TRL's default max_completion_length is 256 too): room for short reasoning, not the demo's 8."""
 DEFAULT_STEPS = 20  # steps for a task that sets none
+PROMPT_FORMATS = ("auto", "chat", "plain", "r1-zero")  # grpo/prompts.py
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,9 @@ class TrainConfig:
     answer_field: str = field(**_doc("the data's answer column (empty: answer, solution, output or target; GSM8K's '#### x' is recognised)", default=""))
     system_prompt: str = field(**_doc("system message before every prompt (empty: none, or the task's own)", default=""))
     prompt_template: str = field(**_doc("format string over the row's fields making the user message, e.g. '{question} Answer in \\boxed{{}}.' (empty: the prompt as is)", default=""))
+    prompt_format: str = field(**_doc("how prompts are written: auto (the tokenizer's chat template when it has one, else plain), chat, plain (for base models: the system prompt, then 'Question: ...' and the cue 'Answer:'; stops at a newline or 'Question:') or r1-zero (DeepSeek-R1-Zero's template: think in <think> </think>, answer in <answer> </answer>, the cue 'Assistant: <think>'; stops at '</answer>'; a wrong answer in that layout scores 0.1); the format's stop strings join --stop", default="auto"))
+    chat_template: str = field(**_doc("a Jinja chat template file to use instead of the tokenizer's own (the chat format)", default=""))
+    few_shot: int = field(**_doc("worked examples before every prompt: this many training rows (a fixed draw, then left out of training), each as a question and its answer (plain and chat formats)", default=0))
     rewards: tuple[str, ...] = field(**_doc("reward functions (built-in name, module:function, file.py:function); empty: the task's own", default=()))
     reward_style: str = field(**_doc("how the rewards are called: auto (read from each signature), grpo (completion, example), trl (completions, **kwargs; per batch) or verl (data_source, solution_str, ground_truth, extra_info); a stated style applies to every reward", default="auto"))
     reward_weights: tuple[float, ...] = field(**_doc("one weight per reward; empty: all 1.0", default=()))
@@ -137,7 +141,7 @@ class TrainConfig:
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
-                        "reward_workers", "max_turns", "max_episode_tokens")
+                        "reward_workers", "max_turns", "max_episode_tokens", "few_shot")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -158,7 +162,8 @@ class TrainConfig:
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
                    "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
                    "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
-                   "engine": ("own", "vllm"), "tis_level": ("token", "sequence")}
+                   "engine": ("own", "vllm"), "tis_level": ("token", "sequence"),
+                   "prompt_format": PROMPT_FORMATS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -170,6 +175,11 @@ class TrainConfig:
             raise ConfigError(f"minibatches ({self.minibatches}) cannot exceed prompts_per_step ({self.prompts_per_step}): a minibatch holds whole groups")
         if self.reward_weights and len(self.reward_weights) != len(self.rewards):
             raise ConfigError(f"reward_weights has {len(self.reward_weights)} entries but rewards has {len(self.rewards)}")
+        if self.few_shot and self.prompt_format == "r1-zero":
+            raise ConfigError("few_shot: r1-zero's template is zero-shot (its answers are the model's own reasoning); "
+                              "use prompt_format plain or chat for worked examples")
+        if self.chat_template and self.prompt_format not in ("auto", "chat"):
+            raise ConfigError(f"chat_template is a chat format's template; prompt_format {self.prompt_format} has its own")
         if self.eval_samples and not all(0 < k <= self.eval_samples for k in self.eval_k):
             raise ConfigError(f"eval_k must lie in 1..eval_samples ({self.eval_samples}), got {list(self.eval_k)}")
 

@@ -46,10 +46,12 @@ import torch
 from torch import Tensor, nn
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.forward import check_supported
-from grpo.rollout import Rollout, Turn, end_of_turn_ids, prefill, resume, sample_turn, start_state
+from grpo.forward import has_sliding_window
+from grpo.prompts import PromptFormat, prompt_format
+from grpo.rollout import Rollout, end_of_turn_ids
 from grpo.streams import stream_keys, stream_seeds
 from grpo.tools import ToolBox, load_functions, parse_tool_calls
+from grpo.turns import EngineTurns, OwnTurns
 
 Messages = list[dict]
 SENTINEL = "\u2063grpo-turn\u2063"  # stands in for a policy turn when the template renders the next messages
@@ -122,18 +124,20 @@ class ToolEnv:
         return [{"role": self.role, "content": r.text} for r in results], None, False
 
 
-def template_features(tokenizer: object, schemas: list[dict]) -> tuple[bool, str]:
-    """Whether the chat template renders ``tools=`` (its own call format), and the role its tool
-    results take: "tool" when the template renders that role, else "user"."""
+def template_features(tokenizer: object, schemas: list[dict], template: str | None = None) -> tuple[bool, str]:
+    """Whether the chat template (``template``, else the tokenizer's) renders ``tools=`` (its own call
+    format), and the role its tool results take: "tool" when the template renders that role, else "user"."""
     base = [{"role": "user", "content": "u"}]
-    plain = tokenizer.apply_chat_template(base, tokenize=False)
+    given = {"chat_template": template} if template else {}
+    plain = tokenizer.apply_chat_template(base, tokenize=False, **given)
     try:
-        native = bool(schemas) and tokenizer.apply_chat_template(base, tools=schemas, tokenize=False) != plain
+        native = bool(schemas) and tokenizer.apply_chat_template(base, tools=schemas, tokenize=False, **given) != plain
     except Exception:
         native = False
     try:
         shown = tokenizer.apply_chat_template(
-            [*base, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "MARK-7"}], tokenize=False)
+            [*base, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "MARK-7"}], tokenize=False,
+            **given)
         role = "tool" if "MARK-7" in shown else "user"
     except Exception:
         role = "user"
@@ -154,12 +158,12 @@ class Agent:
     turn_discount: float = 1.0
     on_error: str = "zero"
     schemas: list[dict] = field(default_factory=list)  # passed to the template as tools=, when it renders them
+    prompt_format: PromptFormat = field(default_factory=lambda: PromptFormat("chat"))  # chat: episodes take turns
     reencode: bool = False  # encode the whole conversation again each turn (bench/bench_rollout.py's baseline)
     warned: bool = field(default=False, repr=False)  # an environment's first raise was reported
 
     def encode(self, tokenizer: object, messages: Messages) -> list[int]:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **self._template_extra())
-        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+        return self.prompt_format.encode(tokenizer, messages, **self._tools())
 
     def _call(self, episode: Episode, fn: Callable, *args: object) -> object:
         """Run an environment method, timed; a raise ends the episode (or the run, with on_error raise)."""
@@ -196,10 +200,10 @@ class Agent:
                                        group_size, tokenizer)
         record = _Transcripts(len(envs))
         if engine is not None:
-            turns: _OwnTurns | _EngineTurns = _EngineTurns(engine, prompts, group_size)
+            turns: OwnTurns | EngineTurns = EngineTurns(engine, prompts, group_size)
         else:
-            turns = _OwnTurns(model, tokenizer, prompts, group_size, stops,
-                              keep_cache=self.max_turns > 1 and not self.reencode)
+            turns = OwnTurns(model, tokenizer, prompts, group_size, stops,
+                              keep_cache=self.max_turns > 1 and not self.reencode and not has_sliding_window(model))
         limits = self._limits(engine, prompts, group_size)
         live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):
@@ -291,61 +295,13 @@ class Agent:
         episode.messages.extend(dict(m) for m in reply)
         return ids
 
-    def _template_extra(self) -> dict:
+    def _tools(self) -> dict:
         return {"tools": self.schemas} if self.schemas else {}
 
-
-class _OwnTurns:
-    """Turns sampled on the policy itself. With ``keep_cache`` each episode's KV cache is paused after a
-    turn and continued with the environment's tokens; without, the conversation is encoded again."""
-
-    def __init__(self, model: nn.Module, tokenizer: object, prompts: list[list[int]], group_size: int,
-                 stops: list[int], *, keep_cache: bool) -> None:
-        check_supported(model)
-        self.decoder, self.lm_head = model.get_decoder(), model.get_output_embeddings()
-        self.tokenizer, self.keep_cache = tokenizer, keep_cache
-        self.device = next(model.parameters()).device
-        self.stops = torch.tensor(stops, device=self.device)
-        self.state = start_state(self.decoder, self.lm_head, prompts, group_size, tokenizer.pad_token_id)
-        self.turn: Turn | None = None
-
-    def sample(self, budgets: list[int], drawn: list[int], streams: Tensor | None,
-               **sampling: object) -> list[tuple[list[int], list[float], bool]]:
-        """Each live episode's turn: its tokens, their log-probs, and whether it ended on a stop."""
-        self.turn = sample_turn(
-            self.decoder, self.lm_head, self.tokenizer, self.state, max_new_tokens=max(budgets), stops=self.stops,
-            budget=torch.tensor(budgets, device=self.device), streams=streams,
-            drawn=torch.tensor(drawn, device=self.device), keep_paused=self.keep_cache, **sampling)
-        t = self.turn
-        return [(t.tokens[j, :n].tolist(), t.logprobs[j, :n].tolist(), bool(t.stopped[j]))
-                for j, n in enumerate(t.lengths.tolist())]
-
-    def extend(self, going: list[int], replies: list[list[int]], conversations: list[list[int]]) -> None:
-        """Go on with the turn's rows ``going`` after their environment's tokens ``replies``."""
-        pad_id = self.tokenizer.pad_token_id
-        if not self.keep_cache:
-            self.state = start_state(self.decoder, self.lm_head, conversations, 1, pad_id)
-            return
-        ends = [int(self.turn.tokens[j, int(self.turn.lengths[j]) - 1]) for j in going]
-        chunks = [[end, *ids] for end, ids in zip(ends, replies, strict=True)]  # a turn's last token was never run
-        self.state = prefill(self.decoder, self.lm_head, resume(self.turn.paused, going), chunks, pad_id)
-
-
-class _EngineTurns:
-    """Turns sampled by a vLLM engine: each turn's requests are the whole conversations so far; the
-    engine's prefix cache still holds the keys and values of what it saw before, so the new tokens
-    are what it computes."""
-
-    def __init__(self, engine: object, prompts: list[list[int]], group_size: int) -> None:
-        self.engine = engine
-        self.conversations = [list(prompts[i // group_size]) for i in range(len(prompts) * group_size)]
-
-    def sample(self, budgets: list[int], drawn: list[int], streams: Tensor | None,
-               **sampling: object) -> list[tuple[list[int], list[float], bool]]:
-        return self.engine.sample(self.conversations, max_tokens=budgets, drawn=drawn, streams=streams, **sampling)
-
-    def extend(self, going: list[int], replies: list[list[int]], conversations: list[list[int]]) -> None:
-        self.conversations = conversations
+    def _template_extra(self) -> dict:
+        """What the chat template is called with: the tools, and the run's template when it is not the tokenizer's."""
+        template = self.prompt_format.template
+        return {**self._tools(), **({"chat_template": template} if template else {})}
 
 
 def takes_seed(reset: Callable) -> bool:
@@ -479,18 +435,22 @@ def make_agent(config: TrainConfig, task: object, tokenizer: object, *, tools: S
         tools = load_functions(config.tools) if config.tools and not withheld else list(task.tools)
     if make_env is not None and tools:
         raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+    if make_env is None and not tools:
+        return None, None
+    fmt = prompt_format(tokenizer, config.prompt_format, config.chat_template)
+    if fmt.name != "chat":
+        raise ConfigError(f"prompt format {fmt.name} writes one question and one answer; episodes with tools or an "
+                          "environment take turns, which need a chat template: a model that has one, or --chat-template FILE")
     schemas: list[dict] = []
     box = None
     if make_env is None:
-        if not tools:
-            return None, None
         box = ToolBox(tools, timeout=config.tool_timeout, withheld=withheld)
-        native, role = template_features(tokenizer, box.schemas)
+        native, role = template_features(tokenizer, box.schemas, fmt.template)
         schemas = box.schemas if native else []
 
         def make_env() -> ToolEnv:  # one per episode
             return ToolEnv(box, task.messages, role, native)
 
     agent = Agent(make_env, max_turns=config.max_turns, max_episode_tokens=config.max_episode_tokens,
-                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas)
+                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas, prompt_format=fmt)
     return agent, box

@@ -21,18 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from grpo.episodes import Agent, Episode, episode_total
+from grpo.prompts import encode_prompts as encode_prompts  # the one renderer; imported from here too
 from grpo.rollout import generate
 
 RewardFn = Callable[[str, Mapping], float]
-
-
-def encode_prompts(tokenizer: object, messages: Sequence[list[dict]]) -> list[list[int]]:
-    """Token ids of chat prompts, rendered by the tokenizer's chat template."""
-    out = []
-    for msgs in messages:
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-        out.append(list(ids["input_ids"] if isinstance(ids, Mapping) else ids))
-    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -107,15 +107,18 @@ def encode_prompt_batch(
     then each prompt's own part once for its G samples. Autograd sees the
     repeats as index operations, so gradients through the cache are exact
     (summed over the rows that share it). Layout of a row's keys:
-    [shared prefix][left padding][own part]. With ``embed`` the input
-    embeddings come from that table instead of the decoder's own lookup.
+    [shared prefix][left padding][own part] ([left padding][prompt] for a
+    model with a sliding window, see ``has_sliding_window``). With ``embed``
+    the input embeddings come from that table instead of the decoder's own lookup.
     """
     device = next(decoder.parameters()).device
 
     def inputs(ids: Tensor) -> dict[str, Tensor]:
         return {"input_ids": ids} if embed is None else {"inputs_embeds": embed(ids)}
 
-    shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
+    # a sliding window counts keys by their place in the cache, so padding between the shared prefix and a
+    # prompt's own part would shift what the window sees: such models pad on the left only (contiguous rows)
+    shared = common_prefix_length(prompts) if len(prompts) > 1 and not has_sliding_window(decoder) else 0
     if shared >= 8:
         prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
         cache = decode(decoder, **inputs(prefix), use_cache=True).cache
@@ -139,8 +142,70 @@ def encode_prompt_batch(
     )
 
 
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model does to lm_head's output before the softmax: y = cap * tanh(scale * z / cap).
+
+    ``scale`` multiplies (Granite divides by ``logits_scaling``; Cohere multiplies by ``logit_scale``),
+    ``softcap`` bounds the logits (Gemma 2's ``final_logit_softcapping``). The fast paths compute
+    logits from the final hidden state themselves, so they apply this as the model's forward does.
+    """
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def identity(self) -> bool:
+        return self.scale == 1.0 and not self.softcap
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def slope(self, out: Tensor) -> Tensor | float:
+        """dy/dz at the transformed logits ``out`` (y): scale * (1 - (y / cap)^2); a number without a cap."""
+        if not self.softcap:
+            return self.scale
+        return (1.0 - (out / self.softcap).square()).mul_(self.scale)
+
+
+NO_TRANSFORM = LogitTransform()
+
+
+def logit_transform(model: nn.Module) -> LogitTransform:
+    """The model's logit soft-cap and scaling, read from its config (identity when it has none)."""
+    cfg = getattr(model, "config", None)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    divide = getattr(cfg, "logits_scaling", None)
+    multiply = getattr(cfg, "logit_scale", None)
+    scale = (1.0 / divide if divide else 1.0) * (multiply if multiply else 1.0)
+    return LogitTransform(float(scale), float(cap) if cap else None)
+
+
+class OutputHead(nn.Module):
+    """lm_head followed by the model's logit transform: the logits the model's own forward returns."""
+
+    def __init__(self, lm_head: nn.Module, transform: LogitTransform) -> None:
+        super().__init__()
+        self.lm_head, self.transform = lm_head, transform
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.transform(self.lm_head(hidden))
+
+
+def output_head(model: nn.Module) -> nn.Module:
+    """What turns the final hidden state into the logits: lm_head, with the soft-cap or scaling if any."""
+    check_supported(model)
+    transform, head = logit_transform(model), model.get_output_embeddings()
+    return head if transform.identity else OutputHead(head, transform)
+
+
 def head_logits(hidden: Tensor, lm_head: nn.Module) -> Tensor:
-    """The output layer in fp32 whatever the autocast dtype: h.float() @ W.float()^T (+ b); (n, H) -> (n, V).
+    """The output layer in fp32 whatever the autocast dtype: h.float() @ W.float()^T (+ b), then the
+    model's soft-cap or scaling when ``lm_head`` is an :class:`OutputHead`; (n, H) -> (n, V).
 
     The sampler and the training pass both take their logits here. Under
     bf16 autocast (the CUDA path) a bf16 head rounds every logit to 8 bits of
@@ -152,17 +217,30 @@ def head_logits(hidden: Tensor, lm_head: nn.Module) -> Tensor:
     (and any hook on it) is bypassed, as the training pass's fused
     log-softmax (grpo/logprobs.py) does.
     """
+    transform = NO_TRANSFORM
+    if isinstance(lm_head, OutputHead):  # the model's soft-cap or scaling, applied to the fp32 logits
+        lm_head, transform = lm_head.lm_head, lm_head.transform
     bias = getattr(lm_head, "bias", None)
     with torch.autocast(hidden.device.type, enabled=False):
-        return F.linear(hidden.float(), lm_head.weight.float(), None if bias is None else bias.float())
+        return transform(F.linear(hidden.float(), lm_head.weight.float(), None if bias is None else bias.float()))
+
+
+def has_sliding_window(model: nn.Module) -> bool:
+    """Whether some attention layers see only the latest ``sliding_window`` keys (Gemma 2 and 3, Mistral).
+
+    Those windows count cache slots, padding included, so the fast paths keep every row's tokens
+    contiguous for them: no shared prefix before a prompt's padding, no padding between turns.
+    """
+    cfg = getattr(model, "config", None)
+    kinds = getattr(cfg, "layer_types", None)
+    return getattr(cfg, "sliding_window", None) is not None and (kinds is None or "sliding_attention" in kinds)
 
 
 def check_supported(model: nn.Module) -> None:
-    """The fast paths compute logits as lm_head(final hidden state); refuse models that rescale them."""
-    cfg = getattr(model, "config", None)
-    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        if getattr(cfg, key, None) not in (None, 1.0):
-            raise ValueError(f"models with {key} are not supported yet")
+    """Refuse, in one line, what the fast paths cannot compute as the model's forward does."""
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError(f"{type(model).__name__} has no linear output layer (lm_head); not supported")
 
 
 @contextmanager

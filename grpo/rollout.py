@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grpo.forward import (
-    check_supported,
     decode,
     encode_prompt_batch,
     head_logits,
     left_pad,
+    output_head,
     positions,
     select_rows,
 )
@@ -366,8 +366,7 @@ def generate(
     random numbers, whatever else is in the batch; without it rows draw from ``generator``.
     A single-turn episode (grpo/episodes.py) is exactly this.
     """
-    check_supported(model)
-    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    decoder, lm_head = model.get_decoder(), output_head(model)
     device = next(model.parameters()).device
     stops = torch.tensor(
         stop_token_ids if stop_token_ids is not None else end_of_turn_ids(model, tokenizer), device=device

@@ -55,7 +55,7 @@ from grpo.batch import Batch, sample_and_score, sample_batch
 from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig, settle_config
 from grpo.distributed import Policy, World, full_state_dict, init_world, shard_policy
 from grpo.episodes import make_agent
-from grpo.evaluate import EvalResult, encode_prompts
+from grpo.evaluate import EvalResult
 from grpo.heldout import evaluate_heldout, evaluate_with, interim_evaluation, subset_accuracy, subset_size
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
@@ -63,6 +63,7 @@ from grpo.models import add_lora, load_policy, save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import pick_device, setup_process
 from grpo.progress import StepProgress, summary_line
+from grpo.prompts import encode_prompts, format_task, settle_format
 from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
@@ -111,6 +112,7 @@ class GRPOTrainer:
             prompt_template=config.prompt_template, eval_data=config.eval_data,
             require_answer=not (rewards or config.rewards),
         )
+        self.task = format_task(self.task, config)  # few-shot examples; r1-zero's reward
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
         self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
@@ -131,8 +133,10 @@ class GRPOTrainer:
             explore_frac=config.explore_frac, half_life=config.sampler_half_life,
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
-        self.train_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.train])
-        self.heldout_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.heldout])
+        self.train_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.train],
+                                            self.prompt_format)
+        self.heldout_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.heldout],
+                                              self.prompt_format)
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
         self.engine = self._engine()  # None: the own sampler, on the policy itself
         self.autocast = (
@@ -164,6 +168,9 @@ class GRPOTrainer:
             model, tokenizer = policy.model, policy.tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+        # how rows become prompt tokens: the config names the format (auto resolved) and gains its stop strings
+        self.prompt_format, self.config = settle_format(config, tokenizer)
+        config = self.config
         # None: single-turn (the one-turn episode is plain sampling); its tool workers fork before CUDA starts
         self.agent, self.toolbox = make_agent(config, self.task, tokenizer, tools=tools, env=env)
         model.to(self.device)

@@ -29,6 +29,7 @@ from grpo.rewards.basic import (
     final_number,
     multiple_choice,
     overlong_penalty,
+    r1_zero_format,
     regex_match,
     soft_overlong_penalty,
     think_format,
@@ -41,6 +42,6 @@ from grpo.rewards.resolve import BUILTIN_REWARDS, RewardError, resolve_reward
 __all__ = [
     "BUILTIN_REWARDS",
     "RewardCallError", "RewardError", "RewardScorer", "answer_only", "code_tests", "code_tests_all",
-    "combine_rewards", "exact_match", "final_number", "math_answer", "multiple_choice", "overlong_penalty", "regex_match",
-    "resolve_reward", "soft_overlong_penalty", "think_format",
+    "combine_rewards", "exact_match", "final_number", "math_answer", "multiple_choice", "overlong_penalty", "r1_zero_format",
+    "regex_match", "resolve_reward", "soft_overlong_penalty", "think_format",
 ]

@@ -129,6 +129,12 @@ def think_format(completion: str, example: Mapping) -> float:
     return float(all(completion.count(tag) == 1 for tag in tags))
 
 
+def r1_zero_format(completion: str, example: Mapping) -> float:
+    """``think_format`` of a completion sampled after R1-Zero's cue, which ends in ``<think>``
+    (grpo/prompts.py): the completion starts inside the reasoning, so the cue's tag is put back first."""
+    return think_format("<think>" + completion, example)
+
+
 def soft_overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), in [-1, 0].
 

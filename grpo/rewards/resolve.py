@@ -11,6 +11,7 @@ from grpo.rewards.basic import (
     final_number,
     multiple_choice,
     overlong_penalty,
+    r1_zero_format,
     regex_match,
     think_format,
 )
@@ -22,7 +23,8 @@ from grpo.user_code import import_user_module
 _BUILTINS: dict[str, RewardFn] = {
     "answer_only": answer_only, "code_tests": code_tests, "code_tests_all": code_tests_all, "exact_match": exact_match,
     "final_number": final_number, "math_answer": math_answer, "multiple_choice": multiple_choice,
-    "overlong_penalty": overlong_penalty, "regex_match": regex_match, "think_format": think_format,
+    "overlong_penalty": overlong_penalty, "r1_zero_format": r1_zero_format, "regex_match": regex_match,
+    "think_format": think_format,
 }
 BUILTIN_REWARDS = tuple(_BUILTINS)
 

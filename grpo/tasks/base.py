@@ -26,12 +26,18 @@ class Task:
     defaults: Mapping[str, object] = field(default_factory=dict)
     tools: tuple[Callable, ...] = ()
     env: Callable | None = None  # a factory of environments, one per episode
+    examples: tuple[Mapping, ...] = ()  # worked examples (few_shot) before every prompt, as earlier turns
 
     def messages(self, row: Mapping) -> list[dict[str, str]]:
-        """The chat messages for a row (the tokenizer's chat template renders them); a conversational
-        row's prompt is its messages already."""
+        """The chat messages for a row (grpo/prompts.py renders them in the run's format): the system
+        prompt, each worked example as a user and an assistant turn (its prompt and answer), then the
+        row's prompt; a conversational row's prompt is its messages already (the examples go before them)."""
+        shots = [{"role": role, "content": str(ex[key])} for ex in self.examples
+                 for role, key in (("user", "prompt"), ("assistant", "answer"))]
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         if isinstance(row["prompt"], list):
             given = [dict(m) for m in row["prompt"]]
-            return given if given and given[0]["role"] == "system" else [*msgs, *given]
-        return [*msgs, {"role": "user", "content": str(row["prompt"])}]
+            if given and given[0]["role"] == "system":
+                return [given[0], *shots, *given[1:]]
+            return [*msgs, *shots, *given]
+        return [*msgs, *shots, {"role": "user", "content": str(row["prompt"])}]
