@@ -75,9 +75,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from grpo.config import settle_config
     from grpo.episodes import make_agent
-    from grpo.evaluate import encode_prompts, evaluate
+    from grpo.evaluate import evaluate
     from grpo.models import check_model, load_policy
     from grpo.process import pick_device
+    from grpo.prompts import encode_prompts, format_task, settle_format
 
     if args.eval_size <= 0 or args.max_new_tokens < 0:
         raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
@@ -86,23 +87,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.temperature <= 0 and args.samples:
         raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
     check_model(args.model)
+    run = _run_config(args.model)
+    # prompts in the run's format (its few-shot examples and stop strings too), unless given here
+    given = {"prompt_format": args.prompt_format, "chat_template": args.chat_template, "few_shot": args.few_shot}
+    rendering = {k: v if v is not None else run.get(k, TrainConfig.__dataclass_fields__[k].default)
+                 for k, v in given.items()}
     task = _eval_task(args)
-    reward = _eval_reward(args, task)
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
-    prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout])
+    fmt, shaped = settle_format(TrainConfig(**rendering, stop=tuple(args.stop)), policy.tokenizer)
+    task = format_task(task, shaped)
+    reward = _eval_reward(args, task)
+    prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout], fmt)
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
     # a task with tools or an environment is scored on whole episodes: with the run's own tools and turn
     # settings when the model is a run's, else the task's
-    run = _run_config(args.model)
     same = {k: run[k] for k in EPISODE_FIELDS if k in run}
-    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, **same), task)
+    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=fmt.name, **same), task)
     agent, toolbox = make_agent(episodes, task, policy.tokenizer)
     try:
         result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
                           max_new_tokens=limit, samples=args.samples, ks=args.k,
-                          temperature=args.temperature, stop_strings=tuple(args.stop),
+                          temperature=args.temperature, stop_strings=shaped.stop,
                           generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent)
     finally:
         if toolbox is not None:

@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --data: the held-out split grpo train --data makes of the file with the same "
                          "--eval-size (default; prompts the run did not train on), or the file's first "
                          "--eval-size rows (a separate test file)")
+    ev.add_argument("--prompt-format", choices=("auto", "chat", "plain", "r1-zero"), default=None,
+                    help="how prompts are rendered (default: a run's own, from its config.json; else auto: the "
+                         "chat template when the tokenizer has one, else plain)")
+    ev.add_argument("--chat-template", default=None, help="a Jinja chat template file (default: a run's own)")
+    ev.add_argument("--few-shot", type=int, default=None,
+                    help="worked examples from the training rows before each prompt (default: a run's own, else 0)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
