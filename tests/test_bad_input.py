@@ -181,3 +181,20 @@ def test_bad_eval_input_is_one_clear_line(place, args, message):
     assert len(lines) == 1, result.stderr
     assert message in lines[0], lines[0]
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_an_environment_that_raises_under_on_error_raise_is_one_line(tmp_path):
+    from conftest import make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=3).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "raising_env.py").write_text(
+        "class Env:\n    def reset(self, row):\n        raise ValueError('no such board')\n"
+        "    def step(self, messages):\n        return None, 0.0, True\n")
+    result = grpo("train", "--model", "tiny", "--env", "raising_env.py:Env", "--on-error", "raise", "--steps", "1",
+                  "--preflight", "off", "--eval-size", "4", "--prompts-per-step", "2", "--group-size", "2",
+                  "--max-new-tokens", "4", "--device", "cpu", "--output", "run", cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr[-2000:]
+    assert len(lines) == 1 and "raised (on_error='raise'): no such board" in lines[0], lines

@@ -72,10 +72,11 @@ def _report_stop(command: str, err: Exception) -> int:
         print(f"grpo {command}: error: {err}", file=sys.stderr)
         return 2
     from grpo.checkpoint import CheckpointError  # torch: only once a run has started
+    from grpo.episodes import EpisodeError
     from grpo.interrupt import RunStopped
     from grpo.vllm_engine import EngineError
 
-    if isinstance(err, EngineError):
+    if isinstance(err, (EngineError, EpisodeError)):
         print(f"grpo {command}: error: {err}", file=sys.stderr)
         return 2
     if isinstance(err, (RunStopped, CheckpointError)):
