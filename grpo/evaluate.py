@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from grpo.episodes import Agent, Episode, episode_total
 from grpo.prompts import encode_prompts as encode_prompts  # the one renderer; imported from here too
+from grpo.rewards.combine import RewardScorer
 from grpo.rollout import generate
 
 RewardFn = Callable[[str, Mapping], float]
@@ -141,6 +142,16 @@ def scored_rows(rows: Sequence[Mapping], truncated: Sequence[bool], samples: int
     return [{**rows[i // samples], "truncated": cut} for i, cut in enumerate(truncated)]
 
 
+def check_all(reward: RewardFn | RewardScorer, texts: Sequence[str], rows: Sequence[Mapping]) -> list[float]:
+    """The checker's score of each completion. A scorer (:class:`grpo.rewards.combine.RewardScorer`, as
+    training, evaluation and pre-flight use) runs it in worker processes with the run's time limit, so a
+    checker that hangs on one completion scores it 0 instead of hanging the evaluation; a plain function
+    is called here, one completion at a time."""
+    if isinstance(reward, RewardScorer):
+        return reward.checker_scores(texts, rows)
+    return [float(reward(t, r)) for t, r in zip(texts, rows, strict=True)]
+
+
 def greedy_accuracy(
     model: nn.Module,
     tokenizer: object,
@@ -162,7 +173,8 @@ def greedy_accuracy(
     if not texts:
         return 0.0, texts, []
     marked = scored_rows(rows, truncated)
-    solved = [episode_total(reward(t, row), e) >= 1.0 for t, row, e in zip(texts, marked, extra, strict=True)]
+    scores = check_all(reward, texts, marked)
+    solved = [episode_total(s, e) >= 1.0 for s, e in zip(scores, extra, strict=True)]
     return sum(solved) / len(texts), texts, solved
 
 
@@ -199,12 +211,13 @@ def evaluate(
         batch_size=batch_size, generator=generator, streams=streams, on_batch=on_batch, stop_strings=stop_strings,
         agent=agent, rows=rows)
     marked = scored_rows(rows, truncated, samples)
+    scores = check_all(reward, texts, marked)
     pass_sums = dict.fromkeys(ks, 0.0)
     maj_sums = dict.fromkeys(ks, 0.0)
     for p in range(len(rows)):
         group = texts[p * samples : (p + 1) * samples]
         block = slice(p * samples, (p + 1) * samples)
-        correct = [episode_total(reward(t, r), e) >= 1.0 for t, r, e in zip(group, marked[block], extra[block], strict=True)]
+        correct = [episode_total(s, e) >= 1.0 for s, e in zip(scores[block], extra[block], strict=True)]
         answers = [answer_key(t) for t in group]
         for k in ks:
             pass_sums[k] += pass_at_k(samples, sum(correct), k)

@@ -40,7 +40,7 @@ def evaluate_heldout(trainer: GRPOTrainer, on_batch: Callable[[int], None] | Non
     streams = stream_keys(cfg.seed, 0, 0, mine_rows + torch.arange(k, device=device).repeat(len(prompts)))
     with trainer.autocast:
         mine = trainer.policy.without_grad(
-            evaluate, trainer.tokenizer, prompts, rows, trainer.task.reward,
+            evaluate, trainer.tokenizer, prompts, rows, trainer.checker,
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
             samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
             streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=trainer.agent,

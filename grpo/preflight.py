@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.algorithm import group_varies
+from grpo.evaluate import check_all
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
@@ -258,7 +259,7 @@ def _sample_round(
     group_rows = [trainer.task.train[i] for i in chosen for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
-    out.correct += [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
+    out.correct += [s >= 1.0 for s in check_all(trainer.checker, rollout.texts, checked)]
     out.texts += rollout.texts
     out.lengths += lengths
     out.truncated += truncated

@@ -20,6 +20,7 @@ from grpo.alarms import AlarmMonitor
 from grpo.algorithm import group_varies
 from grpo.batch import Batch
 from grpo.episodes import episode_metrics
+from grpo.evaluate import check_all
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.progress import StepProgress
 from grpo.update import StepStats, learning_rate
@@ -157,7 +158,7 @@ def accuracy(trainer: GRPOTrainer, texts: Sequence[str], rows: Sequence[Mapping]
     """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
     if trainer.reward_fns == [trainer.task.reward] and not trainer.config.reward_weights:
         return (rewards >= 1.0).float().mean().item()
-    return sum(trainer.task.reward(t, r) >= 1.0 for t, r in zip(texts, rows, strict=True)) / max(len(texts), 1)
+    return sum(s >= 1.0 for s in check_all(trainer.checker, texts, rows)) / max(len(texts), 1)
 
 
 def write_samples(trainer: GRPOTrainer, step: int, batch: Batch, advantages: Tensor) -> None:

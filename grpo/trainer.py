@@ -158,6 +158,10 @@ class GRPOTrainer:
             on_error=config.on_error, max_completion_tokens=config.max_new_tokens,
             styles=[check_style(fn, style) for fn in self.reward_fns],
         )
+        # the task's checker, for held-out accuracy, pre-flight and the step's accuracy: in workers with the
+        # same time limit (the reward's own scorer when the checker is the reward)
+        self.checker = self.score if self.reward_fns == [self.task.reward] and not config.reward_weights else \
+            combine_rewards([self.task.reward], workers=config.reward_workers, timeout=config.reward_timeout)
 
     def _build_policy(self, model: nn.Module | None, tokenizer: object | None,
                       tools: Sequence[Callable] | None, env: Callable | None) -> None:
@@ -209,6 +213,7 @@ class GRPOTrainer:
     def close(self) -> None:
         """End what the trainer started outside its process: the reward and tool workers, the vLLM engine."""
         self.score.close()
+        self.checker.close()
         if self.toolbox is not None:
             self.toolbox.close()
         if self.engine is not None:

@@ -6,6 +6,7 @@ loading a model, so each takes a fraction of a second.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -198,3 +199,18 @@ def test_an_environment_that_raises_under_on_error_raise_is_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout, result.stderr[-2000:]
     assert len(lines) == 1 and "raised (on_error='raise'): no such board" in lines[0], lines
+
+
+def test_a_checker_that_hangs_costs_grpo_eval_its_time_limit_not_the_evaluation(tmp_path):
+    # the checker sleeps for ten minutes on every completion: with the time limit each scores 0 in 2 s
+    from conftest import make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=3).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "hang.py").write_text("import time\n\ndef score(completion, example):\n    time.sleep(600)\n"
+                                      "    return 1.0\n")
+    result = grpo("eval", "--model", "tiny", "--rewards", "hang.py:score", "--reward-timeout", "2", "--eval-size",
+                  "3", "--samples", "0", "--max-new-tokens", "4", "--device", "cpu", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["heldout_accuracy"] == 0.0

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from conftest import make_tokenizer
 
 from grpo.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
 
@@ -131,8 +132,9 @@ def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monke
 
     monkeypatch.setattr(grpo.episodes, "make_agent", make_agent)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
-    monkeypatch.setattr("grpo.models.load_policy", lambda name, device: type("P", (), {"tokenizer": None})())
-    monkeypatch.setattr("grpo.evaluate.encode_prompts", lambda *a: [])
+    tokenizer = make_tokenizer()
+    monkeypatch.setattr("grpo.models.load_policy", lambda name, device: type("P", (), {"tokenizer": tokenizer})())
+    monkeypatch.setattr("grpo.prompts.encode_prompts", lambda *a: [])
     try:
         main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4"])
     except SystemExit:

@@ -79,9 +79,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.models import check_model, load_policy
     from grpo.process import pick_device
     from grpo.prompts import encode_prompts, format_task, settle_format
+    from grpo.rewards import combine_rewards
 
     if args.eval_size <= 0 or args.max_new_tokens < 0:
         raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
+    if args.reward_timeout <= 0:
+        raise ConfigError(f"--reward-timeout must be positive, got {args.reward_timeout}")
     if args.samples < 0 or (args.samples and not all(0 < k <= args.samples for k in args.k)):
         raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
     if args.temperature <= 0 and args.samples:
@@ -97,7 +100,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = load_policy(args.model, device=device)
     fmt, shaped = settle_format(TrainConfig(**rendering, stop=tuple(args.stop)), policy.tokenizer)
     task = format_task(task, shaped)
-    reward = _eval_reward(args, task)
+    # in worker processes with a time limit, as in training: a checker that hangs on one completion scores
+    # it 0 rather than hanging the evaluation
+    reward = combine_rewards([_eval_reward(args, task)], workers=2, timeout=args.reward_timeout)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout], fmt)
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
@@ -112,6 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           temperature=args.temperature, stop_strings=shaped.stop,
                           generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent)
     finally:
+        reward.close()
         if toolbox is not None:
             toolbox.close()
     name = args.data or args.task

@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--chat-template", default=None, help="a Jinja chat template file (default: a run's own)")
     ev.add_argument("--few-shot", type=int, default=None,
                     help="worked examples from the training rows before each prompt (default: a run's own, else 0)")
+    ev.add_argument("--reward-timeout", type=float, default=30.0,
+                    help="seconds one checker call may take; past it the completion scores 0 (default: 30)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")

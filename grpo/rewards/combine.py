@@ -157,6 +157,11 @@ class RewardScorer:
             metrics.update(self._metrics(k, raw, results))
         return total, metrics
 
+    def checker_scores(self, texts: Sequence[str], rows: Sequence[Mapping]) -> list[float]:
+        """Each completion's weighted total, as a checker's score (evaluation, pre-flight, the step's
+        accuracy): a call that fails or passes the time limit scores 0, as in training."""
+        return self(texts, rows)[0].tolist()
+
     def _metrics(self, k: int, raw: Tensor, results: Sequence[CallResult]) -> dict[str, float]:
         """One function's mean and std over the samples it scored, its error and timeout counts,
         None counts (trl style) and the means of the extra numbers a verl-style dict returned.
