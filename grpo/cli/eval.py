@@ -96,13 +96,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rendering = {k: v if v is not None else run.get(k, TrainConfig.__dataclass_fields__[k].default)
                  for k, v in given.items()}
     task = _eval_task(args)
+    given_reward = _eval_reward(args, task) if args.rewards else None  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
     fmt, shaped = settle_format(TrainConfig(**rendering, stop=tuple(args.stop)), policy.tokenizer)
     task = format_task(task, shaped)
     # in worker processes with a time limit, as in training: a checker that hangs on one completion scores
     # it 0 rather than hanging the evaluation
-    reward = combine_rewards([_eval_reward(args, task)], workers=2, timeout=args.reward_timeout)
+    reward = combine_rewards([given_reward or task.reward], workers=2, timeout=args.reward_timeout)
     prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout], fmt)
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
