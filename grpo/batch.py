@@ -18,18 +18,15 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from grpo.algorithm import group_varies
 from grpo.episodes import episode_total, scored_tokens
+from grpo.parts import TrainerParts
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.streams import stream_keys
-
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
 
 
 @dataclass
@@ -102,7 +99,7 @@ def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
     return replace(rollout, **{name: getattr(rollout, name).to(device) for name in tensors})
 
 
-def sample_batch(trainer: GRPOTrainer, step: int) -> Batch:
+def sample_batch(trainer: TrainerParts, step: int) -> Batch:
     """Draw B prompts, generate a group for each and score it.
 
     With filter_groups (DAPO's dynamic sampling), groups whose rewards are
@@ -134,7 +131,7 @@ def sample_batch(trainer: GRPOTrainer, step: int) -> Batch:
     return informative_batch(trainer, rounds)
 
 
-def informative_batch(trainer: GRPOTrainer, rounds: list[Round]) -> Batch:
+def informative_batch(trainer: TrainerParts, rounds: list[Round]) -> Batch:
     """The first B informative groups of the rounds (in draw order), this process's share of them.
 
     The groups chosen live on the processes that sampled them; each sends
@@ -164,7 +161,7 @@ def informative_batch(trainer: GRPOTrainer, rounds: list[Round]) -> Batch:
                  whole("lengths"), whole("truncated"))
 
 
-def generate_round(trainer: GRPOTrainer, drawn: list[int], step: int, index: int) -> Round:
+def generate_round(trainer: TrainerParts, drawn: list[int], step: int, index: int) -> Round:
     """Generate and score the groups of the global draw that are this process's.
 
     Completion j of the draw samples from the random stream of (seed, step,
@@ -192,7 +189,7 @@ def generate_round(trainer: GRPOTrainer, drawn: list[int], step: int, index: int
     )
 
 
-def whole_draw_means(trainer: GRPOTrainer, groups: int, means: dict[str, float]) -> dict[str, float]:
+def whole_draw_means(trainer: TrainerParts, groups: int, means: dict[str, float]) -> dict[str, float]:
     """The scorer's per-process means over the whole draw, each process weighted by its groups."""
     if trainer.world.size == 1:
         return means
@@ -203,7 +200,7 @@ def whole_draw_means(trainer: GRPOTrainer, groups: int, means: dict[str, float])
 
 
 def sample_and_score(
-    trainer: GRPOTrainer, prompts: Sequence[int], generator: torch.Generator | None = None,
+    trainer: TrainerParts, prompts: Sequence[int], generator: torch.Generator | None = None,
     stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
 ) -> tuple[Rollout, Tensor, dict[str, float], float]:
     """A group for each of these training prompts, scored: the rollout, its rewards (n*G,), the

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from grpo.evaluate import EvalResult, evaluate
+from grpo.parts import TrainerParts
 from grpo.progress import StepProgress
 from grpo.streams import stream_keys
 
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
 
-
-def evaluate_heldout(trainer: GRPOTrainer, on_batch: Callable[[int], None] | None = None,
+def evaluate_heldout(trainer: TrainerParts, on_batch: Callable[[int], None] | None = None,
                      limit: int | None = None) -> EvalResult:
     """Greedy pass@1, and pass@k / maj@k from eval_samples samples, on the held-out prompts.
 
@@ -59,12 +56,12 @@ def evaluate_heldout(trainer: GRPOTrainer, on_batch: Callable[[int], None] | Non
     )
 
 
-def subset_size(trainer: GRPOTrainer) -> int:
+def subset_size(trainer: TrainerParts) -> int:
     """The alarms' fixed subset: the first eval_subset held-out prompts (all when 0 or more than there are)."""
     return min(trainer.config.eval_subset or len(trainer.heldout_prompts), len(trainer.heldout_prompts))
 
 
-def subset_accuracy(trainer: GRPOTrainer, full: EvalResult) -> dict[str, float]:
+def subset_accuracy(trainer: TrainerParts, full: EvalResult) -> dict[str, float]:
     """The accuracy on the alarms' fixed subset, read from a full evaluation's greedy results: the same
     deterministic completions, so no second pass."""
     n, rank, size = subset_size(trainer), trainer.world.rank, trainer.world.size
@@ -73,7 +70,7 @@ def subset_accuracy(trainer: GRPOTrainer, full: EvalResult) -> dict[str, float]:
     return {"heldout_subset_accuracy": float(solved) / max(n, 1)}
 
 
-def interim_evaluation(trainer: GRPOTrainer, bar: StepProgress) -> dict[str, float]:
+def interim_evaluation(trainer: TrainerParts, bar: StepProgress) -> dict[str, float]:
     """The evaluation during training: the alarms' subset, or everything when the subset is all of it."""
     whole = subset_size(trainer) >= len(trainer.heldout_prompts)
     result, seconds = evaluate_with(trainer, bar, subset=not whole)
@@ -81,7 +78,7 @@ def interim_evaluation(trainer: GRPOTrainer, bar: StepProgress) -> dict[str, flo
     return {**scores, "heldout_subset_accuracy": result.accuracy, "time_eval": seconds}
 
 
-def evaluate_with(trainer: GRPOTrainer, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
+def evaluate_with(trainer: TrainerParts, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:
     """Evaluate under an evaluation progress bar; return the result and the seconds it took.
 
     ``subset``: greedy pass@1 on the first eval_subset held-out prompts only (the alarms' series).

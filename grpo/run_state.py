@@ -13,16 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from grpo import checkpoint
 from grpo.alarms import AlarmMonitor
 from grpo.config import TrainConfig, alarm_window_for
 from grpo.distributed import World, load_shards, load_training_state, save_shards, training_state
 from grpo.interrupt import RunStopped, StopRequests
-
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
+from grpo.parts import TrainerParts
 
 EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
 
@@ -80,7 +77,7 @@ def fix_schedule(state: RunState, config: TrainConfig, world: World, monitor: Al
     monitor.config = replace(monitor.config, window=state.alarm_window)
 
 
-def checkpoint_or_stop(trainer: GRPOTrainer, step: int, extra: dict, stop: StopRequests | None, *,
+def checkpoint_or_stop(trainer: TrainerParts, step: int, extra: dict, stop: StopRequests | None, *,
                        final: bool = False) -> None:
     """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
 
@@ -101,7 +98,7 @@ def checkpoint_or_stop(trainer: GRPOTrainer, step: int, extra: dict, stop: StopR
                          exit_code=128 + int(stop.received))
 
 
-def save_checkpoint(trainer: GRPOTrainer, step: int, extra: dict) -> None:
+def save_checkpoint(trainer: TrainerParts, step: int, extra: dict) -> None:
     """Rank 0 writes the whole weights and optimiser state; under FSDP each process writes its
     shards of them into the folder rank 0 begins, which rank 0 then completes."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -135,7 +132,7 @@ def where(run_dir: Path | None) -> str:
     return f"latest checkpoint: {path} (continue with: grpo train --resume {run_dir})"
 
 
-def restore(trainer: GRPOTrainer, run_dir: Path | None) -> dict:
+def restore(trainer: TrainerParts, run_dir: Path | None) -> dict:
     """Restore the latest complete checkpoint of run_dir into the trainer; return what it saved beside."""
     path = checkpoint.latest(run_dir) if run_dir is not None else None
     if path is None:

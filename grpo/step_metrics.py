@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -22,11 +21,9 @@ from grpo.batch import Batch
 from grpo.episodes import episode_metrics
 from grpo.evaluate import check_all
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
+from grpo.parts import TrainerParts
 from grpo.progress import StepProgress
 from grpo.update import StepStats, learning_rate
-
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
 
 
 @dataclass
@@ -39,7 +36,7 @@ class StepTimes:
     end: float  # the weights pushed to the engine, where there is one
 
 
-def step_record(trainer: GRPOTrainer, step: int, batch: Batch, advantages: Tensor, stats: StepStats,
+def step_record(trainer: TrainerParts, step: int, batch: Batch, advantages: Tensor, stats: StepStats,
                 times: StepTimes) -> dict[str, float]:
     """The metrics of one step, as metrics.jsonl has them."""
     generated = batch.generated_rewards()
@@ -67,7 +64,7 @@ def step_record(trainer: GRPOTrainer, step: int, batch: Batch, advantages: Tenso
     }
 
 
-def first_try_metrics(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:
+def first_try_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float]:
     """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
     the share of groups whose prompt had been drawn before: see DrawCounts and the checker alarm."""
     g = trainer.config.group_size
@@ -77,7 +74,7 @@ def first_try_metrics(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:
             "repeat_frac": 1.0 - first.float().mean().item()}
 
 
-def group_metrics(trainer: GRPOTrainer, batch: Batch, advantages: Tensor, seconds_generate: float
+def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, seconds_generate: float
                   ) -> dict[str, float]:
     """Where the step's compute went: groups by outcome, and what the uninformative ones cost.
 
@@ -121,7 +118,7 @@ def group_metrics(trainer: GRPOTrainer, batch: Batch, advantages: Tensor, second
     return out
 
 
-def step_episode_metrics(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]:
+def step_episode_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float]:
     """Turns, tool use, errors and environment time over every episode generated this step (summed
     over processes); nothing for a single-turn run."""
     if trainer.agent is None:
@@ -140,7 +137,7 @@ def step_episode_metrics(trainer: GRPOTrainer, batch: Batch) -> dict[str, float]
     return {**out, "env_token_frac": totals[-2] / max(totals[-1], 1.0)}  # a ratio of the summed tokens
 
 
-def best_completions(trainer: GRPOTrainer, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
+def best_completions(trainer: TrainerParts, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
     """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
     g, scored = trainer.config.group_size, []
     for r in batch.rounds:
@@ -154,14 +151,14 @@ def best_completions(trainer: GRPOTrainer, batch: Batch, k: int = 3) -> list[tup
     return [(reward, text) for text, reward in best.items()]
 
 
-def accuracy(trainer: GRPOTrainer, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
+def accuracy(trainer: TrainerParts, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
     """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
     if trainer.reward_fns == [trainer.task.reward] and not trainer.config.reward_weights:
         return (rewards >= 1.0).float().mean().item()
     return sum(s >= 1.0 for s in check_all(trainer.checker, texts, rows)) / max(len(texts), 1)
 
 
-def write_samples(trainer: GRPOTrainer, step: int, batch: Batch, advantages: Tensor) -> None:
+def write_samples(trainer: TrainerParts, step: int, batch: Batch, advantages: Tensor) -> None:
     """Every trained completion of the step, with its reward and advantage, to completions.jsonl
     (each process's, gathered by rank 0 in batch order)."""
     g = trainer.config.group_size

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -30,10 +29,8 @@ from grpo.algorithm import policy_loss, tis_weights
 from grpo.config import TrainConfig
 from grpo.distributed import Policy, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
+from grpo.parts import TrainerParts
 from grpo.rollout import Rollout
-
-if TYPE_CHECKING:
-    from grpo.trainer import GRPOTrainer
 
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
 MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
@@ -79,7 +76,7 @@ def on_policy(config: TrainConfig) -> bool:
     return config.epochs == 1 and config.minibatches == 1
 
 
-def update(trainer: GRPOTrainer, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None,
+def update(trainer: TrainerParts, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None,
            lengths: Tensor) -> StepStats:
     """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
 
@@ -123,7 +120,7 @@ def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, sk
     return minibatch[informative[minibatch]]
 
 
-def minibatch_step(trainer: GRPOTrainer, rollout: Rollout, part: Minibatch, advantages: Tensor,
+def minibatch_step(trainer: TrainerParts, rollout: Rollout, part: Minibatch, advantages: Tensor,
                    ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> None:
     """Accumulate the minibatch's gradient over its micro-batches, sync it, clip it and step (or skip
     a non-finite step, on every process alike)."""
@@ -152,7 +149,7 @@ def minibatch_step(trainer: GRPOTrainer, rollout: Rollout, part: Minibatch, adva
     stats.optimizer_steps += 1
 
 
-def micro_step(trainer: GRPOTrainer, rollout: Rollout, micro: Tensor, part: Minibatch, advantages: Tensor,
+def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Tensor, part: Minibatch, advantages: Tensor,
                ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> float:
     """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
     cfg, g = trainer.config, trainer.config.group_size
@@ -189,7 +186,7 @@ def micro_step(trainer: GRPOTrainer, rollout: Rollout, micro: Tensor, part: Mini
     return loss.item()
 
 
-def whole_batch_stats(trainer: GRPOTrainer, stats: StepStats, sums: dict) -> StepStats:
+def whole_batch_stats(trainer: TrainerParts, stats: StepStats, sums: dict) -> StepStats:
     """The step's token-weighted means over every process's micro-batches."""
     keys = ("loss", *MEAN_KEYS)
     totals = trainer.world.sum(torch.tensor(
@@ -226,7 +223,7 @@ def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, groups: Tensor, old
 
 
 @torch.no_grad()
-def reference_logprobs(trainer: GRPOTrainer, rollout: Rollout) -> Tensor | None:
+def reference_logprobs(trainer: TrainerParts, rollout: Rollout) -> Tensor | None:
     """The frozen reference's log-probs of the rollout's tokens, (N, T), for the KL term; None when beta = 0.
     With LoRA the reference is the base model: the policy with its adapter disabled."""
     if trainer.config.beta == 0.0:
@@ -236,7 +233,7 @@ def reference_logprobs(trainer: GRPOTrainer, rollout: Rollout) -> Tensor | None:
     return scored_logprobs(trainer, trainer.policy, rollout, trainer.model.disable_adapter())
 
 
-def scored_logprobs(trainer: GRPOTrainer, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
+def scored_logprobs(trainer: TrainerParts, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
     """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``; a process
     with no group of the batch joins the FSDP gathers and returns the rollout's own."""
     if not rollout.prompt_ids:
@@ -249,7 +246,7 @@ def scored_logprobs(trainer: GRPOTrainer, policy: Policy, rollout: Rollout, cont
 
 
 @torch.no_grad()
-def trainer_logprobs(trainer: GRPOTrainer, rollout: Rollout) -> Tensor:
+def trainer_logprobs(trainer: TrainerParts, rollout: Rollout) -> Tensor:
     """The policy's log-probs of the rollout's tokens now, (N, T): pi_old of an off-policy update."""
     trainer.model.eval()
     logp = scored_logprobs(trainer, trainer.policy, rollout)
