@@ -93,8 +93,9 @@ class TrainConfig:
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
-    eval_every: int = field(**_doc("also evaluate eval_subset held-out prompts every K steps, for the alarms (0: automatic, fixed after the first step: every steps/10 steps, or less often so that these evaluations take about a tenth of the run's time; -1: only at start and end)", default=0))
-    eval_subset: int = field(**_doc("held-out prompts scored by the evaluations during training (0: all eval_size); start and end use all", default=128))
+    eval_every: int = field(**_doc("also evaluate the alarms' prompts (eval_subset) every K steps (0: automatic, fixed before step 1 from the planned steps: 5 evaluations during the run, planned for at most 20 steps under --minutes; -1: only at start and end)", default=0))
+    eval_subset: int = field(**_doc("prompts scored by the evaluations during training, eval_train of them training prompts and the rest held-out (0: all eval_size held-out); start and end score all eval_size", default=128))
+    eval_train: int = field(**_doc("of eval_subset, a fixed sample of training prompts scored greedily beside the held-out ones (train_sample_accuracy): the memorising alarm reads the gap", default=32))
     eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only; n costs about n times the greedy evaluation)", default=0))
     eval_k: tuple[int, ...] = field(**_doc("the k of pass@k and maj@k (each at most eval_samples)", default=(1, 4)))
     eval_batch_size: int = field(**_doc("prompts per batch in evaluation", default=128))
@@ -135,7 +136,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
-                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset",
+                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset", "eval_train",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers", "max_turns", "max_episode_tokens")
         for name in non_negative:

@@ -11,12 +11,11 @@ import torch
 from conftest import make_model, make_tokenizer
 from tiny_run import count_a, params, tiny_task, tiny_trainer
 
-from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
 from grpo.interrupt import RunStopped
 from grpo.preflight import fit_token_limit, stop_at_fitted_limit
-from grpo.run_state import RunState, fix_schedule
+from grpo.run_state import RunState, planned_schedule
 from grpo.tasks import Task, load_task
 
 
@@ -238,23 +237,21 @@ def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
     assert not late(100, 2) and not late(120, 1) and not late(175, 1) and late(184, 1)  # 1.5 x 120 -> 184
 
 
-def test_automatic_evaluation_interval_bounds_its_share_of_the_run():
-    def fixed(eval_seconds, step_seconds, **kw):
-        trainer = tiny_trainer(**{"steps": 40, **kw})
-        monitor = AlarmMonitor(trainer.config.steps, AlarmConfig(window=trainer.config.alarm_window))
-        state = RunState.start(trainer.config)
-        fix_schedule(state, trainer.config, trainer.world, monitor, auto_alarm_window=trainer.auto_alarm_window,
-                     eval_seconds=eval_seconds, step_seconds=step_seconds)
-        return state, monitor
-
-    assert fixed(0.1, 1.0)[0].eval_every == 4  # steps / 10
-    assert fixed(0.8, 1.0)[0].eval_every == 8  # 0.8 s every 8 s
-    assert fixed(60.0, 1.0)[0].eval_every == 10  # still 3 during the run
-    # a 1-minute budget at 5.5 s a step (5 s and a tenth for evaluations) fits 10 steps, not the 40 allowed:
-    # evaluations every 10/4 -> 2 steps, and the automatic alarm window shrinks to fit them
-    config, monitor = fixed(60.0, 5.0, minutes=1.0, alarm_window=0)
-    assert config.eval_every == 2 and config.alarm_window == monitor.config.window == 6
-    assert fixed(60.0, 5.0, minutes=1.0, alarm_window=15)[0].alarm_window == 15  # the user's window stays
+def test_the_automatic_schedule_is_fixed_before_step_1_from_the_plan_alone():
+    # 5 evaluations during the planned steps; under a time budget the plan is 20 steps at most, whatever
+    # the machine's pace (the schedule and the alarm window used to follow step 1's measured time)
+    assert planned_schedule(20, 0.0) == (4, 20)
+    assert planned_schedule(40, 0.0) == (5, 40)  # at least every 5 steps
+    assert planned_schedule(100, 10.0) == (4, 20)
+    assert planned_schedule(12, 10.0) == (3, 12)
+    state = RunState.start(tiny_trainer(steps=40, eval_every=0).config, auto_alarm_window=True)
+    assert (state.eval_every, state.alarm_window) == (5, 20)
+    budget = tiny_trainer(steps=100, minutes=1.0, alarm_window=0, eval_every=0)
+    state = RunState.start(budget.config, auto_alarm_window=budget.auto_alarm_window)
+    assert (state.eval_every, state.alarm_window) == (4, 10)
+    kept = tiny_trainer(steps=100, minutes=1.0, alarm_window=15, eval_every=3)
+    state = RunState.start(kept.config, auto_alarm_window=kept.auto_alarm_window)
+    assert (state.eval_every, state.alarm_window) == (3, 15)  # the user's settings stay
 
 
 def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):
