@@ -16,7 +16,9 @@ per outcome. Problems are said in plain words with what to try:
 ``strict`` stops on any of them, ``warn`` on none. For a user's data with no
 token limit given, the check samples at 256 tokens and fits the limit to
 the lengths the model writes (1.5 times the 95th percentile of completions
-that ended on their own, or of the correct ones' median when that is lower),
+that ended on their own, or of the correct ones' median when that is lower;
+with few correct, to what a correct answer needs: the gold answer's place in
+the completions that contain it, or the gold answers' lengths),
 so a run on short answers does not pay for 256;
 its sampling stops at that limit once 95% of the completions have ended,
 so the check does not pay for 256 either.
@@ -119,25 +121,40 @@ def draw_prompts(n_train: int, count: int, seed: int) -> list[int]:
 
 
 def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], correct: Sequence[bool],
-                    probe_limit: int) -> int | None:
+                    probe_limit: int, *, reach: Sequence[int | None] = (),
+                    answer_lengths: Sequence[int] = ()) -> int | None:
     """The token limit a run on this data needs, rounded up to a multiple of 8, in [FIT_FLOOR, probe_limit];
-    None when too many completions hit the probe's limit to tell.
+    None when too many completions hit the probe's limit to tell and nothing says what an answer needs.
 
     1.5 x the 95th percentile of the lengths of completions that ended on their own; lower, 1.5 x the
     median length of the correct ones, when at least FIT_MIN_CORRECT were correct. A model asked for a
     short answer often explains at length instead: the answers that score need less room, and since the
     longest completion sets a batch's generation time, a run pays for the rambling on every step. On a
     file of "Compute 9 times 84. Answer with just the number." the 95th percentile was 165 tokens, the
-    correct completions' median 41 (most of them 5 to 18 tokens, a few explanations up to 111). A cut
-    completion scores 0, which teaches the policy to answer within the limit.
+    correct completions' median 41 (most of them 5 to 18 tokens, a few explanations up to 111).
+
+    With fewer correct ones than that, the limit follows what a correct answer needs, not the ramblings:
+    1.5 x the fewest tokens in which a completion reached the gold answer (``reach``: where the gold
+    answer ends in each completion that contains it anywhere, None where it does not), or, when none
+    did, 1.5 x the 95th percentile of the gold answers' own lengths (``answer_lengths``); never above
+    the ramblings' fit. A cut completion scores 0 and is counted, which teaches the policy to answer
+    within the limit.
     """
     natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
-    if not natural or 1 - len(natural) / len(lengths) > FIT_CUT:
-        return None
-    p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
-    solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
-    median = solved[(len(solved) - 1) // 2] if solved else p95
-    return _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
+    fitted = None
+    if natural and 1 - len(natural) / len(lengths) <= FIT_CUT:
+        p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
+        solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
+        median = solved[(len(solved) - 1) // 2] if solved else p95
+        fitted = _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
+    if sum(correct) >= FIT_MIN_CORRECT:
+        return fitted
+    reached = [r for r in reach if r]
+    gold = sorted(answer_lengths)
+    if not reached and not gold:
+        return fitted
+    need = min(reached) if reached else gold[min(len(gold) - 1, math.ceil(FIT_QUANTILE * len(gold)) - 1)]
+    return min(_rounded_limit(need, probe_limit), fitted or probe_limit)
 
 
 def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str], *,
@@ -214,11 +231,21 @@ class _Samples:
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
+    reach: list[int | None] = field(default_factory=list)  # tokens to the end of the gold answer, if it appears
+    answer_lengths: list[int] = field(default_factory=list)  # the gold answers' tokens, one per prompt
     rewards: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round
     metrics: list[dict[str, float]] = field(default_factory=list)  # the scorer's, per round
 
     def grouped(self, g: int) -> torch.Tensor:
         return torch.cat(self.rewards).view(-1, g)  # (B, G)
+
+
+def answer_reach(tokenizer: object, text: str, answer: str) -> int | None:
+    """Tokens of ``text`` up to the end of the first occurrence of the gold ``answer`` (None if absent)."""
+    at = text.find(answer.strip()) if answer.strip() else -1
+    if at < 0:
+        return None
+    return len(tokenizer.encode(text[: at + len(answer.strip())], add_special_tokens=False))
 
 
 def _rounded_limit(tokens: float, probe_limit: int) -> int:
@@ -250,6 +277,10 @@ def _sample_round(
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
     out.correct += [trainer.task.reward(t, r) >= 1.0 for t, r in zip(rollout.texts, checked, strict=True)]
+    out.reach += [answer_reach(trainer.tokenizer, t, str(r.get("answer") or "")) for t, r in
+                  zip(rollout.texts, group_rows, strict=True)]
+    out.answer_lengths += [len(trainer.tokenizer.encode(str(trainer.task.train[i].get("answer") or ""),
+                                                        add_special_tokens=False)) for i in chosen]
     out.texts += rollout.texts
     out.lengths += lengths
     out.truncated += truncated
@@ -294,7 +325,8 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     )
     if fit:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,
-                                                       cfg.max_new_tokens)
+                                                       cfg.max_new_tokens, reach=samples.reach,
+                                                       answer_lengths=samples.answer_lengths)
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
     report.problems = find_problems(report, names, constant, tuned_limit=trainer.tuned_token_limit)
     report.seconds = time.perf_counter() - start

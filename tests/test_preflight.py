@@ -229,6 +229,32 @@ def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):
     assert (Path(tmp_path) / "run" / "preflight.json").is_file()
 
 
+def test_with_few_correct_the_limit_follows_what_an_answer_needs_not_the_ramblings():
+    # 20 completions that ramble: 18 cut at the probe's 256, so the lengths alone cannot tell (None before);
+    # one of them reached the gold answer by token 40, another by 120: 1.5 x 40 -> 64
+    lengths, cut, wrong = [256] * 18 + [150, 170], [True] * 18 + [False] * 2, [False] * 20
+    assert fit_token_limit(lengths, cut, wrong, 256) is None
+    reach = [None] * 17 + [120, 40, None]
+    assert fit_token_limit(lengths, cut, wrong, 256, reach=reach, answer_lengths=[2] * 20) == 64
+    # none reached it: the gold answers' lengths (2 tokens), never below 48
+    assert fit_token_limit(lengths, cut, wrong, 256, reach=[None] * 20, answer_lengths=[2] * 20) == 48
+    # when the ramblings end sooner than the answers need, their fit stays
+    short, ended = [20] * 20, [False] * 20
+    assert fit_token_limit(short, ended, wrong, 256, reach=[None] * 19 + [100]) == 48
+    # five correct: the fit by the correct ones, as before
+    assert fit_token_limit([30] * 20, ended, [True] * 5 + [False] * 15, 256, answer_lengths=[2] * 20) == 48
+
+
+def test_the_gold_answer_is_found_anywhere_in_a_completion():
+    from conftest import make_tokenizer
+
+    from grpo.preflight import answer_reach
+
+    tokenizer = make_tokenizer()
+    assert answer_reach(tokenizer, "ab b a", "b") == len(tokenizer.encode("ab", add_special_tokens=False))
+    assert answer_reach(tokenizer, "aaaa", "b") is None and answer_reach(tokenizer, "aaaa", "") is None
+
+
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
     # 20 rows: 19 have ended by token 10 (95%), so sampling stops at 1.5 x 10 -> 15, at least 48 tokens
     stop = stop_at_fitted_limit(20, 256)
