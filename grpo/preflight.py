@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +73,10 @@ class PreflightReport:
     seconds: float
     fitted_max_new_tokens: int | None = None
     step_seconds: float | None = None  # generation time a training step can expect, from the check's pace
+    update_seconds: float | None = None  # a step's update, from one forward and backward of the check's samples
+    steps_fit: int | None = None  # steps that fit in --minutes at step_seconds + update_seconds
+    adapted: list[str] = field(default_factory=list)  # what the step budget changed, one line each
+    answer_limit: int | None = None  # the token limit a correct answer needs (fit_token_limit, none correct)
     problems: list[Problem] = field(default_factory=list)
 
     def stops(self, mode: str) -> list[Problem]:
@@ -100,9 +104,19 @@ class PreflightReport:
             lines.append(f"  token limit fitted to the data: max_new_tokens = {self.fitted_max_new_tokens}")
         if self.step_seconds is not None:
             lines.append(f"  expected generation time: about {self.step_seconds:.0f} s a step at this pace")
+        if self.update_seconds is not None:
+            lines.append(f"  expected update time: about {self.update_seconds:.0f} s a step")
         for p in self.problems:
             lines.append(f"  {'PROBLEM' if p.fatal else 'warning'} ({p.kind}): {p.message}")
         return "\n".join(lines)
+
+    def budget(self, minutes: float) -> list[str]:
+        """The step budget's console lines: seconds a step, the steps that fit, what it changed."""
+        if self.steps_fit is None:
+            return []
+        total = (self.step_seconds or 0.0) + (self.update_seconds or 0.0)
+        return [f"step budget: about {total:.0f} s a step ({self.step_seconds:.0f} s generation, "
+                f"{self.update_seconds:.0f} s update): {self.steps_fit} steps fit in {minutes:g} minutes", *self.adapted]
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in vars(self).items() if k != "problems"}
@@ -228,6 +242,7 @@ class _Samples:
     """What the check sampled, over its rounds: one entry per completion."""
 
     texts: list[str] = field(default_factory=list)
+    last: object = None  # the last round's Rollout, for timing an update
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
@@ -273,6 +288,7 @@ def _sample_round(
     cfg, g = trainer.config, trainer.config.group_size
     stop_early = stop_at_fitted_limit(len(chosen) * g, cfg.max_new_tokens) if fit else None
     rollout, rewards, metrics, _ = trainer.sample_and_score(chosen, generator, stop_early)
+    out.last = rollout
     group_rows = [trainer.task.train[i] for i in chosen for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
@@ -335,7 +351,66 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     if report.fitted_max_new_tokens is not None and samples.lengths:
         # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
         report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))
+    if samples.last is not None and samples.last.completion_ids.numel():
+        per_completion = update_seconds(trainer, samples.last) / samples.last.completion_ids.shape[0]
+        report.update_seconds = per_completion * cfg.completions_per_step
+    report.answer_limit = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
+                                          cfg.max_new_tokens, reach=samples.reach,
+                                          answer_lengths=samples.answer_lengths)
     return report
+
+
+def update_seconds(trainer: object, rollout: object) -> float:
+    """Seconds of one forward and backward pass over ``rollout`` (what an update costs, less the
+    optimiser's step); the gradients are dropped, so the run that follows is unchanged."""
+    from grpo.logprobs import rollout_logprobs
+
+    start = time.perf_counter()
+    with trainer.autocast:
+        logp, _ = trainer.policy(rollout_logprobs, rollout, trainer.tokenizer.pad_token_id,
+                                 temperature=trainer.config.temperature)
+    (logp.float() * rollout.mask).sum().backward()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+MIN_STEPS = 10  # under --minutes, fewer steps than this leave no time to learn: the budget adapts the run
+MIN_GROUP = 4  # the step budget never makes groups smaller than this
+
+
+def step_budget(report: PreflightReport, config: object, adaptable: Collection[str]) -> dict[str, int]:
+    """The steps that fit in ``config.minutes`` at the check's pace, and, when fewer than MIN_STEPS
+    and ``config.adapt``, the changes that buy more, in order and only to ``adaptable`` options: a
+    lower max_new_tokens (fitted to what a correct answer needs), fewer generation rounds, a smaller
+    group_size (not below MIN_GROUP). Generation time is taken as proportional to the token limit,
+    the rounds and the group size, the update's to the group size. Sets report.steps_fit and
+    report.adapted; returns the changed fields."""
+    if not config.minutes or report.step_seconds is None or report.update_seconds is None:
+        return {}
+    gen, upd, changes = report.step_seconds, report.update_seconds, {}
+    limit, rounds, group = config.max_new_tokens, config.max_gen_rounds, config.group_size
+    fits = lambda: int(60 * config.minutes // max(gen + upd, 1e-6))  # noqa: E731
+    report.steps_fit = fits()
+    if report.steps_fit >= MIN_STEPS or not config.adapt:
+        return {}
+    answer = report.answer_limit
+    if "max_new_tokens" in adaptable and answer is not None and answer < limit:
+        gen *= answer / limit
+        changes["max_new_tokens"] = answer
+        report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
+    if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
+        needed = min(rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else rounds
+        fewer = max(1, min(needed - 1, rounds - 1))
+        gen *= fewer / max(needed, 1)
+        changes["max_gen_rounds"] = fewer
+        report.adapted.append(f"step budget: max_gen_rounds {rounds} -> {fewer}")
+    if fits() < MIN_STEPS and "group_size" in adaptable and group > MIN_GROUP and not config.batch_size:
+        smaller = max(MIN_GROUP, group // 2)
+        gen, upd = gen * smaller / group, upd * smaller / group
+        changes["group_size"] = smaller
+        report.adapted.append(f"step budget: group_size {group} -> {smaller}")
+    report.steps_fit = fits()
+    return changes
 
 
 def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_rounds: int, *,

@@ -68,7 +68,7 @@ from grpo.heldout import (
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
 from grpo.models import add_lora, load_policy, save_model
-from grpo.preflight import PreflightReport, preflight_summary, run_preflight
+from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
 from grpo.process import pick_device, setup_process
 from grpo.progress import StepProgress, summary_line
 from grpo.rewards import combine_rewards, resolve_reward
@@ -417,7 +417,30 @@ class GRPOTrainer:
         if report.fitted_max_new_tokens is not None:  # before the first step: the config is not frozen yet
             self.config = replace(self.config, max_new_tokens=report.fitted_max_new_tokens)
             self.score.max_completion_tokens = report.fitted_max_new_tokens
+        self._apply_step_budget(report)
         return report
+
+    def _apply_step_budget(self, report: PreflightReport) -> None:
+        """Print the steps that fit in --minutes; adapt what the user did not set when too few do."""
+        cfg = self.config
+        untouched = {name for name in ("max_gen_rounds", "group_size")
+                     if name not in cfg.set_by_user and getattr(cfg, name) == TrainConfig.__dataclass_fields__[name].default}
+        changes = self.world.broadcast_object(
+            step_budget(report, cfg, untouched | ({"max_new_tokens"} if self.fit_token_limit else set())))
+        if self.world.is_main:
+            for line in report.budget(cfg.minutes):
+                print(line, flush=True)
+            if self.run_dir is not None:  # with the budget's lines; config.json, written next, has the values
+                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        if not changes:
+            return
+        self.config = replace(cfg, **changes)
+        self.score.max_completion_tokens = self.config.max_new_tokens
+        if "group_size" in changes:  # the sampler draws groups of the new size, from the same seed
+            self.prompt_rng = random.Random(self.config.seed)
+            self.sampler = make_sampler(
+                self.config.sampler, len(self.task.train), self.config.group_size, rng=self.prompt_rng,
+                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""

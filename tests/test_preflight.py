@@ -4,6 +4,7 @@ task, cut-off answers, and the no-signal and checker-suspected alarms ending a r
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tiny_run import count_a, params, tiny_task, tiny_trainer
 from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
 from grpo.interrupt import RunStopped
-from grpo.preflight import fit_token_limit, stop_at_fitted_limit
+from grpo.preflight import PreflightReport, fit_token_limit, step_budget, stop_at_fitted_limit
 from grpo.run_state import RunState, planned_schedule
 from grpo.tasks import Task, load_task
 
@@ -253,6 +254,32 @@ def test_the_gold_answer_is_found_anywhere_in_a_completion():
     tokenizer = make_tokenizer()
     assert answer_reach(tokenizer, "ab b a", "b") == len(tokenizer.encode("ab", add_special_tokens=False))
     assert answer_reach(tokenizer, "aaaa", "b") is None and answer_reach(tokenizer, "aaaa", "") is None
+
+
+def budget_report(**kw) -> PreflightReport:
+    values = dict(prompts=16, group_size=8, max_new_tokens=256, pass_rate=0.05, reward_mean=0.05, varying_frac=0.25,
+                  all_correct_frac=0.0, all_wrong_frac=0.75, truncated_frac=0.5, lengths={}, reward_errors={},
+                  reward_timeouts={}, examples={}, seconds=60.0, step_seconds=150.0, update_seconds=30.0,
+                  answer_limit=48)
+    return PreflightReport(**{**values, **kw})
+
+
+def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
+    config = TrainConfig(minutes=10.0, max_new_tokens=256, steps=100)
+    # 180 s a step: 3 steps fit in 10 minutes. 48 tokens of 256: 28 s generation + 30 s update -> 10 steps
+    report = budget_report()
+    assert step_budget(report, config, {"max_new_tokens", "max_gen_rounds", "group_size"}) == {"max_new_tokens": 48}
+    assert report.steps_fit == 10 and report.adapted == [
+        "step budget: max_new_tokens 256 -> 48 (what a correct answer needs)"]
+    assert report.budget(10.0)[0] == "step budget: about 180 s a step (150 s generation, 30 s update): 10 steps fit in 10 minutes"
+    # the user set the token limit: fewer rounds (4 needed at 25% varying -> 3), then groups of 4
+    report = budget_report()
+    assert step_budget(report, config, {"max_gen_rounds", "group_size"}) == {"max_gen_rounds": 3, "group_size": 4}
+    assert report.steps_fit == int(600 // (150 * 3 / 4 / 2 + 15))
+    # enough steps fit, or --no-adapt, or no budget: nothing changes
+    assert step_budget(budget_report(step_seconds=20.0), config, {"group_size"}) == {}
+    assert step_budget(budget_report(), replace(config, adapt=False), {"group_size"}) == {}
+    assert step_budget(budget_report(), replace(config, minutes=0.0), {"group_size"}) == {}
 
 
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():

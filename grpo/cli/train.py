@@ -39,7 +39,7 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
     values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    config = TrainConfig.from_dict({**values, **given})
+    config = TrainConfig.from_dict({**values, **given, "set_by_user": tuple(sorted(set(values) | set(given)))})
     if args.config and is_trl_config(load_config_file(args.config)):
         print(f"grpo train: {args.config} is read as a TRL GRPOConfig: keys it leaves unset take TRL's defaults",
               file=sys.stderr)
