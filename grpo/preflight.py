@@ -312,7 +312,10 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     pass rate of a few percent is not mistaken for none. ``trainer`` is a GRPOTrainer; every process
     runs the same draws with the same generator, so under torchrun all reach the same verdict.
     """
+    started = start_engine(trainer)  # before the clock: vLLM's start-up is not generation
     cfg, start, g = trainer.config, time.perf_counter(), trainer.config.group_size
+    if started is not None and trainer.world.is_main:
+        print(f"pre-flight: vLLM started in {started:.0f} s (not counted in the generation estimate)", flush=True)
     if trainer.world.is_main:
         print(f"pre-flight: sampling {g} completions for each of {cfg.preflight_prompts} training prompts at "
               f"<= {cfg.max_new_tokens} tokens (--no-preflight skips this)", flush=True)
@@ -358,6 +361,16 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
                                           cfg.max_new_tokens, reach=samples.reach,
                                           answer_lengths=samples.answer_lengths)
     return report
+
+
+def start_engine(trainer: object) -> float | None:
+    """Start the trainer's vLLM engine if it has one not yet started (the first rollout would); its seconds."""
+    engine = getattr(trainer, "engine", None)
+    if engine is None or engine.conn is not None:
+        return None
+    start = time.perf_counter()
+    engine.start()
+    return time.perf_counter() - start
 
 
 def update_seconds(trainer: object, rollout: object) -> float:

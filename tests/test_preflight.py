@@ -282,6 +282,25 @@ def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
     assert step_budget(budget_report(), replace(config, minutes=0.0), {"group_size"}) == {}
 
 
+def test_the_engine_starts_before_the_generation_estimate_is_timed():
+    # with --engine vllm the first rollout started vLLM (167 s measured) inside the clock, and pre-flight
+    # printed "about 433 s a step" for steps that took 23-26 s: the start now happens before it
+    from types import SimpleNamespace
+
+    from grpo.preflight import start_engine
+
+    class Engine:
+        conn = None
+
+        def start(self):
+            self.conn = "ready"
+
+    trainer = SimpleNamespace(engine=Engine())
+    assert start_engine(trainer) is not None and trainer.engine.conn == "ready"
+    assert start_engine(trainer) is None  # started already: nothing to do
+    assert start_engine(SimpleNamespace(engine=None)) is None  # the own sampler
+
+
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
     # 20 rows: 19 have ended by token 10 (95%), so sampling stops at 1.5 x 10 -> 15, at least 48 tokens
     stop = stop_at_fitted_limit(20, 256)
