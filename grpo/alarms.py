@@ -57,7 +57,6 @@ class AlarmConfig:
     window: int = 20  # steps before a verdict on learning; trailing steps the hacking trends are measured over
     heldout_n: int = 96  # prompts in the held-out subset (its binomial noise)
     train_n: int = 32  # prompts in the training sample
-    reward_flat: float = 0.05  # raw reward's rise over the run: at least this and twice its noise to count
     stall_z: float = 3.0  # stall: reward's z plus held-out's (plus training sample's) under this
     adv_nonzero_min: float = 0.1  # "advantages non-zero": at least this fraction on average
     checker_rise: float = 0.1  # checker/memorising: raw reward rising by more than this (and twice its noise) ...
@@ -130,14 +129,15 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series
           cfg: AlarmConfig, first_try: Sequence[float] = ()) -> str | None:
     """Since the start, the run not improving while advantages are non-zero: the raw reward's change
     and greedy accuracy's, on the held-out subset and on the training sample, each over its noise (z),
-    sum to under ``stall_z``; a reward rising beyond its noise belongs to checker_suspected or
-    memorising instead. Falling is no better than flat."""
+    sum to under ``stall_z``. A reward that rises while accuracy stays flat is a stall too (the sampler
+    moving to easier prompts); checker_suspected or memorising may name it better. Falling is no
+    better than flat."""
     heldout, train = _measured(heldout), _measured(train)
     if len(reward) < cfg.window or len(heldout) < MIN_EVALUATIONS:
         return None
     d_reward, sd_reward = reward_change(reward)
     signal = float(np.nanmean(adv_nonzero)) if np.isfinite(adv_nonzero).any() else 0.0
-    if _rising(d_reward, sd_reward, cfg.reward_flat) or not signal >= cfg.adv_nonzero_min:
+    if not signal >= cfg.adv_nonzero_min:
         return None
     d_held, sd_held = accuracy_change(heldout, cfg.heldout_n)
     z = d_reward / sd_reward + d_held / sd_held
