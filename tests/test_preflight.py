@@ -14,6 +14,7 @@ from tiny_run import count_a, params, tiny_task, tiny_trainer
 
 from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
+from grpo.heldout import train_sample
 from grpo.interrupt import RunStopped
 from grpo.preflight import PreflightReport, fit_token_limit, step_budget, stop_at_fitted_limit
 from grpo.run_state import RunState, planned_schedule
@@ -324,6 +325,18 @@ def test_the_automatic_schedule_is_fixed_before_step_1_from_the_plan_alone():
     kept = tiny_trainer(steps=100, minutes=1.0, alarm_window=15, eval_every=3)
     state = RunState.start(kept.config, auto_alarm_window=kept.auto_alarm_window)
     assert (state.eval_every, state.alarm_window) == (3, 15)  # the user's settings stay
+
+
+def test_the_training_sample_is_scored_beside_the_heldout_subset(tmp_path):
+    # 10 planned steps: evaluations at 2, 4, 6, 8 (every 10/5), the start and the end; each scores the
+    # held-out subset (here all 8 held-out prompts) and a fixed sample of 6 training prompts
+    trainer = tiny_trainer(steps=10, eval_every=0, eval_train=6)
+    summary = trainer.train(tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    scored = [r["step"] for r in rows if "train_sample_accuracy" in r]
+    assert scored == [0, 2, 4, 6, 8, 10] and summary["eval_every"] == 2
+    assert all(0.0 <= r["train_sample_accuracy"] <= 1.0 for r in rows if "train_sample_accuracy" in r)
+    assert train_sample(trainer) == train_sample(trainer) and len(train_sample(trainer)) == 6  # fixed by the seed
 
 
 def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):
