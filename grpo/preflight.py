@@ -377,12 +377,18 @@ def update_seconds(trainer: object, rollout: object) -> float:
     """Seconds of one forward and backward pass over ``rollout`` (what an update costs, less the
     optimiser's step); the gradients are dropped, so the run that follows is unchanged."""
     from grpo.logprobs import rollout_logprobs
+    from grpo.update import micro_batches
 
+    if trainer.engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
+        trainer.engine.sleep()
+    n_groups = rollout.completion_ids.shape[0] // trainer.config.group_size
     start = time.perf_counter()
-    with trainer.autocast:
-        logp, _ = trainer.policy(rollout_logprobs, rollout, trainer.tokenizer.pad_token_id,
-                                 temperature=trainer.config.temperature)
-    (logp.float() * rollout.mask).sum().backward()
+    for micro in micro_batches(trainer.config, rollout, torch.arange(n_groups)):  # as the update packs them
+        part = rollout.select_groups(micro)
+        with trainer.autocast:
+            logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,
+                                     temperature=trainer.config.temperature)
+        (logp.float() * part.mask).sum().backward()
     trainer.optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - start
 
