@@ -191,7 +191,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     check_model(config.model)
-    from grpo.preflight import run_preflight
+    from grpo.preflight import run_preflight, step_budget
     from grpo.process import setup_process
     from grpo.trainer import GRPOTrainer
 
@@ -201,5 +201,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         report = run_preflight(trainer, fit=trainer.fit_token_limit)
     finally:
         trainer.close()
-    print(report.describe())
+    step_budget(report, trainer.config, set())  # what fits; nothing is changed here
+    print("\n".join([report.describe(), *report.budget(trainer.config.minutes)]))
     return 1 if report.stops("on" if config.preflight == "off" else config.preflight) else 0
