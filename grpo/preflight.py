@@ -74,7 +74,8 @@ class PreflightReport:
     fitted_max_new_tokens: int | None = None
     step_seconds: float | None = None  # generation time a training step can expect, from the check's pace
     update_seconds: float | None = None  # a step's update, from one forward and backward of the check's samples
-    steps_fit: int | None = None  # steps that fit in --minutes at step_seconds + update_seconds
+    steps_fit: int | None = None  # steps that fit in --minutes at step_seconds + update_seconds, after adapting
+    steps_before: int | None = None  # ... and before
     adapted: list[str] = field(default_factory=list)  # what the step budget changed, one line each
     answer_limit: int | None = None  # the token limit a correct answer needs (fit_token_limit, none correct)
     problems: list[Problem] = field(default_factory=list)
@@ -115,8 +116,10 @@ class PreflightReport:
         if self.steps_fit is None:
             return []
         total = (self.step_seconds or 0.0) + (self.update_seconds or 0.0)
+        after = [f"step budget: {self.steps_fit} steps fit after these changes"] if self.adapted else []
         return [f"step budget: about {total:.0f} s a step ({self.step_seconds:.0f} s generation, "
-                f"{self.update_seconds:.0f} s update): {self.steps_fit} steps fit in {minutes:g} minutes", *self.adapted]
+                f"{self.update_seconds:.0f} s update): {self.steps_before} steps fit in {minutes:g} minutes",
+                *self.adapted, *after]
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in vars(self).items() if k != "problems"}
@@ -355,8 +358,10 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
         report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))
     if samples.last is not None and samples.last.completion_ids.numel():
-        per_completion = update_seconds(trainer, samples.last) / samples.last.completion_ids.shape[0]
-        report.update_seconds = per_completion * cfg.completions_per_step
+        # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
+        limit = report.fitted_max_new_tokens or cfg.max_new_tokens
+        mean_tokens = sum(min(n, limit) for n in samples.lengths) / max(len(samples.lengths), 1)
+        report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * mean_tokens
     report.answer_limit = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
                                           cfg.max_new_tokens, reach=samples.reach,
                                           answer_lengths=samples.answer_lengths)
@@ -374,23 +379,23 @@ def start_engine(trainer: object) -> float | None:
 
 
 def update_seconds(trainer: object, rollout: object) -> float:
-    """Seconds of one forward and backward pass over ``rollout`` (what an update costs, less the
-    optimiser's step); the gradients are dropped, so the run that follows is unchanged."""
+    """Seconds per completion token of a forward and backward pass (what an update costs, less the
+    optimiser's step), timed on the first micro-batch of ``rollout`` as the update packs it; the
+    gradients are dropped, so the run that follows is unchanged."""
     from grpo.logprobs import rollout_logprobs
     from grpo.update import micro_batches
 
     if trainer.engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
         trainer.engine.sleep()
     n_groups = rollout.completion_ids.shape[0] // trainer.config.group_size
+    part = rollout.select_groups(micro_batches(trainer.config, rollout, torch.arange(n_groups))[0])
     start = time.perf_counter()
-    for micro in micro_batches(trainer.config, rollout, torch.arange(n_groups)):  # as the update packs them
-        part = rollout.select_groups(micro)
-        with trainer.autocast:
-            logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,
-                                     temperature=trainer.config.temperature)
-        (logp.float() * part.mask).sum().backward()
+    with trainer.autocast:
+        logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,
+                                 temperature=trainer.config.temperature)
+    (logp.float() * part.mask).sum().backward()
     trainer.optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)
 
 
 MIN_STEPS = 10  # under --minutes, fewer steps than this leave no time to learn: the budget adapts the run
@@ -409,7 +414,7 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
     gen, upd, changes = report.step_seconds, report.update_seconds, {}
     limit, rounds, group = config.max_new_tokens, config.max_gen_rounds, config.group_size
     fits = lambda: int(60 * config.minutes // max(gen + upd, 1e-6))  # noqa: E731
-    report.steps_fit = fits()
+    report.steps_fit = report.steps_before = fits()
     if report.steps_fit >= MIN_STEPS or not config.adapt:
         return {}
     answer = report.answer_limit

@@ -272,7 +272,10 @@ def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
     assert step_budget(report, config, {"max_new_tokens", "max_gen_rounds", "group_size"}) == {"max_new_tokens": 48}
     assert report.steps_fit == 10 and report.adapted == [
         "step budget: max_new_tokens 256 -> 48 (what a correct answer needs)"]
-    assert report.budget(10.0)[0] == "step budget: about 180 s a step (150 s generation, 30 s update): 10 steps fit in 10 minutes"
+    assert report.budget(10.0) == [
+        "step budget: about 180 s a step (150 s generation, 30 s update): 3 steps fit in 10 minutes",
+        "step budget: max_new_tokens 256 -> 48 (what a correct answer needs)",
+        "step budget: 10 steps fit after these changes"]
     # the user set the token limit: fewer rounds (4 needed at 25% varying -> 3), then groups of 4
     report = budget_report()
     assert step_budget(report, config, {"max_gen_rounds", "group_size"}) == {"max_gen_rounds": 3, "group_size": 4}
