@@ -253,17 +253,18 @@ def test_grouped_kv_attention_keeps_only_the_grouped_keys_for_backward(tiny_mode
         else:
             monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", forced)
         calls.clear()
-        storages = {}  # what autograd keeps for backward, each storage once
+        storages = {}  # what autograd keeps for backward, each storage once (held, so no address is reused)
 
         def pack(t, storages=storages):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage()
             return t
 
         tiny_model.zero_grad()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             logp, _ = rollout_logprobs(tiny_model, r, tokenizer.pad_token_id)
         logp.sum().backward()
-        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()], sum(storages.values()),
+        results.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()],
+                        sum(s.nbytes() for s in storages.values()),
                         list(calls)))
     assert "TRANSFORMERS_SDPA_FORCE_GQA" not in __import__("os").environ  # restored
     (_, _, repeated_bytes, repeated), (_, _, grouped_bytes, grouped) = results
