@@ -1,21 +1,27 @@
-"""Alarms over the metric stream: no signal, checker suspected, stall, reward up while held-out
-accuracy falls, suspected reward hacking, entropy collapse.
+"""Alarms over the metric stream: no signal, checker suspected, stall, memorising, suspected reward
+hacking, entropy collapse.
 
 Advantages are relative within a group, so the objective never sees whether
 typical reward is rising: a run can look busy while the policy stalls, and a
 policy that games its checker looks like one that learns. These checks look
-at absolute quantities instead. Each is a pure function of recent metric
-values; ``AlarmMonitor`` keeps the history, runs them after every step and
+at absolute quantities instead: the raw reward, greedy accuracy on a fixed
+subset of held-out prompts and on a fixed sample of training prompts, each
+scored every few steps (grpo/heldout.py). Each is a pure function of metric
+series; ``AlarmMonitor`` keeps the history, runs them after every step and
 reports an alarm when it turns on.
 
-A trend is the least-squares line's change across the window (slope times
-span), which is less noisy than last-minus-first. The thresholds assume
-rewards and accuracies in [0, 1]; with B*G = 64 completions a step the
-reward mean's noise is about 0.06, whose fitted change over 20 steps has a
-standard deviation of about 0.045, hence windows of up to 20 steps.
+The verdicts on learning (stall, checker suspected, memorising) read the run
+since its start, not a trailing window: a run that learned and then plateaued
+has learned. A change is the least-squares line's change across the series
+(slope times span), less noisy than last-minus-first. Accuracies are read at
+the steps they were measured, so the verdict depends on which steps were
+evaluated, never on how fast the machine ran them (the schedule is a function
+of the planned steps: grpo/run_state.py). The thresholds were set on the
+simulation in tests/test_alarms.py, calibrated on measured runs (held-out
+subsets of 96 prompts with binomial noise and dips of 15 points between
+evaluations; slow learners that gain 10 to 15 points; fast learners that
+plateau); README states the error rates it measures.
 
-The held-out accuracy the alarms watch is the small fixed subset that the
-trainer evaluates every few steps (``eval_subset``, ``eval_every``).
 ``STOPPING`` alarms end the run early when ``early_stop`` is on: they say
 that further steps will not raise held-out accuracy.
 """
@@ -28,83 +34,124 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALARMS = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down", "length_without_reward",
+ALARMS = ("no_signal", "checker_suspected", "stall", "memorising", "length_without_reward",
           "repetition_rising", "entropy_collapse")
-STOPPING = ("no_signal", "checker_suspected", "stall", "reward_up_accuracy_down")
-MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: the reward is the repeats'
-CONFIRM = 2  # a trend alarm stops the run once it has held at this many held-out evaluations in a row
+STOPPING = ("no_signal", "checker_suspected", "stall", "memorising")
+TRENDS = ("checker_suspected", "stall", "memorising")  # verdicts on learning, taken at held-out evaluations
+MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: a hint of memorising
+WARN_AFTER = 2  # a trend verdict is raised once some trend verdict held at this many evaluations in a row
+CONFIRM = 2  # ... and stops the run once one has held at this many
+MIN_EVALUATIONS = 5  # verdicts on learning need the start and four evaluations after it
+# Greedy accuracy on a fixed prompt set moves between evaluations by more than its binomial noise: the
+# model itself swings (the default run's 128-prompt subset read 57%, 71%, 54%, 68% while it learned).
+# Variance p(1-p)(1/n + OVERDISPERSION): at 50% a swing of sd 5 points on top of the binomial's.
+OVERDISPERSION = 0.01
+
+Series = Sequence[tuple[int, float]]  # (step, accuracy) measurements, the start (step 0) first
 
 
 @dataclass(frozen=True)
 class AlarmConfig:
-    """Thresholds; changes are measured across the last ``window`` steps."""
+    """Thresholds, on rewards and accuracies in [0, 1]; z: a change over its modelled noise."""
 
-    window: int = 20  # steps a trend is measured over; no trend alarm before this many steps
-    reward_flat: float = 0.05  # |change in raw reward| below this is flat
-    accuracy_flat: float = 0.02  # |change in held-out accuracy| below this is flat
+    window: int = 20  # steps before a verdict on learning; trailing steps the hacking trends are measured over
+    heldout_n: int = 96  # prompts in the held-out subset (its binomial noise)
+    train_n: int = 32  # prompts in the training sample
+    stall_z: float = 3.0  # stall: reward's z plus held-out's (plus training sample's) under this
     adv_nonzero_min: float = 0.1  # "advantages non-zero": at least this fraction on average
-    reward_rise: float = 0.05  # raw reward rising: change above this
-    accuracy_drop: float = 0.03  # held-out accuracy falling: change below minus this
+    checker_rise: float = 0.1  # checker/memorising: raw reward rising by more than this (and twice its noise) ...
+    checker_follow: float = 0.5  # ... while held-out accuracy falls short of this share of it ...
+    follow_z: float = -1.25  # ... by this many of its sd (z below this)
+    train_follow: float = 0.4  # memorising, not the checker: the training sample rose by this share of it
+    reward_rise: float = 0.05  # raw reward rising (length alarm): change above this
     length_rise: float = 0.2  # completion length growing: relative change above this (and >= 1 token)
     repetition_rise: float = 0.1  # repeated n-gram fraction rising: change above this
     entropy_floor: float = 0.05  # nats per token; below it early in training is a collapse
     early_frac: float = 0.25  # "early": the first quarter of the run
     no_signal_steps: int = 5  # steps in a row with too little signal before the no-signal alarm
     signal_min: float = 0.25  # "too little signal": under this share of the batch's groups vary
-    checker_rise: float = 0.05  # checker suspected: raw reward rising by more than this (reward_flat) ...
-    checker_follow: float = 0.15  # ... while held-out accuracy rises by less than this share of it
 
 
-def fitted_change(values: Sequence[float]) -> float:
-    """Change across the series of its least-squares line (NaNs dropped); 0 for fewer than 2 points."""
+def fitted_change(values: Sequence[float], steps: Sequence[float] | None = None) -> float:
+    """Change across the series of its least-squares line (NaNs dropped); 0 for fewer than 2 points.
+    ``steps``: where each value was measured (default 0, 1, 2, ...)."""
     y = np.asarray(values, dtype=float)
-    x = np.arange(len(y), dtype=float)
+    x = np.arange(len(y), dtype=float) if steps is None else np.asarray(steps, dtype=float)
     keep = np.isfinite(y)
     x, y = x[keep], y[keep]
-    if len(y) < 2:
+    if len(y) < 2 or x[-1] == x[0]:
         return 0.0
     slope = np.polyfit(x, y, 1)[0]
     return float(slope * (x[-1] - x[0]))
 
 
-def rise_beyond_noise(values: Sequence[float], floor: float) -> float:
-    """The least fitted change of ``values`` that counts as a rise: ``floor``, or twice the standard
-    deviation a fitted change has when the series is only noise around its line (the residuals' spread),
-    whichever is larger. Over a 10-step window a reward mean that jitters by 0.06 has fitted changes of
-    about +-0.06 with no trend at all, so a plateau alone would pass a fixed 0.05."""
+def change_sd(steps: Sequence[float], sd: float) -> float:
+    """Standard deviation of the fitted change across ``steps`` of values with independent noise ``sd``."""
+    x = np.asarray(steps, dtype=float)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    return sd * float(x[-1] - x[0]) / math.sqrt(sxx) if sxx > 0 else math.inf
+
+
+def accuracy_change(series: Series, n: int) -> tuple[float, float]:
+    """An accuracy series' fitted change across the steps it was measured at, and that change's sd
+    under the noise model (binomial on n prompts, overdispersed; at the series' mean level)."""
+    steps, values = [s for s, _ in series], [a for _, a in series]
+    p = min(max(float(np.mean(values)), 0.02), 0.98)
+    return fitted_change(values, steps), change_sd(steps, math.sqrt(p * (1 - p) * (1 / n + OVERDISPERSION)))
+
+
+def reward_change(values: Sequence[float]) -> tuple[float, float]:
+    """The reward's fitted change over the run and its sd, from the residuals around its line."""
     y = np.asarray(values, dtype=float)
     y = y[np.isfinite(y)]
     n = len(y)
     if n < 3:
-        return floor
+        return fitted_change(y), math.inf
     x = np.arange(n, dtype=float)
     residuals = y - np.polyval(np.polyfit(x, y, 1), x)
     sigma = float(np.sqrt((residuals**2).sum() / (n - 2)))
-    sd_change = sigma * (n - 1) / math.sqrt(n * (n * n - 1) / 12)
-    return max(floor, 2.0 * sd_change)
+    return fitted_change(y), max(change_sd(x, sigma), 1e-6)
 
 
-def stall(reward: Sequence[float], adv_nonzero: Sequence[float], accuracy: Sequence[float],
+def _measured(series: Series) -> list[tuple[int, float]]:
+    return [(s, a) for s, a in series if math.isfinite(a)]
+
+
+def _describe(name: str, series: Series) -> str:
+    return f"{name} {series[0][1]:.1%} -> {series[-1][1]:.1%}" if len(series) >= 2 else ""
+
+
+def _rising(d_reward: float, sd_reward: float, floor: float) -> bool:
+    return d_reward > max(floor, 2.0 * sd_reward)
+
+
+def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series, train: Series,
           cfg: AlarmConfig, first_try: Sequence[float] = ()) -> str | None:
-    """Raw reward not rising beyond its noise (and held-out accuracy not rising, where measured) while
-    advantages are non-zero: the updates have something to learn from and the run does not improve.
-    A falling reward or accuracy is no better than a flat one. The message adds when the reward comes
-    from prompts drawn before (see ``_divergence_cause``)."""
-    if len(reward) < cfg.window:
+    """Since the start, the run not improving while advantages are non-zero: the raw reward's change
+    and greedy accuracy's, on the held-out subset and on the training sample, each over its noise (z),
+    sum to under ``stall_z``. A reward that rises while accuracy stays flat is a stall too (the sampler
+    moving to easier prompts); checker_suspected or memorising may name it better. Falling is no
+    better than flat."""
+    heldout, train = _measured(heldout), _measured(train)
+    if len(reward) < cfg.window or len(heldout) < MIN_EVALUATIONS:
         return None
-    d_reward = fitted_change(reward)
+    d_reward, sd_reward = reward_change(reward)
     signal = float(np.nanmean(adv_nonzero)) if np.isfinite(adv_nonzero).any() else 0.0
-    if d_reward > rise_beyond_noise(reward, cfg.reward_flat) or not signal >= cfg.adv_nonzero_min:
+    if not signal >= cfg.adv_nonzero_min:
         return None
-    if accuracy:  # held-out is watched: its trend over 3+ evaluations decides (one pair is mostly noise)
-        measured = [a for a in accuracy if math.isfinite(a)]
-        if len(measured) < 3 or not fitted_change(measured) < cfg.accuracy_flat:
-            return None
-    held = f", held-out accuracy {accuracy[0]:.1%} -> {accuracy[-1]:.1%}" if len(accuracy) >= 2 else ""
+    d_held, sd_held = accuracy_change(heldout, cfg.heldout_n)
+    z = d_reward / sd_reward + d_held / sd_held
+    if len(train) >= MIN_EVALUATIONS:
+        d_train, sd_train = accuracy_change(train, cfg.train_n)
+        z += d_train / sd_train
+    if z >= cfg.stall_z:
+        return None
     tried = [x for x in first_try if math.isfinite(x)]
     memorised = len(tried) >= 3 and float(np.nanmean(reward)) - float(np.mean(tried)) > MEMORISED_GAP
-    return (f"stall: raw reward changed {d_reward:+.3f} over {len(reward)} steps{held}, "
-            f"while {signal:.0%} of advantages are non-zero" + (f". {_divergence_cause(reward, tried)}" if memorised else ""))
+    trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
+    return (f"stall: raw reward changed {d_reward:+.3f} over {len(reward)} steps, "
+            f"{_describe('held-out accuracy', heldout)}{trained}, while {signal:.0%} of advantages are non-zero"
+            + (f". {_divergence_cause(reward, tried)}" if memorised else ""))
 
 
 def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
@@ -118,58 +165,78 @@ def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
             "--max-new-tokens, or a reward with partial credit")
 
 
-def checker_suspected(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig,
+def _reward_outruns_heldout(reward: Sequence[float], heldout: Series, cfg: AlarmConfig) -> float | None:
+    """The reward's change when it rises beyond its noise while held-out accuracy falls short of
+    ``checker_follow`` of it by more than ``-follow_z`` sds; else None."""
+    if len(reward) < cfg.window or len(heldout) < MIN_EVALUATIONS:
+        return None
+    d_reward, sd_reward = reward_change(reward)
+    if not _rising(d_reward, sd_reward, cfg.checker_rise):
+        return None
+    d_held, sd_held = accuracy_change(heldout, cfg.heldout_n)
+    return d_reward if (d_held - cfg.checker_follow * d_reward) / sd_held < cfg.follow_z else None
+
+
+def _train_follows(train: Series, d_reward: float, cfg: AlarmConfig) -> bool:
+    """Greedy accuracy on the training sample rose by at least ``train_follow`` of the reward's rise."""
+    return len(train) >= MIN_EVALUATIONS and accuracy_change(train, cfg.train_n)[0] >= cfg.train_follow * d_reward
+
+
+def checker_suspected(reward: Sequence[float], heldout: Series, train: Series, cfg: AlarmConfig,
                       first_try: Sequence[float] = ()) -> str | None:
-    """Training reward rising while held-out accuracy (the task's checker) does not follow it; the
-    message names the likelier cause from the reward on first tries at a prompt (``first_try``)."""
-    if len(reward) < cfg.window or len(accuracy) < 3:
+    """Since the start, training reward rising while greedy accuracy by the task's checker follows it
+    neither on held-out prompts nor on the training sample (where measured): the reward pays for
+    something the checker does not."""
+    heldout, train = _measured(heldout), _measured(train)
+    d_reward = _reward_outruns_heldout(reward, heldout, cfg)
+    if d_reward is None or _train_follows(train, d_reward, cfg):
         return None
-    # the held-out subset is noisy (128 prompts: +-4 points): the trend over 3+ evaluations, and the stop
-    # needs the alarm to hold at two evaluations in a row (AlarmMonitor.stopping)
-    d_reward, d_acc = fitted_change(reward), fitted_change(accuracy)
-    follow = max(cfg.accuracy_flat, cfg.checker_follow * d_reward)
-    if d_reward <= rise_beyond_noise(reward, cfg.checker_rise) or d_acc >= follow:
+    trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
+    return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while "
+            f"{_describe('held-out accuracy', heldout)}{trained}. {_divergence_cause(reward, first_try)}")
+
+
+def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: AlarmConfig,
+               first_try: Sequence[float] = ()) -> str | None:
+    """Training reward rising, greedy accuracy on the fixed training sample rising with it, and held-out
+    accuracy not following: the train/held-out gap grows while held-out is flat or falling, so the
+    policy learns the training prompts' answers, not the task. Measured on the training sample; the
+    first-try reward only adds a hint to the message."""
+    heldout, train = _measured(heldout), _measured(train)
+    d_reward = _reward_outruns_heldout(reward, heldout, cfg)
+    if d_reward is None or not _train_follows(train, d_reward, cfg):
         return None
-    return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while held-out "
-            f"accuracy went {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. {_divergence_cause(reward, first_try)}")
+    tried = [x for x in first_try if math.isfinite(x)]
+    hint = ""
+    if len(tried) >= 3:
+        hint = (f" (reward on prompts tried for the first time {float(np.mean(tried)):.2f} against "
+                f"{float(np.nanmean(reward)):.2f} overall)")
+    return (f"memorising: {_describe('greedy accuracy on the training sample', train)} while "
+            f"{_describe('held-out accuracy', heldout)}, raw reward {d_reward:+.3f}{hint}: the policy learns the "
+            "training prompts' answers, not the task. Try more training prompts, --sampler uniform, or a lower --lr")
 
 
 def _divergence_cause(reward: Sequence[float], first_try: Sequence[float]) -> str:
     """Why training reward runs ahead of held-out accuracy, read from the reward on first tries at a prompt.
 
     A hole in the reward pays on any prompt, first try or not; memorising pays only on prompts drawn
-    before. So the window's mean reward on first tries is compared with its mean reward overall: levels,
-    not trends, because a step holds only a few first tries and their trend is mostly noise.
+    before. So the run's mean reward on first tries is compared with its mean reward overall: levels,
+    not trends, because a step holds only a few first tries and their trend is mostly noise. A hint
+    in the message, never a trigger (the memorising alarm measures the training sample).
     """
     tried = [x for x in first_try if math.isfinite(x)]
     if len(tried) < 3:
         return ("The policy is learning something the held-out checker does not reward: a hole in the training "
-                "reward, answers memorised for the training prompts the sampler keeps returning, or only the "
-                "sampler moving to easier prompts")
+                "reward, or only the sampler moving to easier prompts; audit it with grpo check-reward")
     first, overall = float(np.mean(tried)), float(np.nanmean(reward))
     if overall - first > MEMORISED_GAP:
         return (f"Its reward on prompts tried for the first time averaged {first:.2f} against {overall:.2f} "
-                "overall: the reward comes from prompts drawn before, so the policy is memorising the training "
-                "prompts the sampler keeps returning rather than learning the task. Try more training prompts, "
-                "--sampler uniform, or a lower --lr")
+                "overall: the reward comes from prompts drawn before, which hints at memorising the training "
+                "prompts the sampler keeps returning. Try more training prompts, --sampler uniform, or a lower --lr")
     return (f"Its reward on prompts tried for the first time averaged {first:.2f}, as high as overall "
             f"({overall:.2f}), so it is not memorising: the training reward pays for something the held-out "
             "checker does not (audit it with grpo check-reward), or the held-out prompts differ from the "
             "training prompts")
-
-
-def reward_up_accuracy_down(reward: Sequence[float], accuracy: Sequence[float], cfg: AlarmConfig,
-                            first_try: Sequence[float] = ()) -> str | None:
-    """Training reward rising while held-out accuracy (the task's checker) falls; the message names the
-    likelier cause as checker_suspected does (a policy memorising its prompts also gets worse elsewhere)."""
-    if len(reward) < cfg.window or len(accuracy) < 2:
-        return None
-    d_reward, d_acc = fitted_change(reward), accuracy[-1] - accuracy[0]
-    if d_reward > rise_beyond_noise(reward, cfg.reward_rise) and d_acc < -cfg.accuracy_drop:
-        return (f"reward up, held-out accuracy down: raw reward {d_reward:+.3f} over {len(reward)} steps "
-                f"while held-out accuracy fell {accuracy[0]:.1%} -> {accuracy[-1]:.1%}. "
-                f"{_divergence_cause(reward, first_try)}")
-    return None
 
 
 def length_without_reward(length: Sequence[float], reward: Sequence[float], cfg: AlarmConfig) -> str | None:
@@ -216,13 +283,17 @@ class AlarmMonitor:
         self.watch_heldout = watch_heldout
         self.config = config or AlarmConfig()
         self.series: dict[str, list[float]] = {}
-        self.heldout: list[tuple[int, float]] = []  # (step, accuracy)
+        self.heldout: list[tuple[int, float]] = []  # (step, accuracy on the held-out subset)
+        self.train: list[tuple[int, float]] = []  # (step, accuracy on the fixed training sample)
         self.active: dict[str, bool] = dict.fromkeys(ALARMS, False)
         self.messages: dict[str, str] = {}
-        self.trend_held = 0  # held-out evaluations in a row at which some stopping trend alarm was on
+        self.verdicts: dict[str, str | None] = {}  # the trend alarms' verdicts at the latest evaluation
+        self.trend_held = 0  # held-out evaluations in a row at which some trend verdict was on
 
-    def observe(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
-        """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings."""
+    def observe(self, step: int, metrics: dict[str, float], *, final: bool = False
+                ) -> tuple[dict[str, float], dict[str, str]]:
+        """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings.
+        ``final``: the run's last evaluation, whose verdicts are raised without waiting for another."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
                     "signal_frac", "reward_first_try"):
             if key in metrics:
@@ -231,24 +302,34 @@ class AlarmMonitor:
         watched = metrics.get("heldout_subset_accuracy", metrics.get("heldout_accuracy")) if self.watch_heldout else None
         if watched is not None:
             self.heldout.append((step, float(watched)))
+            if metrics.get("train_sample_accuracy") is not None:
+                self.train.append((step, float(metrics["train_sample_accuracy"])))
         messages = self._check(step)
+        if watched is None:  # the verdicts on learning change only when accuracy is measured
+            messages.update({name: self.verdicts.get(name) for name in TRENDS})
+        self.verdicts = {name: messages[name] for name in TRENDS}
+        trend = any(self.verdicts.values())
+        self.trend_held = 0 if not trend else self.trend_held + (watched is not None)
+        if self.trend_held < WARN_AFTER and not final:  # raised once held at WARN_AFTER evaluations, or at the end
+            messages.update(dict.fromkeys(TRENDS))
         warnings = {name: msg for name, msg in messages.items() if msg and not self.active[name]}
         self.messages = {name: msg for name, msg in messages.items() if msg}
-        trend = any(messages[name] for name in STOPPING if name != "no_signal")
-        self.trend_held = 0 if not trend else self.trend_held + (watched is not None)
         self.active = {name: msg is not None for name, msg in messages.items()}
         return {f"alarm/{name}": float(on) for name, on in self.active.items()}, warnings
 
     def state(self) -> dict:
         """What a checkpoint keeps, so that a resumed run's alarms see the steps before it."""
-        return {"series": self.series, "heldout": self.heldout, "active": self.active, "trend_held": self.trend_held}
+        return {"series": self.series, "heldout": self.heldout, "train": self.train, "active": self.active,
+                "verdicts": self.verdicts, "trend_held": self.trend_held}
 
     def load_state(self, state: dict | None) -> None:
         if state:
             self.series = {k: list(v) for k, v in state["series"].items()}
             self.heldout = [tuple(x) for x in state["heldout"]]
-            self.active.update(state["active"])
-            self.trend_held = int(state.get("trend_held", 0))  # absent from older checkpoints
+            self.train = [tuple(x) for x in state.get("train", [])]  # absent from older checkpoints
+            self.active.update({k: v for k, v in state["active"].items() if k in self.active})
+            self.verdicts = dict(state.get("verdicts", {}))  # absent from older checkpoints
+            self.trend_held = int(state.get("trend_held", 0))
 
     def stopping(self) -> str | None:
         """The message of the first active alarm that means the run will not learn, if any.
@@ -267,22 +348,16 @@ class AlarmMonitor:
     def _recent(self, key: str) -> list[float]:
         return self.series.get(key, [])[-self.config.window :]
 
-    def _heldout_window(self, step: int) -> list[float]:
-        """Held-out accuracies since the window began, led by the last one measured before it."""
-        start = step - self.config.window
-        before = [a for s, a in self.heldout if s <= start]
-        inside = [a for s, a in self.heldout if s > start]
-        return ([before[-1]] if before else []) + inside
-
     def _check(self, step: int) -> dict[str, str | None]:
-        cfg = self.config
-        reward, accuracy = self._recent("reward_mean"), self._heldout_window(step)
+        cfg, series = self.config, self.series
+        reward, first_try = series.get("reward_mean", []), series.get("reward_first_try", [])
+        recent_reward = self._recent("reward_mean")
         return {
-            "no_signal": no_signal(self.series.get("signal_frac", []), cfg),
-            "checker_suspected": checker_suspected(reward, accuracy, cfg, self._recent("reward_first_try")),
-            "stall": stall(reward, self._recent("adv_nonzero_frac"), accuracy, cfg, self._recent("reward_first_try")),
-            "reward_up_accuracy_down": reward_up_accuracy_down(reward, accuracy, cfg, self._recent("reward_first_try")),
-            "length_without_reward": length_without_reward(self._recent("completion_len"), reward, cfg),
+            "no_signal": no_signal(series.get("signal_frac", []), cfg),
+            "checker_suspected": checker_suspected(reward, self.heldout, self.train, cfg, first_try),
+            "stall": stall(reward, series.get("adv_nonzero_frac", []), self.heldout, self.train, cfg, first_try),
+            "memorising": memorising(reward, self.heldout, self.train, cfg, first_try),
+            "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),
         }

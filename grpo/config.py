@@ -97,17 +97,20 @@ class TrainConfig:
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
-    eval_every: int = field(**_doc("also evaluate eval_subset held-out prompts every K steps, for the alarms (0: automatic, fixed after the first step: every steps/10 steps, or less often so that these evaluations take about a tenth of the run's time; -1: only at start and end)", default=0))
-    eval_subset: int = field(**_doc("held-out prompts scored by the evaluations during training (0: all eval_size); start and end use all", default=128))
+    eval_every: int = field(**_doc("also evaluate the alarms' prompts (eval_subset) every K steps (0: automatic, fixed before step 1 from the planned steps: 5 evaluations during the run, planned for at most 20 steps under --minutes; -1: only at start and end)", default=0))
+    eval_subset: int = field(**_doc("prompts scored by the evaluations during training, eval_train of them training prompts and the rest held-out (0: all eval_size held-out); start and end score all eval_size", default=128))
+    eval_train: int = field(**_doc("of eval_subset, a fixed sample of training prompts scored greedily beside the held-out ones (train_sample_accuracy): the memorising alarm reads the gap", default=32))
     eval_samples: int = field(**_doc("n: completions sampled per held-out prompt for pass@k and maj@k (0: greedy pass@1 only; n costs about n times the greedy evaluation)", default=0))
     eval_k: tuple[int, ...] = field(**_doc("the k of pass@k and maj@k (each at most eval_samples)", default=(1, 4)))
     eval_batch_size: int = field(**_doc("prompts per batch in evaluation", default=128))
     sample_every: int = field(**_doc("write sample completions to completions.jsonl every K steps (0: never)", default=10))
     log_every: int = field(**_doc("print a one-line summary of the metrics every K steps (0: never)", default=10))
-    alarm_window: int = field(**_doc("steps over which the stall and reward-hacking alarms measure trends (0: half the run, between 6 and 20)", default=0))
-    early_stop: bool = field(**_doc("end the run early, with the final evaluation, when an alarm shows it is not learning: no signal for no_signal_steps steps, or, held at two held-out evaluations in a row, training reward rising while held-out accuracy does not follow (checker suspected) or falls, or a stall", default=True))
+    alarm_window: int = field(**_doc("steps over which the reward-hacking alarms (length, repetition) measure trends, and before which no verdict on learning is taken (0: half the planned steps, between 6 and 20)", default=0))
+    early_stop: bool = field(**_doc("end the run early, with the final evaluation, when an alarm shows it is not learning: no signal for no_signal_steps steps, or a verdict on learning (stall, checker suspected, memorising) held at two held-out evaluations in a row", default=True))
     no_signal_steps: int = field(**_doc("steps in a row in which under a quarter of the batch had rewards that vary before the no-signal alarm fires", default=5))
     preflight: str = field(**_doc("before the first step, sample the starting model on a few training prompts and report pass rate, groups that vary, truncation, lengths and reward errors: on (stop when no group varies, warn otherwise), warn (never stop), strict (stop on any problem), off", default="on"))
+    adapt: bool = field(**_doc("under --minutes, when the pre-flight check finds fewer than 10 steps fit, change what the user did not set, in order, until they do: a lower max_new_tokens (what a correct answer needs), fewer max_gen_rounds, a smaller group_size (not below 4); each change printed and kept in config.json", default=True))
+    set_by_user: tuple[str, ...] = field(**_doc("options the step budget leaves alone (grpo train fills in those given on the command line or in a config file)", default=()))
     preflight_prompts: int = field(**_doc("training prompts the pre-flight check samples (a group of group_size each)", default=16))
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     engine: str = field(**_doc("what samples the rollouts: own (this package's sampler, on the policy itself) or vllm (a vLLM engine in a process of its own, weights synced after every optimiser step; `make vllm` installs it)", default="own"))
@@ -139,7 +142,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
-                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset",
+                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset", "eval_train",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers", "max_turns", "max_episode_tokens", "few_shot")
         for name in non_negative:

@@ -1,12 +1,18 @@
-"""The run's held-out evaluations: the full set before and after training, the alarms' fixed subset
-during it, each under the progress bar and summed over processes.
+"""The run's evaluations: the full held-out set before and after training, the alarms' fixed subset
+during it, and beside each a fixed sample of training prompts; each under the progress bar and summed
+over processes.
 
 Normalised advantages never show absolute progress, so a run always measures
 greedy accuracy on prompts it does not train on (grpo/evaluate.py scores them).
+Greedy accuracy on training prompts beside it measures memorising: a gap that
+grows while held-out accuracy stays flat. The training sample is carved out of
+the subset's budget (``eval_train`` of ``eval_subset``), so the evaluations cost
+what they did.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 
@@ -57,8 +63,48 @@ def evaluate_heldout(trainer: TrainerParts, on_batch: Callable[[int], None] | No
 
 
 def subset_size(trainer: TrainerParts) -> int:
-    """The alarms' fixed subset: the first eval_subset held-out prompts (all when 0 or more than there are)."""
-    return min(trainer.config.eval_subset or len(trainer.heldout_prompts), len(trainer.heldout_prompts))
+    """The alarms' fixed subset: the first eval_subset - eval_train held-out prompts (all when eval_subset
+    is 0 or more than there are)."""
+    cfg, n = trainer.config, len(trainer.heldout_prompts)
+    return min(max(cfg.eval_subset - train_sample_size(trainer), 1) if cfg.eval_subset else n, n)
+
+
+def train_sample_size(trainer: TrainerParts) -> int:
+    """Training prompts in the fixed sample scored beside the held-out subset."""
+    return min(trainer.config.eval_train, len(trainer.train_prompts))
+
+
+def train_sample(trainer: TrainerParts) -> list[int]:
+    """The fixed sample: indices into the training rows, the same at every evaluation (drawn from the seed)."""
+    return sorted(random.Random(trainer.config.seed).sample(range(len(trainer.train_prompts)),
+                                                            train_sample_size(trainer)))
+
+
+def train_sample_accuracy(trainer: TrainerParts, bar: StepProgress) -> dict[str, float]:
+    """Greedy accuracy on the fixed training sample (none when it is empty)."""
+    chosen = train_sample(trainer)
+    if not chosen:
+        return {}
+    rows = list(trainer.task.train)
+    with bar.evaluating(len(chosen)) as advance:
+        result = evaluate_prompts(trainer, [trainer.train_prompts[i] for i in chosen], [rows[i] for i in chosen],
+                                  advance)
+    return {"train_sample_accuracy": result.accuracy}
+
+
+def evaluate_prompts(trainer: TrainerParts, prompts: list[list[int]], rows: list, on_batch: Callable[[int], None]
+                     ) -> EvalResult:
+    """Greedy pass@1 on the given prompts, each process scoring every W-th one, summed."""
+    cfg, world = trainer.config, trainer.world
+    with trainer.autocast:
+        mine = trainer.policy.without_grad(
+            evaluate, trainer.tokenizer, prompts[world.rank::world.size], rows[world.rank::world.size],
+            trainer.checker, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+            on_batch=on_batch, stop_strings=cfg.stop, agent=trainer.agent)
+    if world.size == 1:
+        return mine
+    totals = world.sum(torch.tensor([float(mine.size), mine.accuracy * mine.size], dtype=torch.float64))
+    return EvalResult(accuracy=float(totals[1]) / max(float(totals[0]), 1.0), size=int(totals[0]))
 
 
 def subset_accuracy(trainer: TrainerParts, full: EvalResult) -> dict[str, float]:
@@ -71,11 +117,14 @@ def subset_accuracy(trainer: TrainerParts, full: EvalResult) -> dict[str, float]
 
 
 def interim_evaluation(trainer: TrainerParts, bar: StepProgress) -> dict[str, float]:
-    """The evaluation during training: the alarms' subset, or everything when the subset is all of it."""
+    """The evaluation during training: the alarms' subset (or everything when the subset is all of it)
+    and the training sample."""
     whole = subset_size(trainer) >= len(trainer.heldout_prompts)
-    result, seconds = evaluate_with(trainer, bar, subset=not whole)
+    start = time.perf_counter()
+    result, _ = evaluate_with(trainer, bar, subset=not whole)
     scores = result.metrics() if whole else {}
-    return {**scores, "heldout_subset_accuracy": result.accuracy, "time_eval": seconds}
+    train = train_sample_accuracy(trainer, bar)
+    return {**scores, "heldout_subset_accuracy": result.accuracy, **train, "time_eval": time.perf_counter() - start}
 
 
 def evaluate_with(trainer: TrainerParts, bar: StepProgress, *, subset: bool = False) -> tuple[EvalResult, float]:

@@ -16,7 +16,9 @@ per outcome. Problems are said in plain words with what to try:
 ``strict`` stops on any of them, ``warn`` on none. For a user's data with no
 token limit given, the check samples at 256 tokens and fits the limit to
 the lengths the model writes (1.5 times the 95th percentile of completions
-that ended on their own, or of the correct ones' median when that is lower),
+that ended on their own, or of the correct ones' median when that is lower;
+with few correct, to what a correct answer needs: the gold answer's place in
+the completions that contain it, or the gold answers' lengths),
 so a run on short answers does not pay for 256;
 its sampling stops at that limit once 95% of the completions have ended,
 so the check does not pay for 256 either.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +76,11 @@ class PreflightReport:
     step_seconds: float | None = None  # generation time a training step can expect, from the check's pace
     prompt_format: str = ""  # the run's, settled (grpo/prompts.py)
     stop: tuple[str, ...] = ()  # the stop strings sampling used, the format's included
+    update_seconds: float | None = None  # a step's update, from one forward and backward of the check's samples
+    steps_fit: int | None = None  # steps that fit in --minutes at step_seconds + update_seconds, after adapting
+    steps_before: int | None = None  # ... and before
+    adapted: list[str] = field(default_factory=list)  # what the step budget changed, one line each
+    answer_limit: int | None = None  # the token limit a correct answer needs (fit_token_limit, none correct)
     problems: list[Problem] = field(default_factory=list)
 
     def stops(self, mode: str) -> list[Problem]:
@@ -103,9 +110,21 @@ class PreflightReport:
             lines.append(f"  token limit fitted to the data: max_new_tokens = {self.fitted_max_new_tokens}")
         if self.step_seconds is not None:
             lines.append(f"  expected generation time: about {self.step_seconds:.0f} s a step at this pace")
+        if self.update_seconds is not None:
+            lines.append(f"  expected update time: about {self.update_seconds:.0f} s a step")
         for p in self.problems:
             lines.append(f"  {'PROBLEM' if p.fatal else 'warning'} ({p.kind}): {p.message}")
         return "\n".join(lines)
+
+    def budget(self, minutes: float) -> list[str]:
+        """The step budget's console lines: seconds a step, the steps that fit, what it changed."""
+        if self.steps_fit is None:
+            return []
+        total = (self.step_seconds or 0.0) + (self.update_seconds or 0.0)
+        after = [f"step budget: {self.steps_fit} steps fit after these changes"] if self.adapted else []
+        return [f"step budget: about {total:.0f} s a step ({self.step_seconds:.0f} s generation, "
+                f"{self.update_seconds:.0f} s update): {self.steps_before} steps fit in {minutes:g} minutes",
+                *self.adapted, *after]
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in vars(self).items() if k != "problems"}
@@ -129,25 +148,40 @@ def draw_prompts(n_train: int, count: int, seed: int) -> list[int]:
 
 
 def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], correct: Sequence[bool],
-                    probe_limit: int) -> int | None:
+                    probe_limit: int, *, reach: Sequence[int | None] = (),
+                    answer_lengths: Sequence[int] = ()) -> int | None:
     """The token limit a run on this data needs, rounded up to a multiple of 8, in [FIT_FLOOR, probe_limit];
-    None when too many completions hit the probe's limit to tell.
+    None when too many completions hit the probe's limit to tell and nothing says what an answer needs.
 
     1.5 x the 95th percentile of the lengths of completions that ended on their own; lower, 1.5 x the
     median length of the correct ones, when at least FIT_MIN_CORRECT were correct. A model asked for a
     short answer often explains at length instead: the answers that score need less room, and since the
     longest completion sets a batch's generation time, a run pays for the rambling on every step. On a
     file of "Compute 9 times 84. Answer with just the number." the 95th percentile was 165 tokens, the
-    correct completions' median 41 (most of them 5 to 18 tokens, a few explanations up to 111). A cut
-    completion scores 0, which teaches the policy to answer within the limit.
+    correct completions' median 41 (most of them 5 to 18 tokens, a few explanations up to 111).
+
+    With fewer correct ones than that, the limit follows what a correct answer needs, not the ramblings:
+    1.5 x the fewest tokens in which a completion reached the gold answer (``reach``: where the gold
+    answer ends in each completion that contains it anywhere, None where it does not), or, when none
+    did, 1.5 x the 95th percentile of the gold answers' own lengths (``answer_lengths``); never above
+    the ramblings' fit. A cut completion scores 0 and is counted, which teaches the policy to answer
+    within the limit.
     """
     natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
-    if not natural or 1 - len(natural) / len(lengths) > FIT_CUT:
-        return None
-    p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
-    solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
-    median = solved[(len(solved) - 1) // 2] if solved else p95
-    return _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
+    fitted = None
+    if natural and 1 - len(natural) / len(lengths) <= FIT_CUT:
+        p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
+        solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
+        median = solved[(len(solved) - 1) // 2] if solved else p95
+        fitted = _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
+    if sum(correct) >= FIT_MIN_CORRECT:
+        return fitted
+    reached = [r for r in reach if r]
+    gold = sorted(answer_lengths)
+    if not reached and not gold:
+        return fitted
+    need = min(reached) if reached else gold[min(len(gold) - 1, math.ceil(FIT_QUANTILE * len(gold)) - 1)]
+    return min(_rounded_limit(need, probe_limit), fitted or probe_limit)
 
 
 def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str], *,
@@ -221,14 +255,25 @@ class _Samples:
     """What the check sampled, over its rounds: one entry per completion."""
 
     texts: list[str] = field(default_factory=list)
+    last: object = None  # the last round's Rollout, for timing an update
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
+    reach: list[int | None] = field(default_factory=list)  # tokens to the end of the gold answer, if it appears
+    answer_lengths: list[int] = field(default_factory=list)  # the gold answers' tokens, one per prompt
     rewards: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round
     metrics: list[dict[str, float]] = field(default_factory=list)  # the scorer's, per round
 
     def grouped(self, g: int) -> torch.Tensor:
         return torch.cat(self.rewards).view(-1, g)  # (B, G)
+
+
+def answer_reach(tokenizer: object, text: str, answer: str) -> int | None:
+    """Tokens of ``text`` up to the end of the first occurrence of the gold ``answer`` (None if absent)."""
+    at = text.find(answer.strip()) if answer.strip() else -1
+    if at < 0:
+        return None
+    return len(tokenizer.encode(text[: at + len(answer.strip())], add_special_tokens=False))
 
 
 def _rounded_limit(tokens: float, probe_limit: int) -> int:
@@ -256,15 +301,32 @@ def _sample_round(
     cfg, g = trainer.config, trainer.config.group_size
     stop_early = stop_at_fitted_limit(len(chosen) * g, cfg.max_new_tokens) if fit else None
     rollout, rewards, metrics, _ = trainer.sample_and_score(chosen, generator, stop_early)
+    out.last = rollout
     group_rows = [trainer.task.train[i] for i in chosen for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
     out.correct += [s >= 1.0 for s in check_all(trainer.checker, rollout.texts, checked)]
+    out.reach += [answer_reach(trainer.tokenizer, t, str(r.get("answer") or "")) for t, r in
+                  zip(rollout.texts, group_rows, strict=True)]
+    out.answer_lengths += [len(trainer.tokenizer.encode(str(trainer.task.train[i].get("answer") or ""),
+                                                        add_special_tokens=False)) for i in chosen]
     out.texts += rollout.texts
     out.lengths += lengths
     out.truncated += truncated
     out.rewards.append(rewards)
     out.metrics.append(metrics)
+
+
+def _announce(trainer: object, started: float | None) -> None:
+    """What the check is about to do (rank 0 prints), and vLLM's start-up apart from it."""
+    cfg = trainer.config
+    if not trainer.world.is_main:
+        return
+    if started is not None:
+        print(f"pre-flight: vLLM started in {started:.0f} s (not counted in the generation estimate)", flush=True)
+    print(f"pre-flight: sampling {cfg.group_size} completions for each of {cfg.preflight_prompts} training prompts "
+          f"at <= {cfg.max_new_tokens} tokens; prompt format {cfg.prompt_format}, {describe_stops(cfg.stop)} "
+          "(--no-preflight skips this)", flush=True)
 
 
 def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
@@ -275,11 +337,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     pass rate of a few percent is not mistaken for none. ``trainer`` is a GRPOTrainer; every process
     runs the same draws with the same generator, so under torchrun all reach the same verdict.
     """
+    started = start_engine(trainer)  # before the clock: vLLM's start-up is not generation
     cfg, start, g = trainer.config, time.perf_counter(), trainer.config.group_size
-    if trainer.world.is_main:
-        print(f"pre-flight: sampling {g} completions for each of {cfg.preflight_prompts} training prompts at "
-              f"<= {cfg.max_new_tokens} tokens; prompt format {cfg.prompt_format}, {describe_stops(cfg.stop)} "
-              "(--no-preflight skips this)", flush=True)
+    _announce(trainer, started)
     order = draw_prompts(len(trainer.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
     generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
@@ -306,7 +366,8 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     )
     if fit:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,
-                                                       cfg.max_new_tokens)
+                                                       cfg.max_new_tokens, reach=samples.reach,
+                                                       answer_lengths=samples.answer_lengths)
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
     report.problems = find_problems(report, names, constant, tuned_limit=trainer.tuned_token_limit)
     report.seconds = time.perf_counter() - start
@@ -315,7 +376,84 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     if report.fitted_max_new_tokens is not None and samples.lengths:
         # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
         report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))
+    if samples.last is not None and samples.last.completion_ids.numel():
+        # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
+        limit = report.fitted_max_new_tokens or cfg.max_new_tokens
+        mean_tokens = sum(min(n, limit) for n in samples.lengths) / max(len(samples.lengths), 1)
+        report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * mean_tokens
+    report.answer_limit = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
+                                          cfg.max_new_tokens, reach=samples.reach,
+                                          answer_lengths=samples.answer_lengths)
     return report
+
+
+def start_engine(trainer: object) -> float | None:
+    """Start the trainer's vLLM engine if it has one not yet started (the first rollout would); its seconds."""
+    engine = getattr(trainer, "engine", None)
+    if engine is None or engine.conn is not None:
+        return None
+    start = time.perf_counter()
+    engine.start()
+    return time.perf_counter() - start
+
+
+def update_seconds(trainer: object, rollout: object) -> float:
+    """Seconds per completion token of a forward and backward pass (what an update costs, less the
+    optimiser's step), timed on the first micro-batch of ``rollout`` as the update packs it; the
+    gradients are dropped, so the run that follows is unchanged."""
+    from grpo.logprobs import rollout_logprobs
+    from grpo.update import micro_batches
+
+    if trainer.engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
+        trainer.engine.sleep()
+    n_groups = rollout.completion_ids.shape[0] // trainer.config.group_size
+    part = rollout.select_groups(micro_batches(trainer.config, rollout, torch.arange(n_groups))[0])
+    start = time.perf_counter()
+    with trainer.autocast:
+        logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,
+                                 temperature=trainer.config.temperature)
+    (logp.float() * part.mask).sum().backward()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)
+
+
+MIN_STEPS = 10  # under --minutes, fewer steps than this leave no time to learn: the budget adapts the run
+MIN_GROUP = 4  # the step budget never makes groups smaller than this
+
+
+def step_budget(report: PreflightReport, config: object, adaptable: Collection[str]) -> dict[str, int]:
+    """The steps that fit in ``config.minutes`` at the check's pace, and, when fewer than MIN_STEPS
+    and ``config.adapt``, the changes that buy more, in order and only to ``adaptable`` options: a
+    lower max_new_tokens (fitted to what a correct answer needs), fewer generation rounds, a smaller
+    group_size (not below MIN_GROUP). Generation time is taken as proportional to the token limit,
+    the rounds and the group size, the update's to the group size. Sets report.steps_fit and
+    report.adapted; returns the changed fields."""
+    if not config.minutes or report.step_seconds is None or report.update_seconds is None:
+        return {}
+    gen, upd, changes = report.step_seconds, report.update_seconds, {}
+    limit, rounds, group = config.max_new_tokens, config.max_gen_rounds, config.group_size
+    fits = lambda: int(60 * config.minutes // max(gen + upd, 1e-6))  # noqa: E731
+    report.steps_fit = report.steps_before = fits()
+    if report.steps_fit >= MIN_STEPS or not config.adapt:
+        return {}
+    answer = report.answer_limit
+    if "max_new_tokens" in adaptable and answer is not None and answer < limit:
+        gen *= answer / limit
+        changes["max_new_tokens"] = answer
+        report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
+    if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
+        needed = min(rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else rounds
+        fewer = max(1, min(needed - 1, rounds - 1))
+        gen *= fewer / max(needed, 1)
+        changes["max_gen_rounds"] = fewer
+        report.adapted.append(f"step budget: max_gen_rounds {rounds} -> {fewer}")
+    if fits() < MIN_STEPS and "group_size" in adaptable and group > MIN_GROUP and not config.batch_size:
+        smaller = max(MIN_GROUP, group // 2)
+        gen, upd = gen * smaller / group, upd * smaller / group
+        changes["group_size"] = smaller
+        report.adapted.append(f"step budget: group_size {group} -> {smaller}")
+    report.steps_fit = fits()
+    return changes
 
 
 def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_rounds: int, *,

@@ -11,17 +11,20 @@ resumed run continues exactly where the unbroken one would be.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo import checkpoint
 from grpo.alarms import AlarmMonitor
 from grpo.config import TrainConfig, alarm_window_for
-from grpo.distributed import World, load_shards, load_training_state, save_shards, training_state
+from grpo.distributed import load_shards, load_training_state, save_shards, training_state
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.parts import TrainerParts
 
-EVAL_SHARE = 0.1  # automatic evaluations during training take at most about this share of the run's time
+EVAL_SHARE = 0.1  # automatic evaluations during training take about this share of the run's time (README: measured)
+EVALUATIONS = 5  # automatic evaluations during a run's planned steps (the start and the end besides) ...
+EVERY_MAX = 5  # ... but at least one every this many steps, so that a long run's alarms can stop it early
+BUDGET_STEPS = 20  # the steps a run under a time budget plans its evaluations for
 
 
 @dataclass
@@ -32,13 +35,16 @@ class RunState:
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out accuracy) for the alarms
     bad_in_a_row: int = 0  # steps in a row whose loss or gradient was NaN/inf
     train_seconds: float = 0.0  # seconds of training before this process took over (resumed)
-    eval_every: int = 0  # the evaluation schedule; 0: automatic, not fixed yet (it is after step 1)
-    alarm_window: int = 0  # the alarms' trend window, refitted with the schedule under a time budget
+    eval_every: int = 0  # the evaluation schedule (planned_schedule when the config leaves it automatic)
+    alarm_window: int = 0  # the alarms' window, fitted to the planned steps when the config leaves it automatic
     alarms: dict | None = None  # the alarms' state in the checkpoint resumed from
 
     @classmethod
-    def start(cls, config: TrainConfig) -> RunState:
-        return cls(eval_every=config.eval_every, alarm_window=config.alarm_window)
+    def start(cls, config: TrainConfig, *, auto_alarm_window: bool = False) -> RunState:
+        """A new run's state; its schedule is fixed here, before step 1, from the plan alone."""
+        every, planned = planned_schedule(config.steps, config.minutes)
+        window = alarm_window_for(planned) if auto_alarm_window else config.alarm_window
+        return cls(eval_every=config.eval_every or every, alarm_window=window)
 
     @classmethod
     def resumed(cls, saved: dict, config: TrainConfig) -> RunState:
@@ -56,25 +62,18 @@ class RunState:
                 "schedule": {"eval_every": self.eval_every, "alarm_window": self.alarm_window}}
 
 
-def fix_schedule(state: RunState, config: TrainConfig, world: World, monitor: AlarmMonitor, *,
-                 auto_alarm_window: bool, eval_seconds: float, step_seconds: float) -> None:
-    """Fix an automatic (0) evaluation schedule after step 1: every steps/10 steps, or less often when an
-    evaluation costs more than a tenth of that many steps, but at least every steps/4 steps (then
-    evaluations may take more than a tenth). Under a time budget (``minutes``) "steps" are those that
-    fit in it at the first step's pace, and an automatic alarm window is refitted to them. Decided on
-    rank 0."""
-    steps = config.steps
-    window = state.alarm_window
-    if config.minutes:
-        steps = int(min(steps, max(1, 60 * config.minutes // max(step_seconds * (1 + EVAL_SHARE), 1e-6))))
-        if auto_alarm_window:
-            window = alarm_window_for(steps)
-    every = max(math.ceil(steps / 10), math.ceil(eval_seconds / (EVAL_SHARE * max(step_seconds, 1e-6))))
-    # at most steps/4, so that the alarms see at least three evaluations during the run; rank 0's timing
-    # decides both for every rank, so their alarms read the same window
-    every, window = world.broadcast_object((min(every, max(1, steps // 4)), window))
-    state.eval_every, state.alarm_window = int(every), int(window)
-    monitor.config = replace(monitor.config, window=state.alarm_window)
+def planned_schedule(steps: int, minutes: float) -> tuple[int, int]:
+    """The evaluation schedule and the steps the automatic alarm window is fitted to, from the plan alone.
+
+    EVALUATIONS evaluations during the run, evenly spaced over its planned steps, at least one every
+    EVERY_MAX steps (a subset's evaluation costs about a third of a step on this CPU). Under a time budget
+    the steps that will fit are unknown before the run, so the plan is BUDGET_STEPS at most: a fast
+    machine evaluates more often than it needs to, a slow one still sees the start and three
+    evaluations by step 3 * ceil(BUDGET_STEPS / EVALUATIONS). Fixed before step 1 and identical on every
+    rank, so the alarms read the same steps however fast the machine runs them.
+    """
+    planned = min(steps, BUDGET_STEPS) if minutes else steps
+    return max(1, min(math.ceil(planned / EVALUATIONS), EVERY_MAX)), planned
 
 
 def checkpoint_or_stop(trainer: TrainerParts, step: int, extra: dict, stop: StopRequests | None, *,

@@ -189,8 +189,9 @@ class RunLog:
     raised: dict[str, int] = field(default_factory=dict)  # alarm -> first step it was on
     messages: dict[str, str] = field(default_factory=dict)  # alarm -> its first warning
 
-    def record(self, step: int, metrics: dict[str, float]) -> None:
-        flags, warnings = self.monitor.observe(step, metrics)
+    def record(self, step: int, metrics: dict[str, float], *, final: bool = False) -> None:
+        """``final``: the run's last evaluation (its alarms' verdicts need no later one to confirm them)."""
+        flags, warnings = self.monitor.observe(step, metrics, final=final)
         metrics.update(flags)
         for name, on in flags.items():
             if on:

@@ -56,11 +56,19 @@ from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig, settle_co
 from grpo.distributed import Policy, World, full_state_dict, init_world, shard_policy
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
-from grpo.heldout import evaluate_heldout, evaluate_with, interim_evaluation, subset_accuracy, subset_size
+from grpo.heldout import (
+    evaluate_heldout,
+    evaluate_with,
+    interim_evaluation,
+    subset_accuracy,
+    subset_size,
+    train_sample_accuracy,
+    train_sample_size,
+)
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
 from grpo.models import add_lora, load_policy, save_model
-from grpo.preflight import PreflightReport, preflight_summary, run_preflight
+from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
 from grpo.process import pick_device, setup_process
 from grpo.progress import StepProgress, summary_line
 from grpo.prompts import encode_prompts, format_task, settle_format
@@ -68,7 +76,7 @@ from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout
-from grpo.run_state import RunState, checkpoint_or_stop, fix_schedule, restore
+from grpo.run_state import RunState, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.step_metrics import RunLog, StepTimes, best_completions, step_record, write_samples
 from grpo.tasks import Task, load_task
@@ -306,16 +314,17 @@ class GRPOTrainer:
         start = time.perf_counter()
         state = self._resume(run_dir) if resume else None
         preflight = None if resume or self.config.preflight == "off" else self._preflight()
-        state = state or RunState.start(self.config)  # the config is final from here on
+        state = state or RunState.start(self.config, auto_alarm_window=self.auto_alarm_window)  # config final
         log = self._open_log(state)
         stop = StopRequests() if run_dir is not None else None
         with log.bar, stop or nullcontext():
             first, seconds = self._first_evaluation(log, state)
             train_start = time.perf_counter()
-            metrics, stopped, out_of_time = self._run_steps(log, state, stop, seconds)
+            metrics, stopped, out_of_time = self._run_steps(log, state, stop)
             train_seconds = time.perf_counter() - train_start
             last, seconds = evaluate_with(self, log.bar)
-            log.record(state.step, {**last.metrics(), **subset_accuracy(self, last), "time_eval": seconds})
+            log.record(state.step, {**last.metrics(), **subset_accuracy(self, last), "time_eval": seconds,
+                                    **train_sample_accuracy(self, log.bar)}, final=True)
             log.bar.print(f"step {state.step} held-out: {last.describe()}")
         if log.logger is not None:
             log.logger.close()
@@ -332,7 +341,7 @@ class GRPOTrainer:
         self._save_final(run_dir, summary)
         return summary
 
-    def _run_steps(self, log: RunLog, state: RunState, stop: StopRequests | None, eval_seconds: float
+    def _run_steps(self, log: RunLog, state: RunState, stop: StopRequests | None
                    ) -> tuple[dict[str, float], str | None, bool]:
         """The steps, each recorded, evaluated on schedule and checkpointed, until the last one, a stopping
         alarm or the time budget; the last step's metrics, why it stopped early, whether out of time."""
@@ -343,10 +352,6 @@ class GRPOTrainer:
         trained = lambda: trained_before + time.perf_counter() - train_start  # noqa: E731
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
-            if state.eval_every == 0:  # automatic: fixed now, from what an evaluation and a step cost
-                subset_seconds = eval_seconds * subset_size(self) / max(len(self.heldout_prompts), 1)
-                fix_schedule(state, cfg, world, log.monitor, auto_alarm_window=self.auto_alarm_window,
-                             eval_seconds=subset_seconds, step_seconds=metrics["time_step"])
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
                 metrics.update(interim_evaluation(self, log.bar))
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
@@ -356,7 +361,7 @@ class GRPOTrainer:
             log.bar.update(step, metrics)
             if cfg.log_every and step % cfg.log_every == 0:
                 log.bar.print(summary_line(step, cfg.steps, metrics))
-            # rank 0's verdict binds all: each rank's alarms may read another window (their timings differ)
+            # rank 0's verdict binds all, so that no rank leaves the loop alone
             stopped = world.broadcast_object(log.monitor.stopping() if cfg.early_stop else None)
             # the time budget: stop where the next step, at the mean pace so far, would end past it
             out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
@@ -379,7 +384,8 @@ class GRPOTrainer:
             logger = MetricsLogger(self.run_dir, wandb=cfg.wandb, config=cfg.to_dict())
         main = self.world.is_main
         bar = StepProgress(cfg.steps, enabled=self.progress and main, silent=not main)
-        alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps)
+        alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
+                             heldout_n=subset_size(self), train_n=train_sample_size(self))
         answered = all(str(row.get("answer") or "").strip() for row in self.task.heldout)
         monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
         monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
@@ -391,7 +397,8 @@ class GRPOTrainer:
             return EvalResult(accuracy=state.history[0][1], size=len(self.heldout_prompts)), 0.0
         first, seconds = evaluate_with(self, log.bar)
         state.history.append((0, first.accuracy))
-        log.record(0, {**first.metrics(), **subset_accuracy(self, first), "time_eval": seconds})
+        log.record(0, {**first.metrics(), **subset_accuracy(self, first), "time_eval": seconds,
+                       **train_sample_accuracy(self, log.bar)})
         log.bar.print(f"step 0 held-out: {first.describe()}")
         return first, seconds
 
@@ -422,7 +429,30 @@ class GRPOTrainer:
         if report.fitted_max_new_tokens is not None:  # before the first step: the config is not frozen yet
             self.config = replace(self.config, max_new_tokens=report.fitted_max_new_tokens)
             self.score.max_completion_tokens = report.fitted_max_new_tokens
+        self._apply_step_budget(report)
         return report
+
+    def _apply_step_budget(self, report: PreflightReport) -> None:
+        """Print the steps that fit in --minutes; adapt what the user did not set when too few do."""
+        cfg = self.config
+        untouched = {name for name in ("max_gen_rounds", "group_size")
+                     if name not in cfg.set_by_user and getattr(cfg, name) == TrainConfig.__dataclass_fields__[name].default}
+        changes = self.world.broadcast_object(
+            step_budget(report, cfg, untouched | ({"max_new_tokens"} if self.fit_token_limit else set())))
+        if self.world.is_main:
+            for line in report.budget(cfg.minutes):
+                print(line, flush=True)
+            if self.run_dir is not None:  # with the budget's lines; config.json, written next, has the values
+                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        if not changes:
+            return
+        self.config = replace(cfg, **changes)
+        self.score.max_completion_tokens = self.config.max_new_tokens
+        if "group_size" in changes:  # the sampler draws groups of the new size, from the same seed
+            self.prompt_rng = random.Random(self.config.seed)
+            self.sampler = make_sampler(
+                self.config.sampler, len(self.task.train), self.config.group_size, rng=self.prompt_rng,
+                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""

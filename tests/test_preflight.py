@@ -4,6 +4,7 @@ task, cut-off answers, and the no-signal and checker-suspected alarms ending a r
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,12 @@ import torch
 from conftest import make_model, make_tokenizer
 from tiny_run import count_a, params, tiny_task, tiny_trainer
 
-from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
+from grpo.heldout import train_sample
 from grpo.interrupt import RunStopped
-from grpo.preflight import fit_token_limit, stop_at_fitted_limit
-from grpo.run_state import RunState, fix_schedule
+from grpo.preflight import PreflightReport, fit_token_limit, step_budget, stop_at_fitted_limit
+from grpo.run_state import RunState, planned_schedule
 from grpo.tasks import Task, load_task
 
 
@@ -230,6 +231,80 @@ def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):
     assert (Path(tmp_path) / "run" / "preflight.json").is_file()
 
 
+def test_with_few_correct_the_limit_follows_what_an_answer_needs_not_the_ramblings():
+    # 20 completions that ramble: 18 cut at the probe's 256, so the lengths alone cannot tell (None before);
+    # one of them reached the gold answer by token 40, another by 120: 1.5 x 40 -> 64
+    lengths, cut, wrong = [256] * 18 + [150, 170], [True] * 18 + [False] * 2, [False] * 20
+    assert fit_token_limit(lengths, cut, wrong, 256) is None
+    reach = [None] * 17 + [120, 40, None]
+    assert fit_token_limit(lengths, cut, wrong, 256, reach=reach, answer_lengths=[2] * 20) == 64
+    # none reached it: the gold answers' lengths (2 tokens), never below 48
+    assert fit_token_limit(lengths, cut, wrong, 256, reach=[None] * 20, answer_lengths=[2] * 20) == 48
+    # when the ramblings end sooner than the answers need, their fit stays
+    short, ended = [20] * 20, [False] * 20
+    assert fit_token_limit(short, ended, wrong, 256, reach=[None] * 19 + [100]) == 48
+    # five correct: the fit by the correct ones, as before
+    assert fit_token_limit([30] * 20, ended, [True] * 5 + [False] * 15, 256, answer_lengths=[2] * 20) == 48
+
+
+def test_the_gold_answer_is_found_anywhere_in_a_completion():
+    from conftest import make_tokenizer
+
+    from grpo.preflight import answer_reach
+
+    tokenizer = make_tokenizer()
+    assert answer_reach(tokenizer, "ab b a", "b") == len(tokenizer.encode("ab", add_special_tokens=False))
+    assert answer_reach(tokenizer, "aaaa", "b") is None and answer_reach(tokenizer, "aaaa", "") is None
+
+
+def budget_report(**kw) -> PreflightReport:
+    values = dict(prompts=16, group_size=8, max_new_tokens=256, pass_rate=0.05, reward_mean=0.05, varying_frac=0.25,
+                  all_correct_frac=0.0, all_wrong_frac=0.75, truncated_frac=0.5, lengths={}, reward_errors={},
+                  reward_timeouts={}, examples={}, seconds=60.0, step_seconds=150.0, update_seconds=30.0,
+                  answer_limit=48)
+    return PreflightReport(**{**values, **kw})
+
+
+def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
+    config = TrainConfig(minutes=10.0, max_new_tokens=256, steps=100)
+    # 180 s a step: 3 steps fit in 10 minutes. 48 tokens of 256: 28 s generation + 30 s update -> 10 steps
+    report = budget_report()
+    assert step_budget(report, config, {"max_new_tokens", "max_gen_rounds", "group_size"}) == {"max_new_tokens": 48}
+    assert report.steps_fit == 10 and report.adapted == [
+        "step budget: max_new_tokens 256 -> 48 (what a correct answer needs)"]
+    assert report.budget(10.0) == [
+        "step budget: about 180 s a step (150 s generation, 30 s update): 3 steps fit in 10 minutes",
+        "step budget: max_new_tokens 256 -> 48 (what a correct answer needs)",
+        "step budget: 10 steps fit after these changes"]
+    # the user set the token limit: fewer rounds (4 needed at 25% varying -> 3), then groups of 4
+    report = budget_report()
+    assert step_budget(report, config, {"max_gen_rounds", "group_size"}) == {"max_gen_rounds": 3, "group_size": 4}
+    assert report.steps_fit == int(600 // (150 * 3 / 4 / 2 + 15))
+    # enough steps fit, or --no-adapt, or no budget: nothing changes
+    assert step_budget(budget_report(step_seconds=20.0), config, {"group_size"}) == {}
+    assert step_budget(budget_report(), replace(config, adapt=False), {"group_size"}) == {}
+    assert step_budget(budget_report(), replace(config, minutes=0.0), {"group_size"}) == {}
+
+
+def test_the_engine_starts_before_the_generation_estimate_is_timed():
+    # with --engine vllm the first rollout started vLLM (167 s measured) inside the clock, and pre-flight
+    # printed "about 433 s a step" for steps that took 23-26 s: the start now happens before it
+    from types import SimpleNamespace
+
+    from grpo.preflight import start_engine
+
+    class Engine:
+        conn = None
+
+        def start(self):
+            self.conn = "ready"
+
+    trainer = SimpleNamespace(engine=Engine())
+    assert start_engine(trainer) is not None and trainer.engine.conn == "ready"
+    assert start_engine(trainer) is None  # started already: nothing to do
+    assert start_engine(SimpleNamespace(engine=None)) is None  # the own sampler
+
+
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
     # 20 rows: 19 have ended by token 10 (95%), so sampling stops at 1.5 x 10 -> 15, at least 48 tokens
     stop = stop_at_fitted_limit(20, 256)
@@ -238,23 +313,33 @@ def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
     assert not late(100, 2) and not late(120, 1) and not late(175, 1) and late(184, 1)  # 1.5 x 120 -> 184
 
 
-def test_automatic_evaluation_interval_bounds_its_share_of_the_run():
-    def fixed(eval_seconds, step_seconds, **kw):
-        trainer = tiny_trainer(**{"steps": 40, **kw})
-        monitor = AlarmMonitor(trainer.config.steps, AlarmConfig(window=trainer.config.alarm_window))
-        state = RunState.start(trainer.config)
-        fix_schedule(state, trainer.config, trainer.world, monitor, auto_alarm_window=trainer.auto_alarm_window,
-                     eval_seconds=eval_seconds, step_seconds=step_seconds)
-        return state, monitor
+def test_the_automatic_schedule_is_fixed_before_step_1_from_the_plan_alone():
+    # 5 evaluations during the planned steps; under a time budget the plan is 20 steps at most, whatever
+    # the machine's pace (the schedule and the alarm window used to follow step 1's measured time)
+    assert planned_schedule(20, 0.0) == (4, 20)
+    assert planned_schedule(40, 0.0) == (5, 40)  # at least every 5 steps
+    assert planned_schedule(100, 10.0) == (4, 20)
+    assert planned_schedule(12, 10.0) == (3, 12)
+    state = RunState.start(tiny_trainer(steps=40, eval_every=0).config, auto_alarm_window=True)
+    assert (state.eval_every, state.alarm_window) == (5, 20)
+    budget = tiny_trainer(steps=100, minutes=1.0, alarm_window=0, eval_every=0)
+    state = RunState.start(budget.config, auto_alarm_window=budget.auto_alarm_window)
+    assert (state.eval_every, state.alarm_window) == (4, 10)
+    kept = tiny_trainer(steps=100, minutes=1.0, alarm_window=15, eval_every=3)
+    state = RunState.start(kept.config, auto_alarm_window=kept.auto_alarm_window)
+    assert (state.eval_every, state.alarm_window) == (3, 15)  # the user's settings stay
 
-    assert fixed(0.1, 1.0)[0].eval_every == 4  # steps / 10
-    assert fixed(0.8, 1.0)[0].eval_every == 8  # 0.8 s every 8 s
-    assert fixed(60.0, 1.0)[0].eval_every == 10  # still 3 during the run
-    # a 1-minute budget at 5.5 s a step (5 s and a tenth for evaluations) fits 10 steps, not the 40 allowed:
-    # evaluations every 10/4 -> 2 steps, and the automatic alarm window shrinks to fit them
-    config, monitor = fixed(60.0, 5.0, minutes=1.0, alarm_window=0)
-    assert config.eval_every == 2 and config.alarm_window == monitor.config.window == 6
-    assert fixed(60.0, 5.0, minutes=1.0, alarm_window=15)[0].alarm_window == 15  # the user's window stays
+
+def test_the_training_sample_is_scored_beside_the_heldout_subset(tmp_path):
+    # 10 planned steps: evaluations at 2, 4, 6, 8 (every 10/5), the start and the end; each scores the
+    # held-out subset (here all 8 held-out prompts) and a fixed sample of 6 training prompts
+    trainer = tiny_trainer(steps=10, eval_every=0, eval_train=6)
+    summary = trainer.train(tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    scored = [r["step"] for r in rows if "train_sample_accuracy" in r]
+    assert scored == [0, 2, 4, 6, 8, 10] and summary["eval_every"] == 2
+    assert all(0.0 <= r["train_sample_accuracy"] <= 1.0 for r in rows if "train_sample_accuracy" in r)
+    assert train_sample(trainer) == train_sample(trainer) and len(train_sample(trainer)) == 6  # fixed by the seed
 
 
 def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):

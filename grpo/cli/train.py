@@ -39,7 +39,7 @@ def _config_from_args(args: argparse.Namespace) -> TrainConfig:
     values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    config = TrainConfig.from_dict({**values, **given})
+    config = TrainConfig.from_dict({**values, **given, "set_by_user": tuple(sorted(set(values) | set(given)))})
     if args.config and is_trl_config(load_config_file(args.config)):
         print(f"grpo train: {args.config} is read as a TRL GRPOConfig: keys it leaves unset take TRL's defaults",
               file=sys.stderr)
@@ -191,7 +191,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     check_model(config.model)
-    from grpo.preflight import run_preflight
+    from grpo.preflight import run_preflight, step_budget
     from grpo.process import setup_process
     from grpo.trainer import GRPOTrainer
 
@@ -201,5 +201,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         report = run_preflight(trainer, fit=trainer.fit_token_limit)
     finally:
         trainer.close()
-    print(report.describe())
+    step_budget(report, trainer.config, set())  # what fits; nothing is changed here
+    print("\n".join([report.describe(), *report.budget(trainer.config.minutes)]))
     return 1 if report.stops("on" if config.preflight == "off" else config.preflight) else 0

@@ -1,0 +1,171 @@
+"""Simulated runs for the alarms, calibrated on measured ones (tests/test_alarms.py states the rates).
+
+A run is seen as the trainer sees it: a raw reward mean per step (B*G = 64 completions, plus the
+spread of the batch's prompts), greedy accuracy on 96 held-out prompts and 32 training prompts
+(binomial noise) at the steps the schedule evaluates (grpo/run_state.py: from the planned steps
+alone), the start (step 0) and the end included. Between evaluations the model itself wobbles: the
+default `add` run's subset read 57%, 71%, 54%, 68% at steps 4, 8, 12, 16 while its full held-out
+rose 16.4% -> 71.5%, and two-digit subtraction's read 2.3% -> 10.9% with dips while the full set
+rose 5.5% -> 17.6% in 10 steps. The model's swing (grpo.alarms.OVERDISPERSION: sd 5 points at 50%,
+shared by both prompt sets) on top of the binomial noise gives dips of 15 points between evaluations
+in about one pair in ten at 50% accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from grpo.alarms import OVERDISPERSION, AlarmConfig, AlarmMonitor
+from grpo.config import alarm_window_for
+from grpo.run_state import planned_schedule
+
+HELDOUT, TRAIN, COMPLETIONS = 96, 32, 64
+BATCH_SPREAD = 0.04  # sd of a step's reward mean from which prompts the batch drew
+
+
+@dataclass
+class Curves:
+    """True values at step t of s steps: held-out and train-sample accuracy, reward, first-try reward."""
+
+    steps: int
+    heldout: Callable[[int], float]
+    train: Callable[[int], float]
+    reward: Callable[[int], float]
+    first_try: Callable[[int], float]
+    signal: float = 0.7  # share of the batch's groups whose rewards differ
+
+
+def _clip(p: float) -> float:
+    return min(1.0, max(0.0, p))
+
+
+def _measure(rng: np.random.Generator, p: float, n: int, swing: float) -> float:
+    """Greedy accuracy on n prompts of a model whose true accuracy is p, swung by ``swing`` sds."""
+    p = _clip(p)
+    return rng.binomial(n, _clip(p + swing * math.sqrt(p * (1 - p) * OVERDISPERSION))) / n
+
+
+def simulate(curves: Curves, seed: int, **thresholds: float) -> AlarmMonitor:
+    """Feed one simulated run through the monitor as the trainer would; stop where it says stop."""
+    rng = np.random.default_rng(seed)
+    steps = curves.steps
+    every, _ = planned_schedule(steps, 0.0)
+    monitor = AlarmMonitor(steps, AlarmConfig(**{"window": alarm_window_for(steps), **thresholds}))
+
+    def evaluation(t: int) -> dict[str, float]:
+        swing = rng.normal() if t else 0.0  # the start is the untrained model; later ones swing together
+        return {"heldout_subset_accuracy": _measure(rng, curves.heldout(t), HELDOUT, swing),
+                "train_sample_accuracy": _measure(rng, curves.train(t), TRAIN, swing)}
+
+    raised: set[str] = set()
+
+    def observe(t: int, m: dict[str, float], final: bool = False) -> None:
+        monitor.observe(t, m, final=final)
+        raised.update(name for name, on in monitor.active.items() if on)
+
+    observe(0, evaluation(0))
+    monitor.stopped = None
+    for t in range(1, steps + 1):
+        p = _clip(curves.reward(t) + rng.normal(0, BATCH_SPREAD))
+        m = {"reward_mean": rng.binomial(COMPLETIONS, p) / COMPLETIONS, "adv_nonzero_frac": curves.signal,
+             "signal_frac": _clip(curves.signal + rng.normal(0, 0.05)), "completion_len": 10 + rng.normal(0, 0.3),
+             "repeat_ngram_frac": 0.01, "entropy": 0.5,
+             "reward_first_try": rng.binomial(16, _clip(curves.first_try(t))) / 16 if t % 2 else float("nan")}
+        if t % every == 0 and t < steps:
+            m.update(evaluation(t))
+        observe(t, m)
+        monitor.stopped = monitor.stopping()
+        if monitor.stopped or t == steps:  # the final evaluation runs after a stop too
+            observe(t, evaluation(t), final=True)
+            break
+    monitor.raised = raised
+    return monitor
+
+
+def _linear(start: float, gain: float, steps: int, lag: int = 0) -> Callable[[int], float]:
+    return lambda t: start + gain * max(0, t - lag) / max(steps - lag, 1)
+
+
+def slow_learner(rng: np.random.Generator) -> Curves:
+    """+10 to +15 held-out points over 10-20 steps, reward rising as much or a little more."""
+    steps, h0 = int(rng.integers(10, 21)), rng.uniform(0.03, 0.5)
+    gain, lag = rng.uniform(0.10, 0.15), int(rng.integers(0, 3))
+    r0 = h0 + rng.uniform(0.0, 0.1)
+    held = _linear(h0, gain, steps, lag)
+    return Curves(steps, held, lambda t: held(t) + 0.02 * t / steps, _linear(r0, gain * rng.uniform(1, 1.5), steps, lag),
+                  _linear(r0, gain, steps, lag))
+
+
+def fast_learner(rng: np.random.Generator) -> Curves:
+    """+30 to +55 points within 3-6 steps' time constant, then a plateau, 20 steps (the default run)."""
+    steps, h0, gain, tau = 20, rng.uniform(0.1, 0.4), rng.uniform(0.3, 0.55), rng.uniform(3, 6)
+    held = lambda t: h0 + gain * (1 - math.exp(-t / tau))  # noqa: E731
+    r0, r_gain = rng.uniform(0.2, 0.4), rng.uniform(0.4, 0.6)
+    reward = lambda t: min(0.95, r0 + r_gain * (1 - math.exp(-t / tau)))  # noqa: E731
+    return Curves(steps, held, held, reward, reward)
+
+
+def stalled(rng: np.random.Generator) -> Curves:
+    """Held-out and train-sample flat; reward flat or rising a little (the sampler's easier prompts)."""
+    steps, h0, r0 = int(rng.integers(10, 21)), rng.uniform(0.03, 0.5), rng.uniform(0.1, 0.6)
+    flat = lambda t: h0  # noqa: E731
+    reward = _linear(r0, rng.uniform(0.0, 0.05), steps)
+    return Curves(steps, flat, flat, reward, reward)
+
+
+def gamed_checker(rng: np.random.Generator) -> Curves:
+    """Reward rising 0.3 to 0.6 while the checker's accuracy stays flat on held-out and training prompts."""
+    steps, h0, r0 = int(rng.integers(10, 21)), rng.uniform(0.03, 0.5), rng.uniform(0.05, 0.3)
+    flat = lambda t: h0  # noqa: E731
+    reward = _linear(r0, rng.uniform(0.3, 0.6), steps)
+    return Curves(steps, flat, flat, reward, reward)
+
+
+def no_signal(rng: np.random.Generator) -> Curves:
+    """Almost nothing solved: few groups whose rewards differ."""
+    steps, h0 = int(rng.integers(10, 21)), rng.uniform(0.0, 0.03)
+    flat = lambda t: h0  # noqa: E731
+    return Curves(steps, flat, flat, flat, flat, signal=rng.uniform(0.02, 0.15))
+
+
+def memorising(rng: np.random.Generator) -> Curves:
+    """Train-sample accuracy rising 20-40 points with the reward while held-out is flat or falls 5."""
+    steps, h0 = int(rng.integers(10, 21)), rng.uniform(0.05, 0.4)
+    gain = rng.uniform(0.2, 0.4)
+    held = _linear(h0, -rng.uniform(0.0, 0.05), steps)
+    train = _linear(h0, gain, steps)
+    return Curves(steps, held, train, _linear(h0 + 0.05, gain, steps), lambda t: h0)
+
+
+LEARNERS = {"slow": slow_learner, "fast": fast_learner}
+FAILURES = {"stall": (stalled, ("stall", "checker_suspected")), "checker": (gamed_checker, ("checker_suspected",)),
+            "no_signal": (no_signal, ("no_signal",)), "memorising": (memorising, ("memorising",))}
+
+
+def runs(kind: Callable[[np.random.Generator], Curves], n: int = 40, seed: int = 0,
+         **thresholds: float) -> list[AlarmMonitor]:
+    """n simulated runs of one kind, each with its own curves and noise."""
+    return [simulate(kind(np.random.default_rng((seed, i))), 1000 * seed + i, **thresholds) for i in range(n)]
+
+
+def rates(n: int = 40, seed: int = 0, **thresholds: float) -> dict[str, tuple[int, int]]:
+    """For learners: (runs warned by a stopping alarm, runs stopped); for failures: (caught, stopped)."""
+    out = {}
+    for name, kind in LEARNERS.items():
+        monitors = runs(kind, n, seed, **thresholds)
+        out[name] = (sum(bool(m.raised) for m in monitors),
+                     sum(m.stopped is not None for m in monitors))
+    for name, (kind, alarms) in FAILURES.items():
+        monitors = runs(kind, n, seed, **thresholds)
+        out[name] = (sum(bool(m.raised & set(alarms)) for m in monitors),
+                     sum(m.stopped is not None for m in monitors))
+    return out
+
+
+if __name__ == "__main__":
+    for seed in range(3):
+        print(seed, rates(seed=seed))
