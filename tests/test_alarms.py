@@ -126,14 +126,16 @@ def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch
 
 # Of 40 simulated runs of each kind (seed 0): learners, runs warned by any alarm and runs stopped;
 # failures, runs caught by their alarm and runs stopped. README states these numbers.
-RATES = {"slow": (1, 0), "fast": (0, 0), "stall": (36, 0), "checker": (35, 0), "no_signal": (40, 40), "memorising": (33, 0)}
-TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, failures at least (not all met)
+RATES = {"slow": (1, 0), "fast": (0, 0), "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40), "memorising": (36, 0)}
+TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, failures at least
 
 
 def test_the_simulated_error_rates_are_those_readme_states():
     assert sim.rates(seed=0) == RATES
-    for kind in sim.LEARNERS:  # the learners' targets hold on this seed; the failures' do not all (README)
+    for kind in sim.LEARNERS:  # the targets hold on this seed (over 200 runs they do not all: README)
         assert RATES[kind][0] <= TARGET["warned"] and RATES[kind][1] <= TARGET["stopped"]
+    for kind in sim.FAILURES:
+        assert RATES[kind][0] >= TARGET["caught"]
 
 
 @pytest.mark.parametrize(("rule", "failure"), [("stall", "stall"), ("checker_suspected", "checker"),
