@@ -43,7 +43,7 @@ def score_all(texts: list[str], rows: list[dict], workers: int) -> tuple[float, 
     try:
         start = time.perf_counter()
         rewards, _ = scorer(texts, rows)
-        return time.perf_counter() - start, rewards.mean().item()
+        return time.perf_counter() - start, rewards.nan_to_num(0.0).mean().item()  # a failed call: 0
     finally:
         scorer.close()
 

@@ -33,7 +33,8 @@ Aggregate = Literal["token", "sequence", "fixed"]
 
 
 def group_advantages(
-    rewards: Tensor, group_size: int, *, scale: AdvantageScale = "group", eps: float = 1e-6
+    rewards: Tensor, group_size: int, *, scale: AdvantageScale = "group", eps: float = 1e-6,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """A_i = (r_i - mean(r_group)) / (std(r_group) + eps), groups of G consecutive rewards.
 
@@ -42,6 +43,11 @@ def group_advantages(
     ``"none"`` keeps only the centring, as Dr. GRPO recommends. The std is the
     unbiased one (as ``torch.std``). A group whose rewards are all equal gets
     A_i = 0 under every scale: it carries no learning signal.
+
+    ``valid`` (N,) bool leaves rows out (a row that errored: its reward is no
+    verdict on the completion): the mean and std are over a group's valid
+    members, an invalid row gets A_i = 0, and so does every row of a group
+    with fewer than two valid members (nothing to compare it with).
     """
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
         raise ValueError(
@@ -50,26 +56,52 @@ def group_advantages(
         )
     if group_size < 2:
         raise ValueError(f"group_size must be at least 2, got {group_size}")
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
     grouped = rewards.float().view(-1, group_size)  # (B, G)
+    if valid is not None and not bool(valid.all()):
+        return _partial_group_advantages(grouped, valid.view(-1, group_size), scale, eps)
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # (B, G)
     if scale == "group":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
     elif scale == "batch":
         centred = centred / (rewards.float().std() + eps)
-    elif scale != "none":
-        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
     return centred.reshape(-1)  # (N,)
 
 
-def group_varies(grouped: Tensor) -> Tensor:
+def _partial_group_advantages(grouped: Tensor, valid: Tensor, scale: str, eps: float) -> Tensor:
+    """group_advantages over the valid members (B, G) of each group; 0 elsewhere and in groups of fewer
+    than two. Equal to it when every row is valid (the same formulas, on masked sums)."""
+    weight = valid.float()  # (B, G)
+    count = weight.sum(dim=1, keepdim=True)  # (B, 1)
+    kept = (count >= 2).float() * weight  # (B, G) the rows that get an advantage
+    values = torch.where(valid, grouped, 0.0)  # (B, G) invalid rows' values (NaN included) never enter a sum
+    mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)  # (B, 1)
+    centred = torch.where(kept > 0, grouped - mean, 0.0)  # (B, G)
+    if scale == "group":
+        var = (centred**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)  # (B, 1) unbiased
+        centred = centred / (var.sqrt() + eps)
+    elif scale == "batch":
+        chosen = grouped[kept > 0]  # (M,)
+        centred = centred / ((chosen.std() if chosen.numel() > 1 else chosen.new_zeros(())) + eps)
+    return centred.reshape(-1)  # (N,)
+
+
+def group_varies(grouped: Tensor, valid: Tensor | None = None) -> Tensor:
     """(B,) True where a group's rewards (B, G) are not all equal: the groups with a learning signal.
 
     The one definition used everywhere (dynamic sampling, the frontier sampler,
     the step's metrics, pre-flight), on the raw rewards whatever their scale: a
     reward in [-1, 1], a weighted sum or a format penalty varies when its values
-    differ, not when their clamp to [0, 1] does.
+    differ, not when their clamp to [0, 1] does. With ``valid`` (B, G), over the
+    valid members only (rows that errored are no verdict): a group with fewer
+    than two of them does not vary.
     """
-    return grouped.max(dim=1).values > grouped.min(dim=1).values
+    if valid is None:
+        return grouped.max(dim=1).values > grouped.min(dim=1).values
+    high = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,)
+    low = torch.where(valid, grouped, float("inf")).min(dim=1).values  # (B,)
+    return high > low
 
 
 def importance_ratio(

@@ -10,6 +10,13 @@ Under torchrun every count here is the whole draw's, so the rounds, the draws
 and the batch are those of one process; each process generates its share
 (``world.split``) of a draw's groups, and every completion draws from a random
 stream keyed by its place in the run (grpo/streams.py), not by the process.
+
+A row *errored* when its reward is no verdict on the completion: a reward call
+raised or ran out of time, the environment raised, or the completion was cut
+at the token limit under mask_truncated. Errored rows are left out of the loss
+and of their group's mean and std (a group left with fewer than two valid
+rows is left out whole), and counted by cause; only the model's own failures
+(a wrong answer, no answer, a cut without mask_truncated) score 0.
 """
 
 from __future__ import annotations
@@ -40,14 +47,16 @@ class Round:
     rewards: Tensor  # (n*G,) the whole draw's
     lengths: Tensor  # (n*G,) the whole draw's completion lengths
     truncated: Tensor  # (n*G,) the whole draw's
+    errors: Tensor  # (n*G,) the whole draw's: 0, or 1 + the index in ERROR_CAUSES of why the row errored
     reward_means: dict[str, float]  # each reward function's mean over the whole draw
     explored: int  # how many prompts of the draw the sampler took by exploration
     seconds_generate: float
     first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
 
     def varies(self) -> Tensor:
-        """(n,) True where a group's rewards are not all equal: its advantages are not all zero."""
-        return group_varies(self.rewards.view(len(self.prompts), -1))  # (n, G) -> (n,)
+        """(n,) True where a group's valid rewards are not all equal: its advantages are not all zero."""
+        n = len(self.prompts)
+        return group_varies(self.rewards.view(n, -1), (self.errors == 0).view(n, -1))  # (n, G) -> (n,)
 
 
 @dataclass
@@ -60,12 +69,16 @@ class Batch:
     rewards: Tensor  # (N,) the whole trained batch's
     lengths: Tensor  # (N,) the whole trained batch's completion lengths: its tokens in the loss
     truncated: Tensor  # (N,) the whole trained batch's
+    errors: Tensor  # (N,) the whole trained batch's, as Round.errors
 
     def generated_rewards(self) -> Tensor:
         return torch.cat([r.rewards for r in self.rounds])  # (R*G,) every group generated this step
 
     def generated_lengths(self) -> Tensor:
         return torch.cat([r.lengths for r in self.rounds])  # (R*G,)
+
+    def generated_errors(self) -> Tensor:
+        return torch.cat([r.errors for r in self.rounds])  # (R*G,)
 
     def texts(self) -> list[str]:
         return [t for r in self.rounds for t in r.rollout.texts]  # this process's
@@ -118,10 +131,10 @@ def sample_batch(trainer: TrainerParts, step: int) -> Batch:
         drawn_before = {i for r in rounds for i in r.prompts}
         drawn = trainer.sampler.draw(n, step, exclude=drawn_before)
         rounds.append(generate_round(trainer, drawn, step, len(rounds)))
-        trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g))
+        trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), (rounds[-1].errors == 0).view(-1, g))
         if not cfg.filter_groups:
             last = rounds[-1]
-            return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated)
+            return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
         have = sum(int(r.varies().sum()) for r in rounds)
         missing = cfg.prompts_per_step - have
         if missing <= 0 or len(rounds) == cfg.max_gen_rounds:
@@ -158,7 +171,7 @@ def informative_batch(trainer: TrainerParts, rounds: list[Round]) -> Batch:
     rollout = (concat_rollouts([part for part, _ in mine], trainer.tokenizer.pad_token_id) if mine
                else empty_rollout(g))
     return Batch(rounds, [row for _, row in mine], moved(rollout, trainer.device), whole("rewards"),
-                 whole("lengths"), whole("truncated"))
+                 whole("lengths"), whole("truncated"), whole("errors"))
 
 
 def generate_round(trainer: TrainerParts, drawn: list[int], step: int, index: int) -> Round:
@@ -179,14 +192,50 @@ def generate_round(trainer: TrainerParts, drawn: list[int], step: int, index: in
         rollout, own_rewards, reward_means, seconds = empty_rollout(g), torch.zeros(0), {}, 0.0
         if world.fsdp:  # the others' generation gathers the sharded parameters: take part
             trainer.policy.without_grad(lambda model: None)
+    errors = row_errors(own_rewards, rollout, mask_truncated=trainer.config.mask_truncated)
+    own_rewards = torch.where(own_rewards.isnan(), 0.0, own_rewards)  # errored rows: 0, never read as verdicts
     rewards = world.gather(own_rewards.to(trainer.device))  # (n*G,) the whole draw's
     return Round(
         prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
         lengths=world.gather(rollout.lengths), truncated=world.gather(rollout.truncated),
+        errors=world.gather(errors.to(trainer.device)),
         reward_means=whole_draw_means(trainer, len(rows_idx), reward_means),
         explored=getattr(trainer.sampler, "explored", 0), seconds_generate=seconds,
         first_try=trainer.draws.first_tries(drawn),
     )
+
+
+ERROR_CAUSES = ("reward", "environment", "truncated")  # why a row errored, in the order a row is checked
+
+
+def row_errors(rewards: Tensor, rollout: Rollout, *, mask_truncated: bool) -> Tensor:
+    """(N,) 0 where the row's reward is a verdict, else 1 + the index in ERROR_CAUSES of why it is not:
+    a reward call failed (NaN from the scorer), the environment raised (NaN from episode_total), the
+    completion was cut at the token limit and mask_truncated leaves such rows out."""
+    env = torch.tensor([e.env_error is not None for e in rollout.episodes or []] or [False] * len(rewards),
+                       dtype=torch.bool)  # (N,)
+    cut = rollout.truncated.cpu() if mask_truncated else torch.zeros(len(rewards), dtype=torch.bool)
+    nan = rewards.cpu().isnan()
+    errors = torch.zeros(len(rewards), dtype=torch.long)
+    errors[cut] = 1 + ERROR_CAUSES.index("truncated")
+    errors[nan & ~env] = 1 + ERROR_CAUSES.index("reward")
+    errors[env] = 1 + ERROR_CAUSES.index("environment")
+    return errors
+
+
+def leave_out_errored(trainer: TrainerParts, batch: Batch) -> Tensor:
+    """(N,) True for the batch's rows that keep their place in the update: rows that did not error, in
+    groups with at least two of them. The others leave the loss (this process's rows' masks) and its
+    normaliser (``batch.lengths`` set to 0), and their advantages are 0 (group_advantages ``valid``)."""
+    g = trainer.config.group_size
+    valid = (batch.errors == 0).view(-1, g)  # (B', G)
+    valid = (valid & (valid.sum(dim=1, keepdim=True) >= 2)).reshape(-1)  # (N,)
+    if not bool(valid.all()):
+        first = trainer.world.split(valid.numel() // g).start * g  # this process's first row of the batch
+        mine = valid[first : first + batch.rollout.mask.shape[0]]  # (n,)
+        batch.rollout.mask *= mine.unsqueeze(1).to(batch.rollout.mask.dtype)
+        batch.lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)
+    return valid
 
 
 def whole_draw_means(trainer: TrainerParts, groups: int, means: dict[str, float]) -> dict[str, float]:
@@ -203,8 +252,9 @@ def sample_and_score(
     trainer: TrainerParts, prompts: Sequence[int], generator: torch.Generator | None = None,
     stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
 ) -> tuple[Rollout, Tensor, dict[str, float], float]:
-    """A group for each of these training prompts, scored: the rollout, its rewards (n*G,), the
-    scorer's metrics and the seconds generation took. Training rounds (with a random stream per
+    """A group for each of these training prompts, scored: the rollout, its rewards (n*G,; NaN where a
+    reward call or the environment failed: see row_errors), the scorer's metrics and the seconds
+    generation took. Training rounds (with a random stream per
     completion) and the pre-flight check (with a generator) share it."""
     cfg, t = trainer.config, trainer
     t0 = time.perf_counter()
@@ -227,6 +277,6 @@ def sample_and_score(
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
     rewards, metrics = t.score(
         rollout.texts, group_rows, scored_tokens(rollout), ids, truncated=rollout.truncated.tolist())
-    if rollout.episodes is not None:  # plus the environment's rewards; 0 where it raised
+    if rollout.episodes is not None:  # plus the environment's rewards; NaN where it raised
         rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
     return rollout, rewards, metrics, seconds

@@ -28,13 +28,15 @@ The episode's reward is the task's reward of the last policy turn plus the
 environment's per-turn rewards, summed with weight turn_discount ** (turn - 1);
 every policy token of the episode gets the one advantage (no per-turn credit).
 
-An environment whose reset or step raises ends its episode with reward 0
-(counted as ``env_errors``), or stops the run with on_error = "raise".
+An environment whose reset or step raises ends its episode as errored (counted
+as ``env_errors``; training leaves the row out of the loss and of its group's
+statistics, as a reward call that failed), or stops the run with on_error = "raise".
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import time
 import traceback
 import warnings
@@ -175,7 +177,7 @@ class Agent:
                 raise EpisodeError(f"environment {fn.__qualname__} raised (on_error='raise'): {err}") from err
             if not self.warned:
                 self.warned = True
-                warnings.warn(f"environment {fn.__qualname__} raised; the episode ends with reward 0 (later "
+                warnings.warn(f"environment {fn.__qualname__} raised; the episode ends as an errored row, left out of training (later "
                               f"ones are counted in env_errors):\n{traceback.format_exc()}", RuntimeWarning,
                               stacklevel=2)
             episode.env_error = f"{type(err).__name__}: {err}"
@@ -382,10 +384,11 @@ class _Transcripts:
 
 def episode_total(task_reward: float, episode: Episode | None) -> float:
     """An episode's reward: the task's reward of its last policy turn plus the environment's (discounted)
-    per-turn rewards; 0 when the environment raised. A single-turn completion (None): the task's."""
+    per-turn rewards; NaN when the environment raised (the row errored: training leaves it out, evaluation
+    counts it unsolved). A single-turn completion (None): the task's."""
     if episode is None:
         return task_reward
-    return 0.0 if episode.env_error is not None else task_reward + episode.reward
+    return math.nan if episode.env_error is not None else task_reward + episode.reward
 
 
 def scored_tokens(rollout: Rollout) -> list[int]:

@@ -207,7 +207,7 @@ def find_problems(report: PreflightReport, reward_names: Sequence[str], constant
         if report.reward_errors.get(name) or report.reward_timeouts.get(name):
             problems.append(Problem("reward errors", (
                 f"reward {name} failed on {report.reward_errors.get(name, 0):.0f} of {n} completions "
-                f"({report.reward_timeouts.get(name, 0):.0f} timeouts); failures score 0. Fix the reward, or "
+                f"({report.reward_timeouts.get(name, 0):.0f} timeouts); a failed row is left out of training. Fix the reward, or "
                 "raise --reward-timeout.")))
     if len(reward_names) > 1:
         for name in constant:
@@ -313,7 +313,7 @@ def _sample_round(
     out.texts += rollout.texts
     out.lengths += lengths
     out.truncated += truncated
-    out.rewards.append(rewards)
+    out.rewards.append(rewards.nan_to_num(0.0))  # a failed call scores 0 here, as in evaluation
     out.metrics.append(metrics)
 
 

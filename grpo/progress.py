@@ -41,6 +41,21 @@ def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
+ERRORED_SHOWN = 0.05  # a step whose errored rows pass this share of its batch says so on the console
+
+
+def errored_line(step: int, metrics: dict[str, float]) -> str | None:
+    """The console line of a step where more than ERRORED_SHOWN of the rows errored (None otherwise)."""
+    share = metrics.get("errored_frac", 0.0)
+    if not share > ERRORED_SHOWN:
+        return None
+    causes = {k.split("/", 1)[1]: int(v) for k, v in metrics.items() if k.startswith("errored/") and v}
+    said = ", ".join(f"{n} {cause}" for cause, n in causes.items())
+    return (f"step {step}: {share:.0%} of the rows errored ({said}; reward: a reward call failed or timed out, "
+            "environment: it raised, truncated: cut at the token limit under --mask-truncated) and were left "
+            "out of the loss and of their groups' statistics (errored/* in metrics.jsonl)")
+
+
 def _bars() -> object | None:
     """rich's Progress with the trainer's columns, or None when rich is not installed."""
     try:

@@ -70,8 +70,9 @@ class PromptSampler(Protocol):
         """n indices into the training prompts, for training step ``step``."""
         ...
 
-    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor) -> None:
-        """The rewards (len(prompts), G) that the drawn prompts' groups got."""
+    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
+        """The rewards (len(prompts), G) that the drawn prompts' groups got; ``valid`` (same shape, bool)
+        False where a row errored (its reward is no verdict: not counted)."""
         ...
 
 
@@ -89,7 +90,7 @@ class UniformSampler:
     def draw(self, n: int, step: int, exclude: Collection[int] = ()) -> list[int]:
         return [self.rng.randrange(self.size) for _ in range(n)]
 
-    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor) -> None:
+    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
         pass
 
 
@@ -204,26 +205,29 @@ class FrontierSampler:
 
     # ---- learning ----
 
-    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor) -> None:
-        """Add each group's rewards (len(prompts), G) to its prompt's counts; the last
-        ``explored`` prompts of the latest draw were exploration and also measure the pool."""
-        varies = group_varies(rewards.detach()).cpu().numpy()  # (B,) on the raw rewards, as dynamic sampling
+    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
+        """Add each group's rewards (len(prompts), G) to its prompt's counts, leaving out rows not ``valid``
+        (errored); the last ``explored`` prompts of the latest draw were exploration and also measure the pool."""
+        varies = group_varies(rewards.detach(), valid).cpu().numpy()  # (B,) as dynamic sampling sees them
         r = rewards.detach().double().clamp(0.0, 1.0).cpu().numpy()  # (B, G) as pass rates
+        v = np.ones_like(r) if valid is None else valid.detach().cpu().numpy().astype(np.float64)  # (B, G)
         idx = np.asarray(prompts, dtype=np.int64)
         self._age_pool(step)
-        for i, row, mixed in zip(idx, r, varies, strict=True):  # one at a time: a prompt may appear twice
+        for i, row, kept, mixed in zip(idx, r, v, varies, strict=True):  # one at a time: a prompt may repeat
             if self.trained[i] and self.seen_at[i] < step:
                 keep = 0.0  # the counts predate an update on this prompt (within a step, none has come)
             else:
                 keep = 0.5 ** ((step - self.seen_at[i]) / self.half_life) if self.seen_at[i] >= 0 else 1.0
-            self.successes[i] = keep * self.successes[i] + row.sum()
-            self.failures[i] = keep * self.failures[i] + (1.0 - row).sum()
+            self.successes[i] = keep * self.successes[i] + (row * kept).sum()
+            self.failures[i] = keep * self.failures[i] + ((1.0 - row) * kept).sum()
             self.seen_at[i] = step
             self.trained[i] = bool(mixed)
-        explored = r[len(r) - self.explored :] if self.explored else r[:0]
-        self.pool_reward += [explored.sum(), explored.size]
+        n_explored = self.explored if self.explored else 0
+        explored, kept = r[len(r) - n_explored :], v[len(v) - n_explored :]  # (E, G)
+        self.pool_reward += [(explored * kept).sum(), kept.sum()]
         self.pool_mixed += [float(varies[len(r) - len(explored) :].sum()), len(explored)]
-        x = explored.mean(axis=1)
+        scored = kept.sum(axis=1) > 0  # (E,) groups with any row that did not error
+        x = (explored * kept).sum(axis=1)[scored] / kept.sum(axis=1)[scored]
         self.pool_groups += [len(x), x.sum(), (x * x).sum()]
 
     def _age_pool(self, step: int) -> None:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from grpo.alarms import AlarmMonitor
 from grpo.algorithm import group_varies
-from grpo.batch import Batch
+from grpo.batch import ERROR_CAUSES, Batch
 from grpo.episodes import episode_metrics
 from grpo.evaluate import check_all
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
@@ -40,10 +40,12 @@ def step_record(trainer: TrainerParts, step: int, batch: Batch, advantages: Tens
                 times: StepTimes) -> dict[str, float]:
     """The metrics of one step, as metrics.jsonl has them."""
     generated = batch.generated_rewards()
+    scored = generated[batch.generated_errors() == 0]  # the raw reward of the rows that did not error
     t_gen = sum(r.seconds_generate for r in batch.rounds)
     return {
-        "reward_mean": generated.mean().item(),
-        "reward_std": generated.std().item(),
+        "reward_mean": scored.mean().item() if scored.numel() else float("nan"),
+        "reward_std": scored.std().item() if scored.numel() > 1 else 0.0,
+        **error_metrics(batch),
         **first_try_metrics(trainer, batch),
         **batch.reward_means(),
         **group_metrics(trainer, batch, advantages, t_gen),
@@ -64,13 +66,23 @@ def step_record(trainer: TrainerParts, step: int, batch: Batch, advantages: Tens
     }
 
 
+def error_metrics(batch: Batch) -> dict[str, float]:
+    """Rows generated this step that errored (left out of the loss and their groups' statistics), as a
+    share of them all and counted by cause (grpo/batch.py, ERROR_CAUSES)."""
+    errors = batch.generated_errors()  # (R*G,)
+    out = {"errored_frac": (errors > 0).float().mean().item() if errors.numel() else 0.0}
+    out.update({f"errored/{cause}": float((errors == 1 + k).sum()) for k, cause in enumerate(ERROR_CAUSES)})
+    return out
+
+
 def first_try_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float]:
     """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
     the share of groups whose prompt had been drawn before: see DrawCounts and the checker alarm."""
     g = trainer.config.group_size
     first = torch.tensor([f for r in batch.rounds for f in r.first_try], dtype=torch.bool)  # (R,)
     rewards = batch.generated_rewards().cpu().view(-1, g)  # (R, G)
-    return {"reward_first_try": rewards[first].mean().item() if first.any() else float("nan"),
+    scored = rewards[first][batch.generated_errors().cpu().view(-1, g)[first] == 0]  # rows that did not error
+    return {"reward_first_try": scored.mean().item() if scored.numel() else float("nan"),
             "repeat_frac": 1.0 - first.float().mean().item()}
 
 
@@ -84,18 +96,20 @@ def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, secon
     """
     cfg, g = trainer.config, trainer.config.group_size
     grouped = batch.generated_rewards().view(-1, g)  # (R, G) every generated group
-    zero_var = ~group_varies(grouped)  # (R,)
+    valid = (batch.generated_errors() == 0).view(-1, g)  # (R, G) rows that did not error
+    zero_var = ~group_varies(grouped, valid)  # (R,)
+    top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (R,) a constant group's one value
     tokens = batch.generated_lengths().view(-1, g).sum(dim=1).float()  # (R,)
     wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
     trained = batch.rewards.view(-1, g)  # (B', G)
-    trained_zero_var = ~group_varies(trained)  # (B',)
+    trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g))  # (B',)
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
     skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # the update skips these groups' passes
     drawn = sum(len(r.prompts) for r in batch.rounds)
     out = {
         "zero_var_frac": zero_var.float().mean().item(),
-        "all_correct_frac": (zero_var & (grouped[:, 0] >= 1.0)).float().mean().item(),
-        "all_wrong_frac": (zero_var & (grouped[:, 0] <= 0.0)).float().mean().item(),
+        "all_correct_frac": (zero_var & (top >= 1.0)).float().mean().item(),
+        "all_wrong_frac": (zero_var & valid.any(dim=1) & (top <= 0.0)).float().mean().item(),
         "mixed_frac": (~zero_var).float().mean().item(),
         "zero_var_tokens_frac": wasted,
         "time_generate_zero_var": seconds_generate * wasted,

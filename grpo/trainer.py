@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages
-from grpo.batch import Batch, sample_and_score, sample_batch
+from grpo.batch import Batch, leave_out_errored, sample_and_score, sample_batch
 from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig, settle_config
 from grpo.distributed import Policy, World, full_state_dict, init_world, shard_policy
 from grpo.episodes import make_agent
@@ -70,7 +70,7 @@ from grpo.metrics import MetricsLogger
 from grpo.models import add_lora, load_policy, save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
 from grpo.process import pick_device, setup_process
-from grpo.progress import StepProgress, summary_line
+from grpo.progress import StepProgress, errored_line, summary_line
 from grpo.prompts import encode_prompts, format_task, settle_format
 from grpo.rewards import combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
@@ -246,13 +246,11 @@ class GRPOTrainer:
         t_scored = time.perf_counter()
         if self.engine is not None:  # on a GPU the update gets vLLM's memory; the push or next rollout wakes it
             self.engine.sleep()
-        if cfg.mask_truncated:  # DAPO's overlong filtering: cut completions leave the loss and its normaliser
-            batch.rollout.mask *= (~batch.rollout.truncated).unsqueeze(1).to(batch.rollout.mask.dtype)
-            batch.lengths = torch.where(batch.truncated, 0, batch.lengths)
+        valid = leave_out_errored(self, batch)  # (N,) errored rows leave the loss and their group's statistics
         advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
         stats = StepStats()
         if batch.rewards.numel():
-            advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale)  # (N,)
+            advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale, valid=valid)  # (N,)
             ref_logp = reference_logprobs(self, batch.rollout)
             self.model.train()
             for group in self.optimizer.param_groups:
@@ -361,6 +359,8 @@ class GRPOTrainer:
             log.bar.update(step, metrics)
             if cfg.log_every and step % cfg.log_every == 0:
                 log.bar.print(summary_line(step, cfg.steps, metrics))
+            if (said := errored_line(step, metrics)) is not None:
+                log.bar.print(said)
             # rank 0's verdict binds all, so that no rank leaves the loop alone
             stopped = world.broadcast_object(log.monitor.stopping() if cfg.early_stop else None)
             # the time budget: stop where the next step, at the mean pace so far, would end past it

@@ -8,7 +8,7 @@ TRL would make. Then:
 
 - a renamed key (``learning_rate`` -> ``lr``) is renamed, its type checked under its TRL name;
 - a key whose value ``grpo`` cannot honour and that changes results (a loss type it
-  lacks, ``mask_truncated_completions: true``) is an error;
+  lacks) is an error;
 - a key that has no meaning here (``bf16``, ``push_to_hub``, vLLM settings) is
   returned so the caller lists it once in a warning;
 - a key in neither vocabulary is an error suggesting the nearest key of both.
@@ -189,7 +189,8 @@ def _converted(values: Mapping) -> dict[str, object]:
     if "reward_weights" in values and values["reward_weights"] is not None:
         out["reward_weights"] = values["reward_weights"]
     if values.get("mask_truncated_completions") is True:
-        out["mask_truncated"] = True  # the same as DAPO's overlong filtering here
+        # DAPO's overlong filtering; here the cut rows also leave their group's mean and std (errored rows)
+        out["mask_truncated"] = True
     if _bool("use_vllm", values, False):
         # the grpo options the config gives itself stand (a key of both vocabularies is an error, see from_trl)
         out.update({key: value for key, value in _vllm(values).items() if key not in values})

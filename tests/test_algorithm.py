@@ -33,6 +33,38 @@ def test_equal_rewards_give_zero_advantage_under_every_scale():
         assert torch.count_nonzero(group_advantages(r, 3, scale=scale)) == 0
 
 
+def test_errored_rows_leave_their_groups_statistics():
+    # group 1: r = [1, 0, 9, 1] with the 9 errored -> over [1, 0, 1]: mean 2/3, unbiased std sqrt(1/3)
+    #   -> A = [1/3, -2/3, 0, 1/3] / 0.57735 = [0.57735, -1.154701, 0, 0.57735]
+    # group 2: r = [1, 0, 0, 0] with three errored -> one valid row, nothing to compare: all 0
+    # (without the errored rows left out, group 1 would read mean 2.75 and give the 9 the largest advantage)
+    r = torch.tensor([1.0, 0.0, 9.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    valid = torch.tensor([True, True, False, True, True, False, False, False])
+    a = group_advantages(r, 4, valid=valid)
+    torch.testing.assert_close(a, torch.tensor([0.57735, -1.154701, 0, 0.57735, 0, 0, 0, 0]), atol=1e-5, rtol=0)
+    # none: centred over the valid rows; batch: / std of the rows that get an advantage ([1, 0, 1])
+    torch.testing.assert_close(group_advantages(r, 4, valid=valid, scale="none")[:4],
+                               torch.tensor([1 / 3, -2 / 3, 0, 1 / 3]))
+    torch.testing.assert_close(group_advantages(r, 4, valid=valid, scale="batch", eps=0.0)[:4],
+                               torch.tensor([1 / 3, -2 / 3, 0, 1 / 3]) / math.sqrt(1 / 3))
+    # all valid: the same as no mask, under every scale (another path, the same formulas)
+    x = torch.randn(12)
+    for scale in ("group", "batch", "none"):
+        torch.testing.assert_close(
+            group_advantages(x, 4, scale=scale),
+            __import__("grpo.algorithm", fromlist=["_"])._partial_group_advantages(
+                x.view(-1, 4), torch.ones(3, 4, dtype=torch.bool), scale, 1e-6).reshape(-1))
+
+
+def test_a_group_varies_over_its_valid_rows_only():
+    from grpo.algorithm import group_varies
+
+    grouped = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 5.0, 5.0]])
+    valid = torch.tensor([[True, False, False], [True, True, False], [False, True, True]])
+    assert group_varies(grouped).tolist() == [True, True, True]
+    assert group_varies(grouped, valid).tolist() == [False, False, False]  # one valid; [1, 1]; [5, 5]
+
+
 def test_group_advantages_rejects_bad_shapes():
     with pytest.raises(ValueError, match="divisible by group_size=4"):
         group_advantages(torch.zeros(6), 4)

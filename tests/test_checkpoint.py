@@ -112,10 +112,11 @@ def test_disk_full_keeps_the_previous_checkpoint_and_stops_clearly(tmp_path, mon
 
 
 def _nan_on_steps(bad_steps, **kw):
-    """A tiny trainer whose rewards come out NaN on the given steps, as from a broken scorer.
+    """A tiny trainer whose rewards come out infinite on the given steps, as from a broken scorer: the
+    advantages are NaN and so is the loss.
 
     (Reward functions themselves cannot do it: the scorer turns a non-finite
-    reward into a counted error that scores 0.)
+    reward into a counted error, and a NaN from the scorer marks an errored row, left out of training.)
     """
     now = {"step": 0}
     trainer = tiny_trainer(**kw)
@@ -123,7 +124,7 @@ def _nan_on_steps(bad_steps, **kw):
 
     def score_nan(texts, rows, *args, **kwargs):
         rewards, means = score(texts, rows, *args, **kwargs)
-        return (torch.full_like(rewards, math.nan) if now["step"] in bad_steps else rewards), means
+        return (torch.full_like(rewards, math.inf) if now["step"] in bad_steps else rewards), means
 
     def step_and_note(n):
         now["step"] = n

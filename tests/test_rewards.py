@@ -116,18 +116,31 @@ def test_worker_pool_matches_in_process_and_passes_lengths():
     assert a[0].tolist()[:4] == [1.0, -0.5, 0.0, 0.0]
 
 
-def test_errors_and_timeouts_score_zero_are_counted_and_warned():
+def test_errors_and_timeouts_mark_the_row_errored_are_counted_and_warned():
     score = combine_rewards([boom, slow, nan_reward, exact_match], workers=2, timeout=0.5)
     try:
         with pytest.warns(RuntimeWarning, match="ZeroDivisionError: boom"):
             total, metrics = score(["18", "18"], [ROW, ROW])
+        assert score.checker_scores(["18"], [ROW]) == [0.0]  # as a checker (evaluation), a failure scores 0
     finally:
         score.close()
-    assert total.tolist() == [1.0, 1.0]  # only exact_match counts
+    assert total.isnan().all()  # the row errored: no verdict, whatever exact_match said (training leaves it out)
     assert metrics["reward_errors/boom"] == 2 and metrics["reward_timeouts/boom"] == 0
     assert metrics["reward_errors/slow"] == 2 and metrics["reward_timeouts/slow"] == 2
     assert metrics["reward_errors/nan_reward"] == 2
     assert metrics["reward_errors/exact_match"] == 0
+
+
+def test_only_the_rows_whose_call_failed_are_errored():
+    def picky(completion: str, example: dict) -> float:
+        if completion == "x":
+            raise ValueError("cannot read x")
+        return 1.0
+
+    with pytest.warns(RuntimeWarning, match="1 of 3 calls failed: their rows errored"):
+        total, metrics = combine_rewards([picky, exact_match])(["18", "x", "17"], [ROW, ROW, ROW])
+    assert total[0].item() == 2.0 and total[1].isnan() and total[2].item() == 1.0
+    assert metrics["reward_errors/picky"] == 1
 
 
 def test_on_error_raise_stops_with_one_line():

@@ -38,6 +38,17 @@ def test_observe_adds_successes_and_failures_to_the_posterior():
     assert s.seen_at[4] == 3 and s.seen_at[0] == -1
 
 
+def test_observe_leaves_errored_rows_out_of_the_counts():
+    s = FrontierSampler(10, G, seed=0, prior_strength=2.0)
+    rewards = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    valid = torch.tensor([[True, True, True, False], [True, True, False, False]])  # the 0s of errored rows
+    s.observe(3, [4, 7], rewards, valid)
+    a, b = s.posterior(3)
+    assert (a[4], b[4]) == pytest.approx((1.0 + 2, 1.0 + 1))  # 2 successes, 1 failure: the errored 0 is none
+    assert (a[7], b[7]) == pytest.approx((1.0 + 1, 1.0 + 1))
+    assert s.trained.tolist()[4] and s.trained.tolist()[7]  # both still vary over their valid rows
+
+
 def test_old_evidence_halves_every_half_life():
     s = FrontierSampler(10, G, seed=0, half_life=10.0, prior_strength=2.0)
     s.observe(0, [1], _groups(1.0))

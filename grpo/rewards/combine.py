@@ -3,8 +3,10 @@
 r_i = sum_k w_k * reward_k(completion_i, row_i). Each reward's raw mean is
 logged as ``reward/<name>``. A call that raises, returns a non-finite value
 or runs past the timeout is an *error*: it is counted (``reward_errors/<name>``),
-reported once with its traceback as a warning, and then either scored 0
-(``on_error="zero"``) or stops the run (``"raise"``). Never a silent success.
+reported once with its traceback as a warning, and then either makes its row's
+total NaN (``on_error="zero"``: the row errored, and training leaves it out of
+the loss and of its group's statistics; evaluation scores it 0) or stops the
+run (``"raise"``). Never a silent success.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def _unique_names(fns: Sequence[RewardFn]) -> list[str]:
 
 class RewardScorer:
     """``score(texts, rows, lengths=None, completion_ids=None, truncated=None) -> (rewards (N,), metrics)``:
-    the trainer's view of the rewards.
+    the trainer's view of the rewards; NaN where a call failed (the row errored).
 
     Each function is called in its style (``styles``; default: read from its signature, see
     grpo.rewards.styles): trl-style ones once per batch, split into one chunk per worker, the
@@ -103,7 +105,9 @@ class RewardScorer:
         fn = self.fns[k]
         if hasattr(fn, "score_batch"):
             try:
-                return [CallResult(float(v)) for v in fn.score_batch(texts, rows)]
+                values = [float(v) for v in fn.score_batch(texts, rows)]
+                return [CallResult(v) if math.isfinite(v) else
+                        CallResult(0.0, f"reward model returned a non-finite value: {v}") for v in values]
             except Exception:
                 return [CallResult(0.0, traceback.format_exc())] * len(texts)
         if self.pool is not None:
@@ -131,8 +135,9 @@ class RewardScorer:
         if name not in self._warned:
             self._warned.add(name)
             warnings.warn(
-                f"reward {name}: {len(failed)} of {len(results)} calls failed and scored 0 "
-                f"(later failures are counted in reward_errors/{name}); first error:\n{first}",
+                f"reward {name}: {len(failed)} of {len(results)} calls failed: their rows errored and are left out "
+                f"of training (evaluation scores them 0; later failures are counted in reward_errors/{name}); "
+                f"first error:\n{first}",
                 RuntimeWarning, stacklevel=3,
             )
 
@@ -147,6 +152,7 @@ class RewardScorer:
             limit = self.max_completion_tokens or max(lengths, default=0)
             rows = [{**r, "completion_tokens": int(n), "max_completion_tokens": limit} for r, n in zip(rows, lengths, strict=True)]
         total = torch.zeros(len(texts))  # (N,)
+        errored = torch.zeros(len(texts), dtype=torch.bool)  # (N,)
         metrics: dict[str, float] = {}
         for k, (name, weight) in enumerate(zip(self.names, self.weights, strict=True)):
             results = self._raw(k, texts, rows, completion_ids)
@@ -154,13 +160,14 @@ class RewardScorer:
             raw = torch.tensor([math.nan if r.value is None else r.value for r in results],
                                dtype=torch.float32)  # (N,) NaN: no reward from this function
             total += weight * torch.nan_to_num(raw, nan=0.0)
+            errored |= torch.tensor([r.error is not None for r in results], dtype=torch.bool)
             metrics.update(self._metrics(k, raw, results))
-        return total, metrics
+        return total.masked_fill(errored, math.nan), metrics
 
     def checker_scores(self, texts: Sequence[str], rows: Sequence[Mapping]) -> list[float]:
         """Each completion's weighted total, as a checker's score (evaluation, pre-flight, the step's
-        accuracy): a call that fails or passes the time limit scores 0, as in training."""
-        return self(texts, rows)[0].tolist()
+        accuracy): a call that fails or passes the time limit scores 0 (training leaves such rows out)."""
+        return self(texts, rows)[0].nan_to_num(0.0).tolist()
 
     def _metrics(self, k: int, raw: Tensor, results: Sequence[CallResult]) -> dict[str, float]:
         """One function's mean and std over the samples it scored, its error and timeout counts,

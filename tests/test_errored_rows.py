@@ -1,0 +1,167 @@
+"""One policy for rows that errored (grpo/batch.py): a reward call that failed, an environment that raised,
+a completion cut at the limit under mask_truncated. Each leaves the loss and its group's statistics, and is
+counted by cause; only the model's own failures score 0 and are trained on."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+from tiny_run import tiny_trainer
+
+from grpo.algorithm import group_advantages
+
+
+def odd_first_char_raises(completion, example):
+    """Raises (a checker bug) when the completion starts with an odd character; else the parity of its last."""
+    if completion and ord(completion[0]) % 2:
+        raise ValueError("checker cannot parse this")
+    return float(bool(completion) and ord(completion[-1]) % 2 == 0)
+
+
+def _spy(trainer):
+    """What the update is given, and the rewards the scorer returned, step by step."""
+    seen = {"update": [], "scores": []}
+    update, score = trainer.update, trainer.score
+
+    def spy_update(rollout, advantages, ref_logp, lengths):
+        seen["update"].append((rollout.mask.clone(), advantages.clone(), lengths.clone(),
+                               rollout.truncated.clone()))
+        return update(rollout, advantages, ref_logp, lengths)
+
+    def spy_score(texts, *args, **kwargs):
+        rewards, metrics = score(texts, *args, **kwargs)
+        seen["scores"].append((rewards.clone(), list(texts)))
+        return rewards, metrics
+
+    trainer.update, trainer.score = spy_update, spy_score
+    return seen
+
+
+def test_rows_whose_reward_call_failed_leave_the_loss_and_their_groups_statistics():
+    trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5)
+    seen = _spy(trainer)
+    m = trainer.step(1)
+    scored, texts = seen["scores"][0]  # (24,) NaN where the call failed
+    errored = torch.tensor([bool(t) and ord(t[0]) % 2 == 1 for t in texts])  # where the checker raised
+    assert 0 < int(errored.sum()) < 24, "the seed should give some failures and some verdicts"
+    mask, advantages, lengths, _ = seen["update"][0]
+    # the errored rows: no token in the loss, no tokens in its normaliser, no advantage
+    assert mask[errored].sum() == 0 and lengths[errored].sum() == 0 and advantages[errored].abs().sum() == 0
+    # the others: advantages over their group's valid rows alone (a group of fewer than two: none)
+    valid = ~errored & ((~errored).view(-1, 4).sum(dim=1, keepdim=True) >= 2).expand(-1, 4).reshape(-1)
+    expected = group_advantages(torch.where(errored, 0.0, scored), 4, valid=valid)
+    torch.testing.assert_close(advantages, expected)
+    assert torch.equal(mask[valid].sum(dim=1) > 0, torch.ones(int(valid.sum()), dtype=torch.bool))
+    # counted by cause, and the raw reward is that of the rows with a verdict
+    assert m["errored/reward"] == int(errored.sum()) and m["errored/environment"] == 0 == m["errored/truncated"]
+    assert m["errored_frac"] == errored.float().mean().item()
+    assert math.isclose(m["reward_mean"], scored[~errored].mean().item(), rel_tol=1e-6)
+    assert scored[errored].isnan().all()  # the scorer's mark: no verdict
+
+
+def test_cut_completions_under_mask_truncated_are_errored_rows():
+    # stops on any of a-h: about half the completions end within 8 tokens, half are cut
+    trainer = tiny_trainer(prompts_per_step=8, group_size=4, max_new_tokens=8, stop=tuple("abcdefgh"),
+                           mask_truncated=True, seed=0)
+    seen = _spy(trainer)
+    m = trainer.step(1)
+    mask, advantages, lengths, cut = seen["update"][0]
+    scored, _ = seen["scores"][0]
+    assert cut.any() and (~cut).any() and m["errored/truncated"] == int(cut.sum())
+    assert mask[cut].sum() == 0 and advantages[cut].abs().sum() == 0 and lengths[cut].sum() == 0
+    # the uncut rows' advantages are standardised over the uncut rows of their group alone
+    valid = ~cut & ((~cut).view(-1, 4).sum(dim=1, keepdim=True) >= 2).expand(-1, 4).reshape(-1)
+    torch.testing.assert_close(advantages, group_advantages(scored, 4, valid=valid))
+    with_cut = group_advantages(scored, 4)
+    assert not torch.allclose(advantages[valid], with_cut[valid])  # not what counting the cut rows gives
+
+
+def test_dynamic_sampling_does_not_count_a_group_that_varies_only_through_errored_rows():
+    trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5,
+                           filter_groups=True, max_gen_rounds=3)
+    seen = _spy(trainer)
+    m = trainer.step(1)
+    _, advantages, _, _ = seen["update"][0]
+    assert m["trained_zero_var_frac"] == 0.0
+    assert (advantages.view(-1, 4) != 0).any(dim=1).all()  # every trained group has a signal among valid rows
+
+
+class RaisesOnOddTurnText:
+    """An environment that raises when the policy's turn has an odd length: a bug in the environment."""
+
+    def reset(self, example):
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, messages):
+        if len(messages[-1]["content"]) % 2:
+            raise RuntimeError("environment bug")
+        return [{"role": "user", "content": "go on"}], 1.0, True
+
+
+def test_an_environment_that_raises_makes_its_row_errored_in_training():
+    from conftest import make_model, make_tokenizer
+    from tiny_run import tiny_config, tiny_task
+
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    # any of a-h ends a turn, so most turns end on their own and reach the environment's step
+    config = tiny_config(stop=tuple("abcdefgh"), max_new_tokens=8, max_turns=2, prompts_per_step=8, group_size=4,
+                         seed=0)
+    setup_process(config)
+    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer, task=tiny_task(),
+                          env=RaisesOnOddTurnText, progress=False)
+    seen = _spy(trainer)
+    episodes = []
+    run = trainer.agent.run
+
+    def keep(*args, **kwargs):
+        rollout = run(*args, **kwargs)
+        episodes.extend(rollout.episodes)
+        return rollout
+
+    trainer.agent.run = keep
+    m = trainer.step(1)
+    broken = torch.tensor([e.env_error is not None for e in episodes])
+    assert broken.any() and (~broken).any()
+    assert m["errored/environment"] == int(broken.sum()) == m["env_errors"] and m["errored/reward"] == 0
+    mask, advantages, lengths, _ = seen["update"][0]
+    assert mask[broken].sum() == 0 and advantages[broken].abs().sum() == 0 and lengths[broken].sum() == 0
+
+
+def test_row_errors_names_each_cause():
+    from grpo.batch import ERROR_CAUSES, row_errors
+
+    class Ep:
+        def __init__(self, error):
+            self.env_error = error
+
+    rewards = torch.tensor([1.0, math.nan, math.nan, 0.0, 0.0])
+    rollout = SimpleNamespace(episodes=[Ep(None), Ep(None), Ep("RuntimeError: env bug"), Ep(None), Ep(None)],
+                              truncated=torch.tensor([False, False, False, True, False]))
+    codes = row_errors(rewards, rollout, mask_truncated=True).tolist()
+    assert [ERROR_CAUSES[c - 1] if c else None for c in codes] == [None, "reward", "environment", "truncated", None]
+    assert row_errors(rewards, rollout, mask_truncated=False).tolist()[3] == 0  # cut, not masked: the model's 0
+
+
+def test_the_console_says_so_above_five_percent():
+    from grpo.progress import errored_line
+
+    assert errored_line(3, {"errored_frac": 0.05, "errored/reward": 2.0}) is None
+    line = errored_line(3, {"errored_frac": 0.25, "errored/reward": 6.0, "errored/environment": 0.0,
+                            "errored/truncated": 2.0})
+    assert line.startswith("step 3: 25% of the rows errored (6 reward, 2 truncated;") and "\n" not in line
+
+
+def test_a_run_prints_the_errored_share_and_records_it(tmp_path, capsys):
+    import json
+
+    trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5, steps=1)
+    trainer.train(tmp_path / "run")
+    out = capsys.readouterr().out
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[1])
+    assert row["step"] == 1 and row["errored/reward"] > 0.05 * 24
+    assert f"step 1: {row['errored_frac']:.0%} of the rows errored ({row['errored/reward']:.0f} reward;" in out
