@@ -6,7 +6,9 @@ merged into it, the final evaluation as final) and prints what it raises, and wh
 
 The alarms are a function of the recorded metrics, so a replay is the verdict the run would have got
 with the current rules, as long as the evaluation schedule is the same (it is planned before step 1
-from the planned steps alone). The subset's sizes come from config.json (eval_subset, eval_train,
+from the planned steps alone; a run recorded before that change is replayed on its own, time-based
+schedule, which the current trainer would not have used). The alarm window is summary.json's (what the
+run used), else config.json's; the subset's sizes come from config.json (eval_subset, eval_train,
 eval_size), which is what the trainer uses unless the data has fewer prompts than those.
 """
 
@@ -22,13 +24,17 @@ from grpo.alarms import AlarmConfig, AlarmMonitor
 def replay(run: Path) -> dict[str, int]:
     """Each alarm the current rules raise on the run, with the step it was first raised at."""
     config = json.loads((run / "config.json").read_text())
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = max(row["step"] for row in rows)
     train_n = int(config["eval_train"])
-    heldout_n = max(min(int(config["eval_subset"]) - train_n, int(config["eval_size"])), 1)
+    subset = int(config["eval_subset"])
+    heldout_n = max(min(subset - train_n, int(config["eval_size"])), 1) if subset else int(config["eval_size"])
+    window = int(summary.get("alarm_window") or config["alarm_window"])
+    watched = any(row.get("heldout_subset_accuracy", row.get("heldout_accuracy")) is not None for row in rows)
     monitor = AlarmMonitor(int(config["steps"]), AlarmConfig(
-        window=int(config["alarm_window"]), no_signal_steps=int(config["no_signal_steps"]),
-        heldout_n=heldout_n, train_n=train_n))
+        window=window, no_signal_steps=int(config["no_signal_steps"]), heldout_n=heldout_n, train_n=train_n),
+        watch_heldout=watched)
     raised: dict[str, int] = {}
     finals = [i for i, row in enumerate(rows) if row["step"] == steps and "reward_mean" not in row]
     for i, row in enumerate(rows):

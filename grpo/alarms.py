@@ -300,16 +300,18 @@ class AlarmMonitor:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
         watched = metrics.get("heldout_subset_accuracy", metrics.get("heldout_accuracy")) if self.watch_heldout else None
-        if watched is not None:
-            self.heldout.append((step, float(watched)))
+        new = watched is not None and not (self.heldout and self.heldout[-1][0] == step)
+        if watched is not None:  # the final evaluation of a run stopped at an evaluation's step replaces it
+            self.heldout[len(self.heldout) - (not new):] = [(step, float(watched))]
             if metrics.get("train_sample_accuracy") is not None:
-                self.train.append((step, float(metrics["train_sample_accuracy"])))
+                at = len(self.train) - bool(self.train and self.train[-1][0] == step)
+                self.train[at:] = [(step, float(metrics["train_sample_accuracy"]))]
         messages = self._check(step)
         if watched is None:  # the verdicts on learning change only when accuracy is measured
             messages.update({name: self.verdicts.get(name) for name in TRENDS})
         self.verdicts = {name: messages[name] for name in TRENDS}
         trend = any(self.verdicts.values())
-        self.trend_held = 0 if not trend else self.trend_held + (watched is not None)
+        self.trend_held = 0 if not trend else self.trend_held + new
         if self.trend_held < WARN_AFTER and not final:  # raised once held at WARN_AFTER evaluations, or at the end
             messages.update(dict.fromkeys(TRENDS))
         warnings = {name: msg for name, msg in messages.items() if msg and not self.active[name]}

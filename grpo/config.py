@@ -254,9 +254,18 @@ def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
     values["max_turns"] = turns
     if not config.max_episode_tokens:
         values["max_episode_tokens"] = turns * (values.get("max_new_tokens", config.max_new_tokens) + 64)
-    if config.alarm_window == 0:
-        values["alarm_window"] = alarm_window_for(steps)
+    if config.alarm_window == 0:  # the window the run uses (grpo/run_state.py), as config.json shows it
+        values["alarm_window"] = alarm_window_for(planned_steps(steps, values.get("minutes", config.minutes)))
     return dataclasses.replace(config, **values)
+
+
+BUDGET_STEPS = 20  # the steps a run under a time budget plans its evaluations and alarm window for
+
+
+def planned_steps(steps: int, minutes: float) -> int:
+    """The steps a run plans for: under a time budget the steps that will fit are unknown before the run,
+    so BUDGET_STEPS at most."""
+    return min(steps, BUDGET_STEPS) if minutes else steps
 
 
 def alarm_window_for(steps: int) -> int:

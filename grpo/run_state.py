@@ -3,8 +3,8 @@
 The configuration is frozen once the first step starts; what the run learns
 about itself later lives here: the held-out history the alarms read, the
 count of NaN/inf steps in a row, the seconds trained, and the evaluation
-schedule and alarm window fixed after step 1 (from what a step and an
-evaluation cost). Checkpoints (grpo/checkpoint.py) hold all of it, so a
+schedule and alarm window, planned before step 1 from the planned steps alone
+(never from a measured time). Checkpoints (grpo/checkpoint.py) hold all of it, so a
 resumed run continues exactly where the unbroken one would be.
 """
 
@@ -16,15 +16,13 @@ from pathlib import Path
 
 from grpo import checkpoint
 from grpo.alarms import AlarmMonitor
-from grpo.config import TrainConfig, alarm_window_for
+from grpo.config import TrainConfig, alarm_window_for, planned_steps
 from grpo.distributed import load_shards, load_training_state, save_shards, training_state
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.parts import TrainerParts
 
-EVAL_SHARE = 0.1  # automatic evaluations during training take about this share of the run's time (README: measured)
 EVALUATIONS = 5  # automatic evaluations during a run's planned steps (the start and the end besides) ...
 EVERY_MAX = 5  # ... but at least one every this many steps, so that a long run's alarms can stop it early
-BUDGET_STEPS = 20  # the steps a run under a time budget plans its evaluations for
 
 
 @dataclass
@@ -72,7 +70,7 @@ def planned_schedule(steps: int, minutes: float) -> tuple[int, int]:
     evaluations by step 3 * ceil(BUDGET_STEPS / EVALUATIONS). Fixed before step 1 and identical on every
     rank, so the alarms read the same steps however fast the machine runs them.
     """
-    planned = min(steps, BUDGET_STEPS) if minutes else steps
+    planned = planned_steps(steps, minutes)
     return max(1, min(math.ceil(planned / EVALUATIONS), EVERY_MAX)), planned
 
 

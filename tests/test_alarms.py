@@ -220,3 +220,15 @@ def test_checker_suspected_names_the_likelier_cause(first_try_rise, cause):
     for step, m in enumerate(stream, start=1):
         messages.update(monitor.observe(step, m)[1])
     assert cause in messages["checker_suspected"]
+
+
+def test_a_final_evaluation_at_an_evaluations_step_replaces_it():
+    # a run stopped (out of time, or by an alarm) at a step that had its evaluation evaluates again at the
+    # end: the same greedy accuracy must not count twice in the fitted change or in the verdicts held
+    monitor = AlarmMonitor(20, AlarmConfig(window=6))
+    monitor.observe(0, {"heldout_subset_accuracy": 0.2, "train_sample_accuracy": 0.2})
+    monitor.observe(4, {"reward_mean": 0.3, "heldout_subset_accuracy": 0.3, "train_sample_accuracy": 0.25})
+    held = monitor.trend_held
+    monitor.observe(4, {"heldout_subset_accuracy": 0.31, "train_sample_accuracy": 0.26}, final=True)
+    assert monitor.heldout == [(0, 0.2), (4, 0.31)] and monitor.train == [(0, 0.2), (4, 0.26)]
+    assert monitor.trend_held == held

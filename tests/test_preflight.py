@@ -164,7 +164,10 @@ def test_task_settings_fill_what_the_run_leaves_automatic():
     assert settle_config(TrainConfig(max_new_tokens=5), tuned).max_new_tokens == 5  # the user's value wins
     assert settle_config(TrainConfig(), task).max_new_tokens == DATA_MAX_NEW_TOKENS == 256
     settled = settle_config(TrainConfig(steps=50), task)
-    assert settled.eval_every == 0 and settled.alarm_window == 20  # eval_every is fixed after step 1
+    assert settled.eval_every == 0 and settled.alarm_window == 20  # eval_every is planned before step 1
+    # under --minutes the run plans for 20 steps; config.json shows the window it uses (RunState.start's)
+    budget = settle_config(TrainConfig(steps=100, minutes=10), task)
+    assert budget.alarm_window == 10 == RunState.start(budget, auto_alarm_window=True).alarm_window
     assert settle_config(TrainConfig(steps=8, eval_every=-1), task).eval_every == -1
     assert settle_config(TrainConfig(), task).steps == 20  # a task without a step count: the general default
 
