@@ -37,6 +37,7 @@ class Curves:
     reward: Callable[[int], float]
     first_try: Callable[[int], float]
     signal: float = 0.7  # share of the batch's groups whose rewards differ
+    budget: bool = False  # a --data run under --minutes: planned for 20 steps, run for ``steps`` (until time ran out)
 
 
 def _clip(p: float) -> float:
@@ -53,8 +54,10 @@ def simulate(curves: Curves, seed: int, **thresholds: float) -> AlarmMonitor:
     """Feed one simulated run through the monitor as the trainer would; stop where it says stop."""
     rng = np.random.default_rng(seed)
     steps = curves.steps
-    every, _ = planned_schedule(steps, 0.0)
-    monitor = AlarmMonitor(steps, AlarmConfig(**{"window": alarm_window_for(steps), **thresholds}))
+    # under --minutes (a --data run: 100 steps at most, 10 minutes) the plan is 20 steps whatever runs
+    every, planned = planned_schedule(100, 10.0) if curves.budget else planned_schedule(steps, 0.0)
+    monitor = AlarmMonitor(100 if curves.budget else steps,
+                           AlarmConfig(**{"window": alarm_window_for(planned), **thresholds}))
 
     def evaluation(t: int) -> dict[str, float]:
         swing = rng.normal() if t else 0.0  # the start is the untrained model; later ones swing together
@@ -100,6 +103,18 @@ def slow_learner(rng: np.random.Generator) -> Curves:
                   _linear(r0, gain, steps, lag))
 
 
+def long_slow_learner(rng: np.random.Generator) -> Curves:
+    """A --data run under --minutes on a fast machine, planned for 20 steps and run for 25-40, where a verdict
+    can stop it (from the sixth evaluation, step 20): a slow learner's pace (+10 to +15 points per 10 to 20
+    steps) kept up over the whole run, at most +40 points."""
+    curves = slow_learner(rng)
+    steps, h0 = int(rng.integers(25, 41)), curves.heldout(0)
+    gain, r0 = min(0.4, steps * rng.uniform(0.10, 0.15) / rng.uniform(10, 20)), curves.reward(0)
+    held = _linear(h0, gain, steps)
+    return Curves(steps, held, lambda t: held(t) + 0.02 * t / steps, _linear(r0, gain * rng.uniform(1, 1.5), steps),
+                  _linear(r0, gain, steps), budget=True)
+
+
 def fast_learner(rng: np.random.Generator) -> Curves:
     """+30 to +55 points within 3-6 steps' time constant, then a plateau, 20 steps (the default run)."""
     steps, h0, gain, tau = 20, rng.uniform(0.1, 0.4), rng.uniform(0.3, 0.55), rng.uniform(3, 6)
@@ -141,7 +156,7 @@ def memorising(rng: np.random.Generator) -> Curves:
     return Curves(steps, held, train, _linear(h0 + 0.05, gain, steps), lambda t: h0)
 
 
-LEARNERS = {"slow": slow_learner, "fast": fast_learner}
+LEARNERS = {"slow": slow_learner, "fast": fast_learner, "slow_budget": long_slow_learner}
 FAILURES = {"stall": (stalled, ("stall", "checker_suspected")), "checker": (gamed_checker, ("checker_suspected",)),
             "no_signal": (no_signal, ("no_signal",)), "memorising": (memorising, ("memorising",))}
 

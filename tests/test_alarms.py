@@ -126,7 +126,8 @@ def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch
 
 # Of 40 simulated runs of each kind (seed 0): learners, runs warned by any alarm and runs stopped;
 # failures, runs caught by their alarm and runs stopped. README states these numbers.
-RATES = {"slow": (1, 0), "fast": (0, 0), "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40), "memorising": (36, 0)}
+RATES = {"slow": (1, 0), "fast": (0, 0), "slow_budget": (1, 0), "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40),
+         "memorising": (36, 0)}
 TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, failures at least
 
 
