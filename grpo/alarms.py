@@ -216,6 +216,15 @@ def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: Ala
             "training prompts' answers, not the task. Try more training prompts, --sampler uniform, or a lower --lr")
 
 
+def _put(series: list[tuple[int, float]], step: int, value: float) -> None:
+    """Add a measurement; one at the step of the last replaces it (the final evaluation of a run that stopped
+    at an evaluation's step), so that no step counts twice."""
+    if series and series[-1][0] == step:
+        series[-1] = (step, value)
+    else:
+        series.append((step, value))
+
+
 def _divergence_cause(reward: Sequence[float], first_try: Sequence[float]) -> str:
     """Why training reward runs ahead of held-out accuracy, read from the reward on first tries at a prompt.
 
@@ -301,11 +310,10 @@ class AlarmMonitor:
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
         watched = metrics.get("heldout_subset_accuracy", metrics.get("heldout_accuracy")) if self.watch_heldout else None
         new = watched is not None and not (self.heldout and self.heldout[-1][0] == step)
-        if watched is not None:  # the final evaluation of a run stopped at an evaluation's step replaces it
-            self.heldout[len(self.heldout) - (not new):] = [(step, float(watched))]
+        if watched is not None:
+            _put(self.heldout, step, float(watched))
             if metrics.get("train_sample_accuracy") is not None:
-                at = len(self.train) - bool(self.train and self.train[-1][0] == step)
-                self.train[at:] = [(step, float(metrics["train_sample_accuracy"]))]
+                _put(self.train, step, float(metrics["train_sample_accuracy"]))
         messages = self._check(step)
         if watched is None:  # the verdicts on learning change only when accuracy is measured
             messages.update({name: self.verdicts.get(name) for name in TRENDS})

@@ -53,10 +53,13 @@ class Round:
     seconds_generate: float
     first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
 
+    def valid(self) -> Tensor:
+        """(n, G) True for the rows that did not error."""
+        return (self.errors == 0).view(len(self.prompts), -1)
+
     def varies(self) -> Tensor:
         """(n,) True where a group's valid rewards are not all equal: its advantages are not all zero."""
-        n = len(self.prompts)
-        return group_varies(self.rewards.view(n, -1), (self.errors == 0).view(n, -1))  # (n, G) -> (n,)
+        return group_varies(self.rewards.view(len(self.prompts), -1), self.valid())  # (n, G) -> (n,)
 
 
 @dataclass
@@ -131,7 +134,7 @@ def sample_batch(trainer: TrainerParts, step: int) -> Batch:
         drawn_before = {i for r in rounds for i in r.prompts}
         drawn = trainer.sampler.draw(n, step, exclude=drawn_before)
         rounds.append(generate_round(trainer, drawn, step, len(rounds)))
-        trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), (rounds[-1].errors == 0).view(-1, g))
+        trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
         if not cfg.filter_groups:
             last = rounds[-1]
             return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
@@ -212,9 +215,10 @@ def row_errors(rewards: Tensor, rollout: Rollout, *, mask_truncated: bool) -> Te
     """(N,) 0 where the row's reward is a verdict, else 1 + the index in ERROR_CAUSES of why it is not:
     a reward call failed (NaN from the scorer), the environment raised (NaN from episode_total), the
     completion was cut at the token limit and mask_truncated leaves such rows out."""
-    env = torch.tensor([e.env_error is not None for e in rollout.episodes or []] or [False] * len(rewards),
-                       dtype=torch.bool)  # (N,)
-    cut = rollout.truncated.cpu() if mask_truncated else torch.zeros(len(rewards), dtype=torch.bool)
+    none = torch.zeros(len(rewards), dtype=torch.bool)  # (N,)
+    env = none if rollout.episodes is None else torch.tensor([e.env_error is not None for e in rollout.episodes],
+                                                              dtype=torch.bool)
+    cut = rollout.truncated.cpu() if mask_truncated else none
     nan = rewards.cpu().isnan()
     errors = torch.zeros(len(rewards), dtype=torch.long)
     errors[cut] = 1 + ERROR_CAUSES.index("truncated")

@@ -222,7 +222,7 @@ class FrontierSampler:
             self.failures[i] = keep * self.failures[i] + ((1.0 - row) * kept).sum()
             self.seen_at[i] = step
             self.trained[i] = bool(mixed)
-        n_explored = self.explored if self.explored else 0
+        n_explored = self.explored or 0
         explored, kept = r[len(r) - n_explored :], v[len(v) - n_explored :]  # (E, G)
         self.pool_reward += [(explored * kept).sum(), kept.sum()]
         self.pool_mixed += [float(varies[len(r) - len(explored) :].sum()), len(explored)]
