@@ -190,7 +190,14 @@ def find_problems(report: PreflightReport, reward_names: Sequence[str], constant
     tuned setting, whose cuts are meant to teach short answers, so they are not a problem."""
     problems = []
     n = report.prompts * report.group_size
-    if report.varying_frac == 0.0:
+    broken = [name for name in reward_names if report.reward_errors.get(name, 0) >= n]
+    if broken:  # every row errored: no verdict to learn from, whatever else the check saw
+        problems.append(Problem("reward errors", (
+            f"reward {', '.join(broken)} failed on every one of the {n} completions (the warning above shows "
+            "its first error), so no completion has a reward and GRPO has nothing to learn from. Fix the "
+            "reward, or raise --reward-timeout if the calls timed out. (--preflight warn runs anyway.)"),
+            fatal=True))
+    elif report.varying_frac == 0.0:
         problems.append(_no_signal(report, n))
     elif report.varying_frac < FEW_VARY:
         problems.append(Problem("few groups vary", (
@@ -204,7 +211,7 @@ def find_problems(report: PreflightReport, reward_names: Sequence[str], constant
             "completion has no final answer and scores 0. Raise --max-new-tokens, or ask for shorter answers "
             "in --system-prompt or --prompt-template.")))
     for name in reward_names:
-        if report.reward_errors.get(name) or report.reward_timeouts.get(name):
+        if name not in broken and (report.reward_errors.get(name) or report.reward_timeouts.get(name)):
             problems.append(Problem("reward errors", (
                 f"reward {name} failed on {report.reward_errors.get(name, 0):.0f} of {n} completions "
                 f"({report.reward_timeouts.get(name, 0):.0f} timeouts); a failed row is left out of training. Fix the reward, or "

@@ -367,3 +367,16 @@ def test_first_tries_and_repeats_are_logged_and_survive_a_resume(tmp_path):
     tiny_trainer(steps=3, prompts_per_step=8).train(tmp_path / "half")
     resumed.train(tmp_path / "half", resume=True)
     assert (resumed.draws.counts == trainer.draws.counts).all()  # the counts travel in the checkpoint
+
+
+def test_a_reward_that_fails_on_every_completion_is_the_fatal_problem_named():
+    # a user's reward that raises on every completion: every row errored, so "no signal" would blame the data
+    from grpo.preflight import find_problems
+
+    report = budget_report(varying_frac=0.0, all_wrong_frac=1.0, reward_errors={"exact_int": 128.0})
+    problems = find_problems(report, ["exact_int"], [])
+    assert [p.kind for p in problems] == ["reward errors"] and problems[0].fatal  # one line, no "no signal"
+    assert problems[0].message.startswith("reward exact_int failed on every one of the 128 completions")
+    # failing on some: a warning, and the data's own verdict stands
+    some = find_problems(budget_report(reward_errors={"exact_int": 5.0}), ["exact_int"], [])
+    assert not any(p.fatal for p in some) and any(p.kind == "reward errors" for p in some)
