@@ -26,9 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # tests that bear on the mutated code first, so that most mutants die in seconds
-FIRST = ["tests/test_algorithm.py", "tests/test_sampler.py", "tests/test_rollout.py", "tests/test_streams.py",
+FIRST = ["tests/test_algorithm.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
          "tests/test_device_contract.py"]
-A, R, U = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py"
+A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
      "advantages centred on the batch mean, not the group's"),
@@ -65,8 +65,10 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "clip_frac_low counts the wrong side"),
     (R, "        logp = torch.log_softmax(logits / temperature, dim=-1)", "        logp = torch.log_softmax(logits, dim=-1)",
      "the sampler ignores the temperature"),
-    (R, "        cdf = probs.cumsum(dim=-1)  # (n, V)", "        cdf = logp.exp().cumsum(dim=-1)  # (n, V)",
+    (R, "        token = inverse_cdf(probs, uniforms)", "        token = inverse_cdf(logp.exp(), uniforms)",
      "top-k/top-p filtering ignored by the draw"),
+    (R, "    u = u.clamp(min=torch.finfo(cdf.dtype).tiny)", "    u = u.clamp(min=0.0)",
+     "a uniform of exactly 0 draws a masked token"),
     (R, "    return token, logp.gather(1, token.unsqueeze(1)).squeeze(1)",
      "    return token, logp.gather(1, token.unsqueeze(1)).squeeze(1) * 0.5", "wrong sampling log-probs"),
     (U, "part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))",
@@ -82,6 +84,24 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "the informative groups skipped instead of the others"),
     (U, "    return config.lr * min(1.0, step / (config.warmup_steps + 1))", "    return config.lr",
      "no warm-up"),
+    # the errored-row policy: a row whose reward is no verdict leaves its group's statistics and the loss
+    (A, "    values = torch.where(valid, grouped, 0.0)  # (B, G) invalid rows' values (NaN included) never enter a sum",
+     "    values = torch.where(valid, grouped.nan_to_num(), grouped.nan_to_num())  # (B, G)",
+     "errored rows' rewards in their group's mean"),
+    (A, "    kept = (count >= 2).float() * weight  # (B, G) the rows that get an advantage",
+     "    kept = weight  # (B, G) the rows that get an advantage", "a lone valid row given an advantage"),
+    (A, "    high = torch.where(valid, grouped, float(\"-inf\")).max(dim=1).values  # (B,)",
+     "    high = torch.where(valid, grouped, 0.0).max(dim=1).values  # (B,)",
+     "an errored row makes its group vary"),
+    (B, "    valid = (valid & (valid.sum(dim=1, keepdim=True) >= 2)).reshape(-1)  # (N,)",
+     "    valid = valid.reshape(-1)  # (N,)", "a group left with one valid row kept in the loss"),
+    (B, "        batch.lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)",
+     "        pass", "errored rows kept in the loss's normaliser"),
+    (B, "    nan = rewards.cpu().isnan()", "    nan = rewards.cpu().isinf()", "a failed reward call taken for a verdict"),
+    (B, "    errors[env] = 1 + ERROR_CAUSES.index(\"environment\")", "    errors[env] = 0",
+     "an environment that raised taken for a verdict"),
+    (S, "        v = np.ones_like(r) if valid is None else valid.detach().cpu().numpy().astype(np.float64)  # (B, G)",
+     "        v = np.ones_like(r)  # (B, G)", "the frontier sampler counts errored rows as failures"),
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 from tiny_run import tiny_trainer
 
@@ -132,6 +133,26 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training():
     assert mask[broken].sum() == 0 and advantages[broken].abs().sum() == 0 and lengths[broken].sum() == 0
 
 
+@pytest.mark.unit
+def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
+    from grpo.batch import leave_out_errored
+    from grpo.distributed import World
+
+    # groups of 3: the first has one errored row (two valid left), the second two (one left: nothing to
+    # compare it with, the whole group leaves), the third none
+    errors = torch.tensor([0, 1, 0, 2, 0, 1, 0, 0, 0])
+    mask = torch.ones(9, 4)
+    lengths = torch.full((9,), 4.0)
+    batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=mask), lengths=lengths)
+    trainer = SimpleNamespace(config=SimpleNamespace(group_size=3), world=World())
+    valid = leave_out_errored(trainer, batch)
+    kept = [True, False, True, False, False, False, True, True, True]
+    assert valid.tolist() == kept
+    assert batch.rollout.mask.sum(dim=1).tolist() == [4.0 if k else 0.0 for k in kept]  # out of the loss
+    assert batch.lengths.tolist() == [4.0 if k else 0.0 for k in kept]  # and out of its normaliser
+
+
+@pytest.mark.unit
 def test_row_errors_names_each_cause():
     from grpo.batch import ERROR_CAUSES, row_errors
 
