@@ -81,6 +81,7 @@ class PreflightReport:
     steps_before: int | None = None  # ... and before
     adapted: list[str] = field(default_factory=list)  # what the step budget changed, one line each
     answer_limit: int | None = None  # the token limit a correct answer needs (fit_token_limit, none correct)
+    sample_lengths: list[int] = field(default_factory=list)  # the check's completion lengths (tokens)
     problems: list[Problem] = field(default_factory=list)
 
     def stops(self, mode: str) -> list[Problem]:
@@ -386,8 +387,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     if samples.last is not None and samples.last.completion_ids.numel():
         # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
         limit = report.fitted_max_new_tokens or cfg.max_new_tokens
-        mean_tokens = sum(min(n, limit) for n in samples.lengths) / max(len(samples.lengths), 1)
-        report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * mean_tokens
+        per_row = mean_tokens(samples.lengths, limit) if samples.lengths else 0.0
+        report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * per_row
+        report.sample_lengths = list(samples.lengths)
     report.answer_limit = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
                                           cfg.max_new_tokens, reach=samples.reach,
                                           answer_lengths=samples.answer_lengths)
@@ -433,7 +435,8 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
     and ``config.adapt``, the changes that buy more, in order and only to ``adaptable`` options: a
     lower max_new_tokens (fitted to what a correct answer needs), fewer generation rounds, a smaller
     group_size (not below MIN_GROUP). Generation time is taken as proportional to the token limit,
-    the rounds and the group size, the update's to the group size. Sets report.steps_fit and
+    the rounds and the group size, the update's to the group size and to the mean length of the check's
+    completions cut at the limit. Sets report.steps_fit and
     report.adapted; returns the changed fields."""
     if not config.minutes or report.step_seconds is None or report.update_seconds is None:
         return {}
@@ -446,6 +449,7 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
     answer = report.answer_limit
     if "max_new_tokens" in adaptable and answer is not None and answer < limit:
         gen *= answer / limit
+        upd *= mean_tokens(report.sample_lengths, answer) / max(mean_tokens(report.sample_lengths, limit), 1e-9)
         changes["max_new_tokens"] = answer
         report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
     if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
@@ -461,6 +465,11 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
         report.adapted.append(f"step budget: group_size {group} -> {smaller}")
     report.steps_fit = fits()
     return changes
+
+
+def mean_tokens(lengths: Sequence[int], limit: int) -> float:
+    """The mean completion length at a token limit of ``limit`` (1.0 without lengths: no rescaling)."""
+    return sum(min(n, limit) for n in lengths) / len(lengths) if lengths else 1.0
 
 
 def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_rounds: int, *,

@@ -279,6 +279,11 @@ def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
         "step budget: about 180 s a step (150 s generation, 30 s update): 3 steps fit in 10 minutes",
         "step budget: max_new_tokens 256 -> 48 (what a correct answer needs)",
         "step budget: 10 steps fit after these changes"]
+    # the update shrinks with the completions the lower limit cuts: half the check's completions ran to
+    # 256 tokens, half ended at 20: a mean of 138 tokens at 256, 34 at 48, so 30 s of update becomes 7.4 s
+    report = budget_report(sample_lengths=[256] * 8 + [20] * 8)
+    assert step_budget(report, config, {"max_new_tokens"}) == {"max_new_tokens": 48}
+    assert report.steps_fit == int(600 // (150 * 48 / 256 + 30 * 34 / 138)) == 16
     # the user set the token limit: fewer rounds (4 needed at 25% varying -> 3), then groups of 4
     report = budget_report()
     assert step_budget(report, config, {"max_gen_rounds", "group_size"}) == {"max_gen_rounds": 3, "group_size": 4}
@@ -380,3 +385,44 @@ def test_a_reward_that_fails_on_every_completion_is_the_fatal_problem_named():
     # failing on some: a warning, and the data's own verdict stands
     some = find_problems(budget_report(reward_errors={"exact_int": 5.0}), ["exact_int"], [])
     assert not any(p.fatal for p in some) and any(p.kind == "reward errors" for p in some)
+
+
+def test_the_step_budget_through_grpo_train_changes_only_what_the_user_left(tmp_path, capsys):
+    """`grpo train --data FILE --minutes M` end to end: with far too little time (0.06 s) for 10 steps the
+    budget changes the generation rounds and the group size the user left at their defaults, never one
+    named on the command line or in a config file, nothing under --no-adapt; config.json and
+    preflight.json hold what the run used."""
+    from grpo.cli import main as cli_main
+
+    tokenizer = make_tokenizer()
+    model = tmp_path / "tiny"
+    make_model(len(tokenizer)).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(60)))
+    given = tmp_path / "given.yaml"
+    given.write_text("group_size: 8\nmax_gen_rounds: 4\n")
+    worker = Path(__file__).parent / "distributed_worker.py"
+
+    def run(name: str, *extra: str) -> tuple[dict, dict, str]:
+        capsys.readouterr()
+        assert cli_main(["train", "--model", str(model), "--data", str(data), "--rewards",
+                         f"{worker}:rare_first_char", "--minutes", "0.001", "--preflight", "warn",
+                         "--max-new-tokens", "16", "--eval-size", "4", "--device", "cpu", "--no-progress",
+                         "--no-save-model", "--output", str(tmp_path / name), *extra]) == 0
+        out = capsys.readouterr().out
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        return config, json.loads((tmp_path / name / "preflight.json").read_text()), out
+
+    config, report, out = run("plain")
+    assert config["group_size"] == 4 and config["max_gen_rounds"] < 4 and "step budget: group_size 8 -> 4" in out
+    assert "step budget: group_size 8 -> 4" in report["adapted"] and report["steps_fit"] < 10
+    config, report, out = run("cli", "--group-size", "8")
+    assert config["group_size"] == 8 and config["max_gen_rounds"] < 4 and "group_size 8 ->" not in out
+    config, report, out = run("file", "--config", str(given))
+    assert (config["group_size"], config["max_gen_rounds"]) == (8, 4) and "group_size 8 ->" not in out
+    config, report, out = run("no-adapt", "--no-adapt")
+    assert (config["group_size"], config["max_gen_rounds"]) == (8, 4) and report["adapted"] == []
+    assert "steps fit in 0.001 minutes" in out and "->" not in "".join(
+        line for line in out.splitlines() if line.startswith("step budget"))
