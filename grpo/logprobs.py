@@ -13,9 +13,13 @@ T completion tokens, H hidden size, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from grpo.forward import (
     NO_TRANSFORM,
@@ -150,6 +154,55 @@ def length_buckets(lengths: list[int], overhead_tokens: int = 32) -> list[list[i
     return groups
 
 
+@contextmanager
+def checkpointed_layers(decoder: nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Gradient checkpointing of the training pass, layer by layer: inside, each decoder layer keeps
+    only its inputs for backward and runs again there (torch.utils.checkpoint, non-reentrant).
+
+    The layers extend a KV cache as they run (the prompt's keys under the completions). A re-run first
+    puts the layer's cache slot back as it was before the first run, so it attends to the same keys and
+    extends the same state. transformers' own checkpointing instead turns the cache off inside
+    checkpointed layers, which would drop the prompt from the completions' attention.
+    """
+    layers = list(getattr(decoder, "layers", ())) if enabled else []
+    own = [layer.__dict__.get("forward") for layer in layers]
+    for index, layer in enumerate(layers):
+        layer.forward = _checkpointed(layer.forward, index)
+    try:
+        yield
+    finally:
+        for layer, forward in zip(layers, own, strict=True):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+
+
+CACHE_ARGS = ("cache", "past_key_values", "past_key_value", "layer_past")  # a layer's cache, by library version
+
+
+def _checkpointed(forward: object, index: int) -> object:
+    """``forward`` of the decoder layer ``index`` under checkpointing, its cache slot restored per run."""
+
+    def run_checkpointed(*args: object, **kwargs: object) -> object:
+        cache = next((kwargs[name] for name in CACHE_ARGS if kwargs.get(name) is not None), None)
+        slots = None if cache is None else len(cache.layers)  # a cache may add its layers as they run
+        before = None if cache is None or index >= slots else dict(vars(cache.layers[index]))
+
+        def run(*a: object, **k: object) -> object:
+            if before is not None:
+                cache.layers[index].__dict__.update(before)
+            elif cache is not None:
+                del cache.layers[slots:]
+            hidden = a[0] if a else k["hidden_states"]
+            with grouped_kv_attention(hidden.device):  # the re-run in backward attends as the first run did
+                return forward(*a, **k)
+
+        return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+    return run_checkpointed
+
+
 def completion_hidden(
     model: nn.Module,
     prompt_ids: list[list[int]],
@@ -217,16 +270,19 @@ def rollout_logprobs(
     share_prefix: bool = True,
     with_entropy: bool = False,
     chunk_tokens: int = 256,
+    checkpoint_layers: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Current-policy log-probs (and entropy) of a rollout's sampled tokens, (N, T), 0 after each end.
 
     Each row runs in full (policy and environment tokens, as the episode
     saw them), but only the policy's tokens go through the output layer:
     environment tokens and padding cost neither logits nor memory, and their
-    log-probs are 0.
+    log-probs are 0. ``checkpoint_layers``: gradient checkpointing, each
+    decoder layer run again in backward (``checkpointed_layers``).
     """
     n, t = rollout.completion_ids.shape
-    with grouped_kv_attention(rollout.completion_ids.device):
+    grad = checkpoint_layers and torch.is_grad_enabled()
+    with grouped_kv_attention(rollout.completion_ids.device), checkpointed_layers(model.get_decoder(), grad):
         hidden, places = completion_hidden(
             model, rollout.prompt_ids, rollout.completion_ids, rollout.spans, rollout.group_size, pad_id,
             share_prefix=share_prefix,

@@ -420,7 +420,8 @@ def update_seconds(trainer: object, rollout: object) -> float:
     start = time.perf_counter()
     with trainer.autocast:
         logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,
-                                 temperature=trainer.config.temperature)
+                                 temperature=trainer.config.temperature,
+                                 checkpoint_layers=trainer.config.gradient_checkpointing)
     (logp.float() * part.mask).sum().backward()
     trainer.optimizer.zero_grad(set_to_none=True)
     return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)

@@ -161,6 +161,7 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Tensor, part: Min
         logp, entropy = trainer.policy(
             rollout_logprobs, sub, trainer.tokenizer.pad_token_id,
             temperature=cfg.temperature, with_entropy=True, share_prefix=not trainer.world.fsdp,
+            checkpoint_layers=cfg.gradient_checkpointing,
         )
     old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, micro, old_all)
     loss, m = policy_loss(

@@ -120,3 +120,31 @@ def test_the_fused_head_differentiates_the_soft_cap_and_scaling(transform):
     torch.testing.assert_close(fused, plain.float(), atol=1e-5, rtol=1e-5)
     for got, want in zip(grads, expected, strict=True):
         torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "qwen3_moe"])
+def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_less(name, tokenizer, prompts):
+    """--gradient-checkpointing (grpo/logprobs.py checkpointed_layers) on the training pass with the shared
+    prompt prefix and the prompt's KV cache under the completions (sliding-window layers in gemma3, experts
+    in qwen3_moe): the same log-probs and gradients as without, and fewer bytes kept for backward."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    model = tiny(name, len(tokenizer)).train()
+    r = generate(model, tokenizer, prompts, group_size=2, max_new_tokens=10, temperature=1.0,
+                 generator=torch.Generator().manual_seed(0), stop_token_ids=[])
+    results = []
+    for checkpointing in (False, True):
+        model.zero_grad(set_to_none=True)
+        kept = []
+        with saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
+            logp, _ = rollout_logprobs(model, r, tokenizer.pad_token_id, checkpoint_layers=checkpointing)
+        (-(logp * r.mask * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum()).backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                         if p.grad is not None}, sum(kept)))
+        assert "forward" not in vars(model.get_decoder().layers[0])  # the layers are themselves again
+    (logp_a, grads_a, kept_a), (logp_b, grads_b, kept_b) = results
+    torch.testing.assert_close(logp_b, logp_a, atol=1e-6, rtol=0)
+    assert grads_a.keys() == grads_b.keys() and any(".layers.0." in n for n in grads_a)
+    for n in grads_a:  # recomputed in the same order on the CPU: equal to float rounding
+        torch.testing.assert_close(grads_b[n], grads_a[n], atol=1e-6, rtol=1e-5, msg=n)
+    assert kept_b < 0.5 * kept_a, (kept_b, kept_a)

@@ -156,3 +156,10 @@ def test_tis_with_the_own_engine_gives_the_update_without_it(tokenizer):
     with_tis = _gradients_of_one_step(tokenizer, reward=first_char_parity)
     without = _gradients_of_one_step(tokenizer, reward=first_char_parity, tis_cap=0.0)
     assert_same_gradients(with_tis, without)
+
+
+def test_gradient_checkpointing_gives_the_update_without_it(tokenizer):
+    # each decoder layer run again in backward, with its cache slot put back: the same gradient, to rounding
+    kw = dict(reward=first_char_parity, stop=tuple("abcdefgh"))
+    with_it = _gradients_of_one_step(tokenizer, gradient_checkpointing=True, **kw)
+    assert_same_gradients(with_it, _gradients_of_one_step(tokenizer, **kw))

@@ -18,7 +18,7 @@ def test_trl_keys_map_to_grpo_options():
         "loss_type": "grpo", "scale_rewards": False, "num_iterations": 2, "temperature": 0.9, "top_p": 0.95,
         "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 7, "seed": 3,
         "output_dir": "out", "logging_steps": 1, "save_steps": 5, "use_peft": True, "lora_r": 8,
-        "importance_sampling_level": "sequence", "bf16": True, "push_to_hub": False,
+        "importance_sampling_level": "sequence", "bf16": True, "push_to_hub": False, "gradient_checkpointing": True,
     })
     assert (cfg.lr, cfg.group_size, cfg.max_new_tokens, cfg.beta) == (2e-6, 4, 32, 0.04)
     assert (cfg.clip_low, cfg.clip_high, cfg.aggregate, cfg.scale, cfg.epochs) == (0.1, 0.3, "sequence", "none", 2)
@@ -26,7 +26,7 @@ def test_trl_keys_map_to_grpo_options():
     assert (cfg.temperature, cfg.top_p, cfg.steps, cfg.seed, cfg.output) == (0.9, 0.95, 4, 3, "out")
     assert (cfg.batch_size, cfg.prompts_per_step) == (8, 2)  # 4 per device x 2 accumulation steps = N
     assert (cfg.log_every, cfg.save_every, cfg.lora_rank, cfg.lora_alpha) == (1, 3, 8, 32.0)
-    assert cfg.ratio_level == "sequence"
+    assert cfg.ratio_level == "sequence" and cfg.gradient_checkpointing
     assert ignored == ["bf16", "push_to_hub"]
 
 
