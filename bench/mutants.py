@@ -86,10 +86,10 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "no warm-up"),
     # the errored-row policy: a row whose reward is no verdict leaves its group's statistics and the loss
     (A, "    values = torch.where(valid, grouped, 0.0)  # (B, G) invalid rows' values (NaN included) never enter a sum",
-     "    values = torch.where(valid, grouped.nan_to_num(), grouped.nan_to_num())  # (B, G)",
-     "errored rows' rewards in their group's mean"),
+     "    values = grouped.nan_to_num()  # (B, G)",
+     "an errored row's finite reward (a cut row under mask_truncated) in its group's mean"),
     (A, "    kept = (count >= 2).float() * weight  # (B, G) the rows that get an advantage",
-     "    kept = weight  # (B, G) the rows that get an advantage", "a lone valid row given an advantage"),
+     "    kept = weight  # (B, G) the rows that get an advantage", "a lone valid row's reward in the batch std"),
     (A, "    high = torch.where(valid, grouped, float(\"-inf\")).max(dim=1).values  # (B,)",
      "    high = torch.where(valid, grouped, 0.0).max(dim=1).values  # (B,)",
      "an errored row makes its group vary"),

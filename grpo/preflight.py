@@ -218,7 +218,7 @@ def find_problems(report: PreflightReport, reward_names: Sequence[str], constant
                 f"({report.reward_timeouts.get(name, 0):.0f} timeouts); a failed row is left out of training. Fix the reward, or "
                 "raise --reward-timeout.")))
     if len(reward_names) > 1:
-        for name in constant:
+        for name in (name for name in constant if name not in broken):  # a broken one is named above
             problems.append(Problem("constant reward", (
                 f"reward {name} gave every completion the same value; it adds nothing to any advantage. "
                 "Check that it reads the fields your data has.")))

@@ -63,6 +63,10 @@ def test_a_group_varies_over_its_valid_rows_only():
     valid = torch.tensor([[True, False, False], [True, True, False], [False, True, True]])
     assert group_varies(grouped).tolist() == [True, True, True]
     assert group_varies(grouped, valid).tolist() == [False, False, False]  # one valid; [1, 1]; [5, 5]
+    # rewards below 0 (a format penalty, a reward in [-1, 1]): an errored row must not count as a 0 either
+    negative = torch.tensor([[-1.0, 0.0, -1.0], [-0.5, -0.5, 3.0]])
+    valid = torch.tensor([[True, False, True], [True, True, False]])
+    assert group_varies(negative, valid).tolist() == [False, False]
 
 
 def test_group_advantages_rejects_bad_shapes():

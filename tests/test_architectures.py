@@ -136,7 +136,12 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_less(name, to
     for checkpointing in (False, True):
         model.zero_grad(set_to_none=True)
         kept = []
-        with saved_tensors_hooks(lambda t: kept.append(t.numel() * t.element_size()) or t, lambda t: t):
+
+        def keep(t, kept=kept):
+            kept.append(t.numel() * t.element_size())
+            return t
+
+        with saved_tensors_hooks(keep, lambda t: t):
             logp, _ = rollout_logprobs(model, r, tokenizer.pad_token_id, checkpoint_layers=checkpointing)
         (-(logp * r.mask * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum()).backward()
         results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()

@@ -385,6 +385,21 @@ def test_a_reward_that_fails_on_every_completion_is_the_fatal_problem_named():
     # failing on some: a warning, and the data's own verdict stands
     some = find_problems(budget_report(reward_errors={"exact_int": 5.0}), ["exact_int"], [])
     assert not any(p.fatal for p in some) and any(p.kind == "reward errors" for p in some)
+    # beside another reward, the broken one (constant: nothing scored) is named once, as broken
+    two = find_problems(report, ["exact_int", "fmt"], ["exact_int"])
+    assert [p.kind for p in two] == ["reward errors"]
+
+
+def always_raises(completion, example):
+    return int(completion)  # a TRL-style reward's bare int(): prose raises ValueError
+
+
+def test_a_run_whose_reward_always_raises_stops_in_preflight_naming_it(tmp_path):
+    trainer = tiny_trainer(reward=always_raises, preflight="on", steps=2)
+    with pytest.raises(RunStopped) as stop:
+        trainer.train(tmp_path / "run")
+    assert "failed on every one of the" in str(stop.value) and "always_raises" in str(stop.value)
+    assert "solved none" not in str(stop.value)
 
 
 def test_the_step_budget_through_grpo_train_changes_only_what_the_user_left(tmp_path, capsys):

@@ -82,6 +82,7 @@ def test_chunked_logprobs_equal_unchunked(tiny_model, tokenizer):
     assert torch.all(ent >= 0)
 
 
+@pytest.mark.unit  # a pure function: make mutants runs it
 def test_common_prefix_and_filters():
     assert common_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
     assert common_prefix_length([[1, 2], [1, 2]]) == 1  # each prompt keeps a token of its own
@@ -106,6 +107,7 @@ def test_stop_strings_end_a_completion_at_the_token_that_completes_them(tiny_mod
             assert n == len(short)  # one token per character with this tokenizer
 
 
+@pytest.mark.unit  # a pure function: make mutants runs it
 def test_sampling_follows_the_softmax_of_logits_over_temperature():
     from grpo.rollout import sample_next
 
@@ -121,6 +123,7 @@ def test_sampling_follows_the_softmax_of_logits_over_temperature():
         torch.testing.assert_close(logp, expected.log()[token], atol=1e-6, rtol=0)
 
 
+@pytest.mark.unit  # a pure function: make mutants runs it
 def test_a_uniform_of_zero_never_draws_a_masked_token():
     # top-k/top-p leave the first tokens with probability 0, so the CDF starts [0, 0, ...]; a uniform
     # of exactly 0 (one in 2^24 per token) must still land on the first token that has mass.
@@ -135,6 +138,7 @@ def test_a_uniform_of_zero_never_draws_a_masked_token():
     assert token.tolist() == [3]
 
 
+@pytest.mark.unit  # a pure function: make mutants runs it
 def test_the_draw_is_unchanged_for_positive_uniforms():
     # Against the plain search (searchsorted with right=False, the draw before the u = 0 fix): for
     # u > 0 they must pick the same token, on CDFs with masked entries, and never a masked one.
@@ -154,6 +158,7 @@ def test_the_draw_is_unchanged_for_positive_uniforms():
     assert (probs.gather(1, token.unsqueeze(1)) > 0).all()
 
 
+@pytest.mark.unit  # a pure function: make mutants runs it
 def test_length_buckets_trade_padding_against_calls():
     # rows of lengths 10, 2, 10, 2: two groups run 2*10 + 2*2 = 24 tokens, one group runs 4*10 = 40
     assert length_buckets([10, 2, 10, 2], overhead_tokens=0) == [[0, 2], [1, 3]]
@@ -185,6 +190,7 @@ def test_bucketed_pass_over_uneven_lengths_equals_full_pass(tiny_model, tokenize
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("temperature", "chunk"), [(1.0, 256), (0.7, 3), (1.3, 1)])
 def test_fused_token_logprobs_match_log_softmax_with_gradients(temperature, chunk):
     gen = torch.Generator().manual_seed(0)
@@ -207,6 +213,7 @@ def test_fused_token_logprobs_match_log_softmax_with_gradients(temperature, chun
     assert not entropy.requires_grad
 
 
+@pytest.mark.unit
 def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
     # the CUDA path runs under bf16 autocast; the CPU's autocast exercises the same dtype handling
     gen = torch.Generator().manual_seed(1)
