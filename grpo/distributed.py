@@ -273,8 +273,8 @@ def shard_policy(model: nn.Module, world: World) -> Policy:
     return policy
 
 
-def pad_micro_batches(batches: list[Tensor], world: World) -> list[tuple[Tensor, float]]:
-    """(groups, weight) pairs; under FSDP padded so that every rank runs as many as the busiest.
+def pad_micro_batches(batches: list, world: World) -> list[tuple[object, float]]:
+    """(micro-batch, weight) pairs; under FSDP padded so that every rank runs as many as the busiest.
 
     FSDP's collectives pair up across ranks, layer by layer, so a rank with
     fewer micro-batches (or none: no informative group of its own) adds
@@ -284,7 +284,7 @@ def pad_micro_batches(batches: list[Tensor], world: World) -> list[tuple[Tensor,
     plan = [(groups, 1.0) for groups in batches]
     if not world.fsdp:
         return plan
-    return plan + [(torch.zeros(0, dtype=torch.long), 0.0)] * (world.max(len(batches)) - len(batches))
+    return plan + [(None, 0.0)] * (world.max(len(batches)) - len(batches))
 
 
 def full_state_dict(model: nn.Module, world: World) -> dict[str, Tensor] | None:

@@ -416,7 +416,7 @@ def update_seconds(trainer: object, rollout: object) -> float:
     if trainer.engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
         trainer.engine.sleep()
     n_groups = rollout.completion_ids.shape[0] // trainer.config.group_size
-    part = rollout.select_groups(micro_batches(trainer.config, rollout, torch.arange(n_groups))[0])
+    part = micro_batches(trainer.config, rollout, torch.arange(n_groups))[0].select(rollout)
     start = time.perf_counter()
     with trainer.autocast:
         logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,

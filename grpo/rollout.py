@@ -65,10 +65,12 @@ class Rollout:
         last = torch.where(used > 0, torch.arange(1, used.shape[1] + 1, device=used.device), 0)
         return last.max(dim=1).values.long() if used.shape[1] else used.sum(dim=1).long()
 
-    def select_groups(self, groups: Tensor) -> Rollout:
-        """The sub-rollout made of the given group indices (whole groups)."""
+    def select_groups(self, groups: Tensor, start: int = 0, stop: int | None = None) -> Rollout:
+        """The sub-rollout made of the given group indices: whole groups, or each one's rows start:stop
+        (then its group_size is stop - start: the rows share their prompt, as a group's do)."""
         g = self.group_size
-        rows = (groups.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+        stop = g if stop is None else stop
+        rows = (groups.unsqueeze(1) * g + torch.arange(start, stop)).reshape(-1)
         width = max(int(self.spans[rows].max().item()) if len(rows) else 0, 1)
         return Rollout(
             prompt_ids=[self.prompt_ids[int(i)] for i in groups],
@@ -77,7 +79,7 @@ class Rollout:
             logprobs=self.logprobs[rows, :width],
             truncated=self.truncated[rows],
             texts=[self.texts[int(i)] for i in rows],
-            group_size=g,
+            group_size=stop - start,
             env_mask=None if self.env_mask is None else self.env_mask[rows, :width],
             episodes=None if self.episodes is None else [self.episodes[int(i)] for i in rows],
         )

@@ -56,6 +56,23 @@ class StepStats:
     tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
 
 
+@dataclass(frozen=True)
+class Micro:
+    """One micro-batch: whole groups, or the rows start:stop of one group that alone is over
+    micro_batch_tokens (its prompt then runs once per part; the gradients add up the same)."""
+
+    groups: Tensor  # (b,) group indices in the rollout
+    start: int = 0
+    stop: int = 0  # 0: whole groups
+
+    def rows(self, group_size: int) -> Tensor:
+        """(n,) the micro-batch's row indices in the rollout."""
+        return (self.groups.unsqueeze(1) * group_size + torch.arange(self.start, self.stop or group_size)).reshape(-1)
+
+    def select(self, rollout: Rollout) -> Rollout:
+        return rollout.select_groups(self.groups, self.start, self.stop or rollout.group_size)
+
+
 @dataclass
 class Minibatch:
     """The part of a minibatch one process trains on, and the whole minibatch's loss normalisers."""
@@ -153,8 +170,7 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Tensor, part: Min
                ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> float:
     """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
     cfg, g = trainer.config, trainer.config.group_size
-    sub = rollout.select_groups(micro)
-    sub_rows = (micro.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
+    sub, sub_rows = micro.select(rollout), micro.rows(g)
     with trainer.autocast:
         # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
         # as often (the shared-prefix pass makes a data-dependent number of calls)
@@ -163,7 +179,7 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Tensor, part: Min
             temperature=cfg.temperature, with_entropy=True, share_prefix=not trainer.world.fsdp,
             checkpoint_layers=cfg.gradient_checkpointing,
         )
-    old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, micro, old_all)
+    old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, sub_rows, old_all)
     loss, m = policy_loss(
         logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,
         ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
@@ -202,9 +218,9 @@ def whole_batch_stats(trainer: TrainerParts, stats: StepStats, sums: dict) -> St
     return stats
 
 
-def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, groups: Tensor, old_all: Tensor | None
+def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, rows: Tensor, old_all: Tensor | None
                ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-    """pi_old's log-probs for the micro-batch of ``groups`` (``sub``), and the TIS weights.
+    """pi_old's log-probs for the micro-batch of the rollout's ``rows`` (``sub``), and the TIS weights.
 
     Without TIS (tis_cap = 0) pi_old is the sampler's log-probs, as PPO
     has it. With TIS pi_old is the trainer's own: the current log-probs,
@@ -217,7 +233,6 @@ def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, groups: Tensor, old
     if old_all is None:
         old = logp.detach()
     else:
-        rows = (groups.unsqueeze(1) * cfg.group_size + torch.arange(cfg.group_size)).reshape(-1)
         old = old_all[rows, : sub.mask.shape[1]]
     weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level)
     return old, weight, metrics
@@ -255,10 +270,10 @@ def trainer_logprobs(trainer: TrainerParts, rollout: Rollout) -> Tensor:
     return logp
 
 
-def micro_batches(cfg: TrainConfig, rollout: Rollout, groups: Tensor) -> list[Tensor]:
-    """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens.
-
-    Sorting by length keeps padding low; a group larger than the budget gets its own.
+def micro_batches(cfg: TrainConfig, rollout: Rollout, groups: Tensor) -> list[Micro]:
+    """Pack whole groups, longest first, into micro-batches of at most micro_batch_tokens (prompt plus
+    G times the group's longest completion). Sorting by length keeps padding low. A group over the
+    budget alone is split into parts of as many rows as fit (at least one), each its own micro-batch.
     """
     g = cfg.group_size
     lengths = rollout.lengths.view(-1, g).max(dim=1).values  # (B,)
@@ -266,13 +281,17 @@ def micro_batches(cfg: TrainConfig, rollout: Rollout, groups: Tensor) -> list[Te
     ordered = sorted(cost, key=lambda i: -cost[i])
     batches, current, used = [], [], 0
     for i in ordered:
+        if cost[i] > cfg.micro_batch_tokens and g > 1:
+            rows = max(1, (cfg.micro_batch_tokens - len(rollout.prompt_ids[i])) // max(int(lengths[i]), 1))
+            batches += [Micro(torch.tensor([i]), s, min(s + rows, g)) for s in range(0, g, rows)]
+            continue
         if current and used + cost[i] > cfg.micro_batch_tokens:
-            batches.append(torch.tensor(current))
+            batches.append(Micro(torch.tensor(current)))
             current, used = [], 0
         current.append(i)
         used += cost[i]
     if current:
-        batches.append(torch.tensor(current))
+        batches.append(Micro(torch.tensor(current)))
     return batches
 
 

@@ -94,8 +94,45 @@ def test_micro_batches_give_the_same_update_as_one_batch(tokenizer, aggregate):
     # the lengths differ, without which the three aggregates give one gradient
     kw = dict(aggregate=aggregate, reward=first_char_parity, stop=tuple("abcdefgh"))
     whole = _gradients_of_one_step(tokenizer, micro_batch_tokens=100_000, **kw)
-    split = _gradients_of_one_step(tokenizer, micro_batch_tokens=1, **kw)  # a group each
+    split = _gradients_of_one_step(tokenizer, micro_batch_tokens=1, **kw)  # a completion each
     assert_same_gradients(whole, split)
+
+
+def test_micro_batches_split_a_group_over_the_budget_into_parts_of_its_rows():
+    from types import SimpleNamespace
+
+    from grpo.update import micro_batches
+
+    # 3 groups of 4: prompts of 5 tokens, longest completions 10, 2 and 3 tokens: costs 45, 13 and 17
+    mask = torch.zeros(12, 10)
+    for row, n in enumerate([10, 4, 4, 4, 2, 2, 2, 2, 3, 1, 1, 1]):
+        mask[row, :n] = 1.0
+    rollout = SimpleNamespace(lengths=mask.sum(dim=1).long(), prompt_ids=[[1] * 5] * 3)
+    cfg = TrainConfig(group_size=4, micro_batch_tokens=30)
+    plan = [(m.groups.tolist(), m.start, m.stop) for m in micro_batches(cfg, rollout, torch.arange(3))]
+    # group 0 alone is over 30: parts of (30 - 5) // 10 = 2 rows; groups 2 and 1 share one (17 + 13 = 30)
+    assert plan == [([0], 0, 2), ([0], 2, 4), ([2, 1], 0, 0)]
+    assert micro_batches(cfg, rollout, torch.arange(3))[1].rows(4).tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("kw", [dict(epochs=2, minibatches=2), dict(beta=0.1)], ids=["off-policy", "kl"])
+def test_parts_of_groups_give_the_update_of_whole_groups(tokenizer, kw):
+    # pi_old (off-policy: the pre-pass, indexed by row), the reference's log-probs and the advantages are
+    # read at each part's own rows; a part runs its prompt again, and the gradients add up the same
+    kw = dict(kw, reward=first_char_parity, stop=tuple("abcdefgh"))
+    from conftest import make_model
+
+    results = []
+    for budget in (100_000, 1):
+        trainer = _trainer(make_model(len(tokenizer), seed=3), tokenizer, seed=5, micro_batch_tokens=budget, **kw)
+        seen = _record_gradients(trainer)
+        m = trainer.step(1)
+        results.append((seen, m))
+    (whole, m_whole), (split, m_split) = results
+    assert len(whole) == len(split) >= 1
+    for a, b in zip(whole, split, strict=True):
+        assert_same_gradients(a, b)
+    assert m_split["trained_sequences"] == m_whole["trained_sequences"]
 
 
 def test_skipping_zero_advantage_groups_leaves_the_update_unchanged(tokenizer):
