@@ -49,6 +49,7 @@ TRL_DEFAULTS: dict[str, object] = {
     "beta": 0.0, "clip_low": 0.2, "epochs": 1, "scale": "group", "aggregate": "token", "ratio_level": "token",
     "batch_size": 8, "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": 42,
     "log_every": 10, "save_every": 500, "filter_groups": False, "sampler": "uniform",
+    "gradient_checkpointing": True,  # GRPOConfig's default, unlike TrainingArguments'
 }
 
 LOSS_TYPES = {"dapo": "token", "grpo": "sequence", "dr_grpo": "fixed"}

@@ -35,6 +35,7 @@ def test_a_trl_config_takes_trl_defaults_for_what_it_leaves_out():
     assert (cfg.lr, cfg.temperature, cfg.max_new_tokens, cfg.group_size, cfg.seed) == (1e-6, 1.0, 256, 8, 42)
     assert cfg.clip_high == cfg.clip_low == 0.2  # TRL: epsilon_high defaults to epsilon
     assert (cfg.filter_groups, cfg.sampler, cfg.aggregate) == (False, "uniform", "token")  # loss_type dapo
+    assert cfg.gradient_checkpointing  # GRPOConfig turns it on by default
 
 
 def test_epsilon_alone_sets_both_clip_bounds():
