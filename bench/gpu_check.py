@@ -13,8 +13,8 @@ tokenizer objects, task ``add``) it runs, per model shape:
 - ``build``: the model made on the device and the trainer around it;
 - ``preflight``: the pre-flight check (grpo/preflight.py);
 - ``train``: 3 steps of the default recipe (TrainConfig's defaults) on the own engine;
-- ``train-ckpt``: the same with gradient checkpointing, once TrainConfig has the
-  option (the hook below; skipped, and said so, until then);
+- ``train-ckpt``: the same with ``gradient_checkpointing`` (each decoder layer run
+  again in backward), in a fresh trainer: its peak memory against ``train``'s;
 
 and on the smallest shape ``checkpoint``: 2 steps into a run folder, then a new
 trainer resumes it for step 3; with two GPUs (or ``--torchrun``) ``torchrun``:
@@ -235,7 +235,7 @@ def check_shape(check: Check, shape: str, tokenizer: object) -> None:
 
 
 def train_with_gradient_checkpointing(check: Check, shape: str, tokenizer: object, params: int) -> None:
-    """HOOK, issue 28 item 2 (--gradient-checkpointing): runs once TrainConfig has the field, skipped until then."""
+    """The train phase again with gradient checkpointing (skipped, saying so, by a grpo without the option)."""
     from grpo import TrainConfig
 
     name = f"train-ckpt {shape}"
