@@ -88,7 +88,7 @@ class TrainConfig:
     epochs: int = field(**_doc("mu: optimisation passes over each batch", default=1))
     minibatches: int = field(**_doc("optimiser steps per pass (the batch split by groups)", default=1))
     micro_batch_tokens: int = field(**_doc("token budget of one forward/backward; micro-batches accumulate", default=4096))
-    gradient_checkpointing: bool = field(**_doc("recompute each decoder layer's activations in backward instead of keeping them: less memory for about a third more update time (TRL's key of that name maps here)", default=False))
+    gradient_checkpointing: bool = field(**_doc("recompute each decoder layer's activations in backward instead of keeping them: less memory for one more forward pass of each layer (TRL's key of that name maps here)", default=False))
     skip_zero_advantage: bool = field(**_doc("skip forward/backward of groups whose advantages are all zero (exact when beta = 0)", default=True))
     filter_groups: bool = field(**_doc("DAPO dynamic sampling: drop groups whose rewards are all equal and generate more until the step has prompts_per_step informative groups (at most max_gen_rounds rounds)", default=True))
     max_gen_rounds: int = field(**_doc("with filter_groups: generation rounds per step at most; then train on the informative groups there are", default=4))
