@@ -111,6 +111,19 @@ def test_clip_higher_and_low_fraction():
     assert m["clip_frac_high"].item() == pytest.approx(0.5)
     # token 1: -min(0.368*-1, 0.8*-1) = 0.8 ; token 2: -min(1.284, 1.28) = -1.28 ; mean -0.24
     assert loss.item() == pytest.approx((0.8 - 1.28) / 2, abs=1e-6)
+    # each bound on its own side (the mean above would not tell 0.8 and 1.28 from 0.72 and 1.2):
+    # ratio exp(0.22) = 1.246 with A > 0 is inside [0.8, 1.28]; exp(-0.25) = 0.779 with A < 0 is below 0.8
+    for value, adv, expected in ((0.22, 1.0, -math.exp(0.22)), (-0.25, -1.0, 0.8)):
+        loss, _ = policy_loss(torch.tensor([[value]]), torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1),
+                              clip_low=0.2, clip_high=0.28)
+        assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_group_of_equal_rewards_does_not_vary():
+    from grpo.algorithm import group_varies
+
+    assert group_varies(torch.tensor([[0.5, 0.5, 0.5], [0.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])).tolist() == [
+        False, True, False]
 
 
 def test_k3_kl_values():
