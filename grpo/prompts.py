@@ -161,7 +161,8 @@ def encode_prompts(tokenizer: object, messages: Sequence[Messages], fmt: PromptF
 
 def format_task(task: Task, config: TrainConfig) -> Task:
     """The task as the format asks: ``few_shot`` worked examples drawn from (and then left out of) the
-    training rows; under r1-zero, :func:`r1_zero_reward` around its checker."""
+    training rows; under r1-zero, :func:`r1_zero_reward` around its checker, and no tuned token limit
+    (the task's is for a bare answer: the limit is fitted to the data, as for a user's file)."""
     if config.few_shot:
         if len(task.train) <= config.few_shot:
             raise ConfigError(f"few_shot ({config.few_shot}) needs more training rows than that ({len(task.train)})")
@@ -170,7 +171,9 @@ def format_task(task: Task, config: TrainConfig) -> Task:
         train = [r for i, r in enumerate(task.train) if i not in picked]
         task = replace(task, train=train, examples=examples)
     if config.prompt_format == "r1-zero" and not getattr(task.reward, "r1_zero", False):
-        task = replace(task, reward=r1_zero_reward(task.reward))
+        # a task's tuned token limit is for a bare answer; thinking first needs room, which pre-flight fits
+        defaults = {k: v for k, v in task.defaults.items() if k != "max_new_tokens"}
+        task = replace(task, reward=r1_zero_reward(task.reward), defaults=defaults)
     return task
 
 

@@ -164,3 +164,18 @@ def test_the_trainer_renders_and_stops_in_the_configured_format(capsys):
         trainer.close()
     assert "prompt format r1-zero; stop strings '</answer>'" in report.describe()
     assert "prompt format r1-zero, stop strings '</answer>'" in capsys.readouterr().out
+
+
+def test_r1_zero_drops_the_tasks_tuned_token_limit():
+    # add's 12 tokens hold "23 + 45 = 68", not <think> ... </think><answer> 68 </answer>: measured on the
+    # embedded model, 97% of r1-zero completions were cut at 12 and no step had a reward to learn from
+    from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
+    from grpo.prompts import format_task
+    from grpo.tasks import get_task
+
+    task = get_task("add", heldout_size=8)
+    assert task.defaults["max_new_tokens"] == 12
+    zero = format_task(task, TrainConfig(prompt_format="r1-zero"))
+    assert "max_new_tokens" not in zero.defaults and zero.defaults.get("steps") == task.defaults.get("steps")
+    assert settle_config(TrainConfig(prompt_format="r1-zero"), zero).max_new_tokens == DATA_MAX_NEW_TOKENS
+    assert format_task(task, TrainConfig(prompt_format="plain")).defaults["max_new_tokens"] == 12
