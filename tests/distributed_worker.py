@@ -40,7 +40,14 @@ def rare_first_char(completion, example):
     return float(bool(completion) and ord(completion[0]) % 5 == 0)
 
 
-REWARDS = {"first_char": first_char, "rare_first_char": rare_first_char}
+def raises_on_odd(completion, example):
+    """first_char, but a checker bug on completions that start with an odd character: errored rows."""
+    if completion and ord(completion[0]) % 2:
+        raise ValueError("checker cannot parse this")
+    return first_char(completion, example)
+
+
+REWARDS = {"first_char": first_char, "rare_first_char": rare_first_char, "raises_on_odd": raises_on_odd}
 
 
 def run_case(case: dict) -> dict:

@@ -229,6 +229,11 @@ def test_tis_weights_mask_whole_sequences():
     w, m = tis_weights(trainer, sampler, torch.ones(2, 2), cap=2.0, level="sequence")
     torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
     assert m["tis_capped_frac"].item() == pytest.approx(0.5)
+    # and below: a mean log-ratio of -0.8 (exp 0.45 < 1/2) is masked too, -0.5 (0.61) is kept
+    w, _ = tis_weights(-trainer, sampler, torch.ones(2, 2), cap=2.0, level="sequence")  # means -0.2, -0.8
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    w, _ = tis_weights(torch.tensor([[-0.5, -0.5]]), torch.zeros(1, 2), torch.ones(1, 2), cap=2.0, level="sequence")
+    torch.testing.assert_close(w, torch.ones(1, 2))
     with pytest.raises(ValueError, match="tis_level must be"):
         tis_weights(trainer, sampler, torch.ones(2, 2), cap=2.0, level="batch")
 
@@ -242,3 +247,12 @@ def test_tis_weight_scales_the_surrogate_not_the_kl():
     assert loss.item() == pytest.approx(-0.5)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.5]]))
+
+
+def test_learning_rate_warms_up_linearly_then_stays():
+    from grpo.config import TrainConfig
+    from grpo.update import learning_rate
+
+    config = TrainConfig(lr=1e-3, warmup_steps=3)
+    assert [learning_rate(config, s) for s in (1, 2, 3, 4, 10)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert learning_rate(TrainConfig(lr=1e-3, warmup_steps=0), 1) == 1e-3

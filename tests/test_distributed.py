@@ -39,6 +39,9 @@ CASES = [
     {"fsdp": True, "layers": 6, "hidden": 64, "beta": 0.1},  # sharded layer by layer: the memory it saves
     {"fsdp": True, "lora_rank": 4, "beta": 0.1, "lr": 1e-2},  # LoRA under FSDP; beta: the adapter switched off
     {"episodes": True, "fsdp": True},  # multi-turn episodes, each process running its share of the groups
+    # errored rows (a reward that raises): left out of the loss, the normaliser and their group's statistics
+    # on each process's share as on the whole batch
+    {"reward": "raises_on_odd", "prompts_per_step": 8, "micro_batch_tokens": 1},
 ]
 FILTERED = [i for i, case in enumerate(CASES) if case.get("filter_groups")]
 
@@ -78,7 +81,9 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     # into differences of up to lr, and the comparison is to 1e-5
     for key, value in one["params"].items():
         torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
-    for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps",
+    if CASES[index].get("reward") == "raises_on_odd":
+        assert 0 < one["metrics"]["errored_frac"] < 1, one["metrics"]["errored_frac"]
+    for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps", "errored_frac",
                 "completion_len", "grad_norm", "entropy", "kl", "gen_rounds", "generated_groups", "trained_groups",
                 *(k for k in one["metrics"] if k.startswith("heldout_")),
                 *(("turns_per_episode", "env_token_frac") if CASES[index].get("episodes") else ())):
