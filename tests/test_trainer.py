@@ -200,3 +200,36 @@ def test_gradient_checkpointing_gives_the_update_without_it(tokenizer):
     kw = dict(reward=first_char_parity, stop=tuple("abcdefgh"))
     with_it = _gradients_of_one_step(tokenizer, gradient_checkpointing=True, **kw)
     assert_same_gradients(with_it, _gradients_of_one_step(tokenizer, **kw))
+
+
+@pytest.mark.unit  # a tiny model, seconds: make mutants runs it for the update's normalisers
+@pytest.mark.parametrize("aggregate", ["token", "sequence"])
+def test_each_minibatch_is_normalised_by_its_own_tokens_and_sequences(tokenizer, monkeypatch, aggregate):
+    # two minibatches, some completions cut and masked whole (mask_truncated): each optimiser step's loss
+    # divides by the policy tokens and the sequences with tokens of that minibatch alone
+    import grpo.update
+
+    calls, loss = [], grpo.update.policy_loss
+
+    def recording_loss(logp, old_logp, adv, mask, **kw):
+        calls.append((float(mask.sum()), int((mask.sum(dim=1) > 0).sum()), kw["total_tokens"], kw["total_sequences"]))
+        return loss(logp, old_logp, adv, mask, **kw)
+
+    monkeypatch.setattr(grpo.update, "policy_loss", recording_loss)
+    from conftest import make_model
+
+    trainer = _trainer(make_model(len(tokenizer), seed=3), tokenizer, seed=5, reward=first_char_parity,
+                       stop=tuple("abcdefgh"), minibatches=2, micro_batch_tokens=1, mask_truncated=True,
+                       max_new_tokens=12, aggregate=aggregate,  # 8 of 16 cut at 12 tokens
+                       skip_zero_advantage=False)  # every group runs (a skipped one still counts, by design)
+    steps = _record_gradients(trainer)
+    m = trainer.step(1)
+    assert len(steps) == m["optimizer_steps"] == 2 and m["errored/truncated"] > 0
+    by_minibatch = {}
+    for tokens, sequences, total_tokens, total_sequences in calls:
+        seen = by_minibatch.setdefault((total_tokens, total_sequences), [0.0, 0])
+        seen[0] += tokens
+        seen[1] += sequences
+    assert len(by_minibatch) == 2, by_minibatch
+    for (total_tokens, total_sequences), (tokens, sequences) in by_minibatch.items():
+        assert (total_tokens, total_sequences) == (tokens, sequences)
