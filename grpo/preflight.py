@@ -387,7 +387,7 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     if samples.last is not None and samples.last.completion_ids.numel():
         # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
         limit = report.fitted_max_new_tokens or cfg.max_new_tokens
-        per_row = mean_tokens(samples.lengths, limit) if samples.lengths else 0.0
+        per_row = mean_tokens(samples.lengths, limit)
         report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * per_row
         report.sample_lengths = list(samples.lengths)
     report.answer_limit = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
@@ -450,7 +450,8 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
     answer = report.answer_limit
     if "max_new_tokens" in adaptable and answer is not None and answer < limit:
         gen *= answer / limit
-        upd *= mean_tokens(report.sample_lengths, answer) / max(mean_tokens(report.sample_lengths, limit), 1e-9)
+        if report.sample_lengths:  # the update pays for the tokens the samples keep under the new limit
+            upd *= mean_tokens(report.sample_lengths, answer) / max(mean_tokens(report.sample_lengths, limit), 1e-9)
         changes["max_new_tokens"] = answer
         report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
     if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
@@ -469,8 +470,8 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
 
 
 def mean_tokens(lengths: Sequence[int], limit: int) -> float:
-    """The mean completion length at a token limit of ``limit`` (1.0 without lengths: no rescaling)."""
-    return sum(min(n, limit) for n in lengths) / len(lengths) if lengths else 1.0
+    """The mean completion length at a token limit of ``limit`` (0.0 without lengths)."""
+    return sum(min(n, limit) for n in lengths) / len(lengths) if lengths else 0.0
 
 
 def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_rounds: int, *,

@@ -68,9 +68,8 @@ class Rollout:
     def select_groups(self, groups: Tensor, start: int = 0, stop: int | None = None) -> Rollout:
         """The sub-rollout made of the given group indices: whole groups, or each one's rows start:stop
         (then its group_size is stop - start: the rows share their prompt, as a group's do)."""
-        g = self.group_size
-        stop = g if stop is None else stop
-        rows = (groups.unsqueeze(1) * g + torch.arange(start, stop)).reshape(-1)
+        stop = self.group_size if stop is None else stop
+        rows = group_rows(groups, self.group_size, start, stop)
         width = max(int(self.spans[rows].max().item()) if len(rows) else 0, 1)
         return Rollout(
             prompt_ids=[self.prompt_ids[int(i)] for i in groups],
@@ -83,6 +82,11 @@ class Rollout:
             env_mask=None if self.env_mask is None else self.env_mask[rows, :width],
             episodes=None if self.episodes is None else [self.episodes[int(i)] for i in rows],
         )
+
+
+def group_rows(groups: Tensor, group_size: int, start: int, stop: int) -> Tensor:
+    """(len(groups) * (stop - start),) the row indices of rows start:stop of each given group."""
+    return (groups.unsqueeze(1) * group_size + torch.arange(start, stop)).reshape(-1)
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:

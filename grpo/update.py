@@ -30,7 +30,7 @@ from grpo.config import TrainConfig
 from grpo.distributed import Policy, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
 from grpo.parts import TrainerParts
-from grpo.rollout import Rollout
+from grpo.rollout import Rollout, group_rows
 
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
 MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
@@ -67,7 +67,7 @@ class Micro:
 
     def rows(self, group_size: int) -> Tensor:
         """(n,) the micro-batch's row indices in the rollout."""
-        return (self.groups.unsqueeze(1) * group_size + torch.arange(self.start, self.stop or group_size)).reshape(-1)
+        return group_rows(self.groups, group_size, self.start, self.stop or group_size)
 
     def select(self, rollout: Rollout) -> Rollout:
         return rollout.select_groups(self.groups, self.start, self.stop or rollout.group_size)
@@ -166,7 +166,7 @@ def minibatch_step(trainer: TrainerParts, rollout: Rollout, part: Minibatch, adv
     stats.optimizer_steps += 1
 
 
-def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Tensor, part: Minibatch, advantages: Tensor,
+def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Micro, part: Minibatch, advantages: Tensor,
                ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> float:
     """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
     cfg, g = trainer.config, trainer.config.group_size
