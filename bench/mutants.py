@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # tests that bear on the mutated code first, so that most mutants die in seconds
 FIRST = ["tests/test_algorithm.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
-         "tests/test_device_contract.py"]
+         "tests/test_device_contract.py", "tests/test_trainer.py"]
 A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
@@ -107,13 +107,15 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
 
 def run_tests(copy: Path, timeout: float) -> tuple[bool, str]:
     """Whether the unit and equivalence tests fail on the copy (the mutant is killed), and the first failure."""
+    # each file named, in this order: given a folder as well, pytest collects the folder in its own order
+    rest = sorted(str(p.relative_to(copy)) for p in (copy / "tests").glob("test_*.py") if str(p.relative_to(copy)) not in FIRST)
     env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m",
-           "(unit or equivalence) and not slow", *FIRST, "tests"]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
+           "(unit or equivalence) and not slow", *FIRST, *rest]
     try:
         proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return True, "timed out"
+    except subprocess.TimeoutExpired:  # no test failed in the time: not evidence of a kill
+        return False, "timed out"
     failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     return proc.returncode not in (0, 5), (failed[0] if failed else proc.stdout.strip().splitlines()[-1:] or [""])[0]
 
@@ -142,7 +144,7 @@ def main() -> int:
                 target.write_text(text)
             killed += dead
             if not dead:
-                survivors.append(f"{path}: {why}")
+                survivors.append(f"{path}: {why}" + (" (timed out)" if detail == "timed out" else ""))
             print(f"{'killed' if dead else 'SURVIVED'} ({time.perf_counter() - start:.0f} s) {path}: {why}"
                   + (f" -- {detail}" if dead else ""), flush=True)
     for survivor in survivors:

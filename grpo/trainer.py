@@ -213,7 +213,7 @@ class GRPOTrainer:
         cpus = cpu_share(self.world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
         engine = VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
                             seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest, cpus=cpus,
-                            sleep=cfg.vllm_sleep and self.device.type == "cuda")
+                            sleep=cfg.vllm_sleep and self.device.type == "cuda", bucket_mb=cfg.vllm_bucket_mb)
         if self.world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
             engine.push(self.model, full_state_dict(self.model, self.world))
         return engine

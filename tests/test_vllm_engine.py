@@ -52,8 +52,9 @@ def _trainer(env=None, **kw) -> GRPOTrainer:
 
 @pytest.fixture
 def full():
-    # a vowel or a digit ends a turn, so the random tiny model's episodes take several turns; steps train on them
-    trainer = _trainer(env=Echo, stop=TURN_ENDS, max_turns=4, max_episode_tokens=48)
+    # a vowel or a digit ends a turn, so the random tiny model's episodes take several turns; steps train on them;
+    # a bucket smaller than a layer: every push goes a layer at a time through the shared buffer
+    trainer = _trainer(env=Echo, stop=TURN_ENDS, max_turns=4, max_episode_tokens=48, vllm_bucket_mb=0.25)
     yield trainer
     trainer.close()
 
@@ -140,6 +141,9 @@ def _check_sync(trainer: GRPOTrainer) -> None:
     assert m["sampler_logp_diff"] < STEP0_TOLERANCE and m["tis_capped_frac"] == 0.0
     after = trainer.engine.score(prompts, completions)
     now = _trainer_scores(trainer, prompts, completions)
+    if not trainer.config.lora_rank:  # every weight went through the buffer, and nothing else was written
+        assert trainer.engine.pushed_bytes == sum(v.numel() * 4 for v in trainer.model.state_dict().values())
+        assert sorted(p.name for p in trainer.engine.dir.iterdir() if not p.is_dir()) == ["socket", "weights.bin"]
     moved = max((a - b).abs().max().item() for a, b in zip(before, now, strict=True))
     assert moved > 20 * STEP0_TOLERANCE, moved  # the update changed these log-probs well beyond the tolerance
     for a, b in zip(after, now, strict=True):  # and the engine follows

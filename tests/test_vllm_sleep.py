@@ -15,6 +15,7 @@ def _engine(sleep: bool) -> tuple[VLLMEngine, list]:
     engine = VLLMEngine.__new__(VLLMEngine)  # no worker process: _call records the requests
     engine.sleep_mode, engine.sleeping, engine.conn, engine.lora, engine.stops = sleep, [], object(), None, [2]
     engine.lora_rank, engine.versions, engine.dir, engine.woken = 0, 0, None, []
+    engine.dtype, engine.bucket_bytes, engine.buffer = "float32", 1 << 20, None
 
     def call(message, **_):
         sent.append(message[0])
@@ -51,7 +52,7 @@ def test_a_push_wakes_the_engine_before_loading_the_weights(tmp_path):
     engine.push(torch.nn.Linear(2, 2))
     # the weights wake first and take the new ones; the KV cache after, alone (tags=None would wake the
     # weights again, vLLM's default being every tag)
-    assert sent == ["sleep", "wake", "load_weights", "wake"] and not engine.asleep
+    assert sent == ["sleep", "wake", "load_bucket", "weights_loaded", "wake"] and not engine.asleep
     assert engine.woken == [["weights"], ["kv_cache"]]
     engine.sample([[1, 2, 3]], max_tokens=[4], drawn=[0])  # all awake: the request wakes nothing
     assert sent[-1] == "generate" and len(engine.woken) == 2
@@ -152,3 +153,42 @@ def test_a_start_past_its_deadline_fails_with_the_log_named(tmp_path):
     with pytest.raises(EngineError, match=r"did not start in 480 s \(log: .*vllm.log\)"):
         engine._call({"model": "m"}, deadline=time.monotonic() + 1.5)
     assert engine.failed  # the log is kept
+
+
+def test_a_full_push_sends_every_weight_through_one_shared_buffer_a_layer_never_split(tmp_path):
+    """The trainer's side of a push: each bucket is read back from the shared buffer, as the worker maps
+    it, when its message is sent; every weight arrives whole, in the engine's dtype, tied ones under both
+    names, a decoder layer in one bucket; the buffer is one file, kept, of one bucket's size."""
+    from conftest import make_model
+
+    engine, sent = _engine(sleep=False)
+    engine.dir, engine.dtype = tmp_path, "bfloat16"
+    model = make_model(40, layers=3, hidden=32)
+    state = model.state_dict()
+    layer_bytes = sum(v.numel() * 2 for k, v in state.items() if k.startswith("model.layers.0."))
+    engine.bucket_bytes = layer_bytes + 1  # room for one layer, not two
+    arrived, buckets = {}, []
+
+    def call(message, **_):
+        sent.append(message[0])
+        if message[0] == "load_bucket":
+            _, path, size, dtype, entries = message
+            data = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            buckets.append([name for name, _, _ in entries])
+            for name, shape, offset in entries:
+                n = torch.Size(shape).numel() * 2
+                arrived[name] = data[offset:offset + n].view(getattr(torch, dtype)).view(shape).clone()
+
+    engine._call = call
+    for _ in range(2):
+        buckets.clear()
+        engine.push(model)
+    assert set(arrived) == set(state) and "lm_head.weight" in arrived
+    for name, value in state.items():
+        assert arrived[name].dtype == torch.bfloat16 and torch.equal(arrived[name], value.to(torch.bfloat16)), name
+    layers = [{k.split(".")[2] for k in b if k.startswith("model.layers.")} for b in buckets]
+    assert [len(ls) for ls in layers if ls] == [1, 1, 1], buckets  # a layer a bucket, never split
+    assert sent.count("weights_loaded") == 2 and sent.count("load_bucket") == 2 * len(buckets)
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
+    assert engine.buffer.numel() == max(sum(state[k].numel() * 2 for k in b) for b in buckets)
+    assert engine.pushed_bytes == sum(v.numel() * 2 for v in state.values())

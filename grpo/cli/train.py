@@ -15,7 +15,8 @@ from grpo.config import ConfigError, TrainConfig, load_config_file
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
 RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
-             "eval_batch_size", "save_model", "device", "threads", "fsdp", "vllm_sleep", "vllm_memory")
+             "eval_batch_size", "save_model", "device", "threads", "fsdp", "vllm_sleep", "vllm_memory",
+             "vllm_bucket_mb")
 
 
 def _given_options(args: argparse.Namespace) -> dict:

@@ -1,8 +1,7 @@
 """The vLLM side of ``--engine vllm``: a process that holds a vLLM engine and answers the trainer.
 
 It runs under vLLM's own Python (``make vllm`` builds ``.venv-vllm``), so it
-imports nothing of grpo: only the standard library, vLLM, torch and
-safetensors. The trainer (grpo/vllm_engine.py) starts it as
+imports nothing of grpo: only the standard library, vLLM and torch. The trainer (grpo/vllm_engine.py) starts it as
 ``python grpo_vllm_worker.py ADDRESS``, with the connection's key in
 ``GRPO_VLLM_AUTHKEY``; it listens on that Unix socket for the trainer,
 receives the engine's settings, and then serves requests, one at a time, until told to close:
@@ -12,8 +11,11 @@ receives the engine's settings, and then serves requests, one at a time, until t
   tokens, their log-probs and whether it hit its token limit;
 - ``("score", rows, lora)``: the log-probs of given completions after their
   prompts (temperature 1), to check that the engine holds the trainer's weights;
-- ``("load_weights", path)``: load a safetensors file of full weights into the
-  model in place (no reload from disk of the rest) and drop the prefix cache;
+- ``("load_bucket", path, size, dtype, entries)``: load a bucket of full
+  weights into the model in place, from the shared-memory buffer at ``path``
+  (``size`` bytes, mapped once for the run), each entry a name, a shape and a
+  byte offset in the engine's ``dtype``; ``("weights_loaded",)`` after the
+  last bucket drops the prefix cache;
 - ``("sleep", level)`` and ``("wake", tags)``: vLLM's sleep mode (CUDA),
   which frees the engine's device memory while the trainer updates (tags:
   ["weights"] before a push loads new weights, ["kv_cache"] after it, both
@@ -37,13 +39,24 @@ from multiprocessing.connection import Listener
 class WeightLoader:
     """Mixed into vLLM's worker: methods the engine calls through ``collective_rpc``."""
 
-    def grpo_load_weights(self, path: str) -> int:
-        from safetensors.torch import load_file
+    def grpo_load_bucket(self, path: str, size: int, dtype: str, entries: list) -> int:
+        import torch
 
-        weights = load_file(path, device=str(self.device) if hasattr(self, "device") else "cpu")
+        buffer = getattr(self, "_grpo_buffer", None)
+        if buffer is None or buffer[0] != (path, size):  # mapped once, while the trainer keeps its size
+            buffer = self._grpo_buffer = ((path, size), torch.from_file(path, shared=True, size=size,
+                                                                        dtype=torch.uint8))
+        data, kind = buffer[1], getattr(torch, dtype)
+        weights = []
+        for name, shape, offset in entries:
+            n = kind.itemsize
+            for d in shape:
+                n *= d
+            weights.append((name, data[offset:offset + n].view(kind).view(shape)))
         # vLLM's in-place reload: a plain load_weights fails once the backend has repacked its layers
-        # (the CPU backend's linear weights are emptied into a kernel format after loading)
-        self.reload_weights(weights_iterator=iter(weights.items()))
+        # (the CPU backend's linear weights are emptied into a kernel format after loading). It copies
+        # the views into the model's own tensors before the trainer writes the next bucket.
+        self.reload_weights(weights_iterator=iter(weights))
         return len(weights)
 
 
@@ -151,11 +164,13 @@ def serve(conn: object) -> None:
             elif message[0] == "wake":
                 llm.wake_up(tags=message[1])
                 conn.send(("ok", None))
-            elif message[0] == "load_weights":
+            elif message[0] == "load_bucket":
                 start = time.perf_counter()
-                llm.collective_rpc("grpo_load_weights", args=(message[1],))
-                llm.reset_prefix_cache()  # cached keys and values were computed with the old weights
+                llm.collective_rpc("grpo_load_bucket", args=tuple(message[1:]))
                 conn.send(("ok", time.perf_counter() - start))
+            elif message[0] == "weights_loaded":
+                llm.reset_prefix_cache()  # cached keys and values were computed with the old weights
+                conn.send(("ok", None))
             else:
                 conn.send(("error", "other", f"unknown request {message[0]!r}"))
         except Exception as err:  # reported to the trainer, which stops with it
