@@ -117,7 +117,8 @@ def run_tests(copy: Path, timeout: float) -> tuple[bool, str]:
     except subprocess.TimeoutExpired:  # no test failed in the time: not evidence of a kill
         return False, "timed out"
     failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    return proc.returncode not in (0, 5), (failed[0] if failed else proc.stdout.strip().splitlines()[-1:] or [""])[0]
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    return proc.returncode not in (0, 5), failed[0] if failed else last[0]
 
 
 def main() -> int:
