@@ -61,12 +61,13 @@ class PeakWatcher(threading.Thread):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pushes", type=int, default=5)
-    parser.add_argument("--bucket-mb", type=float, default=256.0, help="the bucketed push's buffer (ignored before it)")
+    parser.add_argument("--bucket-mb", type=float, default=1024.0, help="the bucketed push's buffer (ignored before it)")
     parser.add_argument("--vllm-memory", type=float, default=0.1)
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    model, tokenizer = load_policy("", device="cpu")
+    policy = load_policy("smollm2", device="cpu")
+    model, tokenizer = policy.model, policy.tokenizer
     kwargs = {"memory": args.vllm_memory, "max_model_len": 512}
     if "bucket_mb" in inspect.signature(VLLMEngine).parameters:
         kwargs["bucket_mb"] = args.bucket_mb

@@ -118,7 +118,7 @@ class TrainConfig:
     vllm_python: str = field(**_doc("engine vllm: the Python that runs vLLM (empty: $GRPO_VLLM_PYTHON, else the project's .venv-vllm, else this Python)", default=""))
     vllm_sleep: bool = field(**_doc("engine vllm on a GPU: put vLLM to sleep while the trainer updates (its weights moved to host memory, its KV cache freed, both back before the next rollout), so the update has the GPU's memory; ignored on the CPU, where vLLM has no sleep mode", default=True))
     vllm_memory: float = field(**_doc("engine vllm: share of the device's memory vLLM may reserve for weights and KV cache (gpu_memory_utilization; on the CPU backend, of host memory)", default=0.1))
-    vllm_bucket_mb: float = field(**_doc("engine vllm, full fine-tuning: a weight push goes through a shared-memory buffer of this many MiB, bucket by bucket (a decoder layer at least, whatever the size)", default=256.0))
+    vllm_bucket_mb: float = field(**_doc("engine vllm, full fine-tuning: a weight push goes through a shared-memory buffer of this many MiB, bucket by bucket (a decoder layer at least, whatever the size)", default=1024.0))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
     heap_release_mb: int = field(**_doc("Linux (glibc): freed host-memory blocks of at least this many MiB go back to the system at once instead of being kept for reuse, which lowers peak memory on the CPU (0: leave the allocator as it is)", default=1))

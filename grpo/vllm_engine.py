@@ -57,7 +57,7 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values 
 START_SECONDS = {"cuda": 480, "cpu": 900}
 TORCHRUN_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                            "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"))
-BUCKET_MB = 256.0  # a full push's buffer in shared memory holds this much of the model at a time (a layer at least)
+BUCKET_MB = 1024.0  # a full push's buffer in shared memory holds this much of the model at a time (a layer at least)
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep mode frees, by the tags its wake_up takes
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
