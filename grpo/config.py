@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,7 +193,7 @@ class TrainConfig:
         for name in ("explore_frac", "turn_discount"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if not self.vllm_bucket_mb > 0:
+        if not 0 < self.vllm_bucket_mb < math.inf:
             raise ConfigError(f"vllm_bucket_mb must be positive, got {self.vllm_bucket_mb}")
         if not 0.0 < self.vllm_memory <= 1.0:
             raise ConfigError(f"vllm_memory must be in (0, 1], got {self.vllm_memory}")

@@ -10,7 +10,8 @@ one buffer of shared memory (/dev/shm) that both processes map for the whole
 run: the trainer copies a bucket of weights into it (in the engine's dtype),
 and vLLM's worker loads them from there into its model in place
 (grpo/vllm_side/grpo_vllm_worker.py). No file is written per push, and the
-buffer holds one bucket (``--vllm-bucket-mb``), not the model.
+buffer holds one bucket (``--vllm-bucket-mb``; by default 1 GiB, the whole of
+a small model).
 
 What the engine returns is the own sampler's record, a :class:`Rollout`
 (token ids, the sampler's per-token log-probs), so the trainer's step is the
@@ -230,6 +231,7 @@ class VLLMEngine:
                 pass
             self.conn.close()
             self.conn = None
+        self.buffer = None  # its file goes with the folder
         self._finalizer()
         if not self.failed:
             self.log.unlink(missing_ok=True)
@@ -376,7 +378,12 @@ class VLLMEngine:
         path = self.dir / "weights.bin"
         if self.buffer is None or self.buffer.numel() < need:
             with path.open("wb") as f:  # tmpfs: memory, mapped by both processes for the whole run
-                f.truncate(need)
+                try:  # reserved now: a write into a mapping past a full tmpfs would end the process (SIGBUS)
+                    os.posix_fallocate(f.fileno(), 0, need)
+                except OSError as err:
+                    raise EngineError(f"--engine vllm: no room for the {need / 2**20:.0f} MiB weight buffer in "
+                                      f"{self.dir.parent} ({err.strerror}); lower --vllm-bucket-mb or free "
+                                      "shared memory") from None
             self.buffer = torch.from_file(str(path), shared=True, size=need, dtype=torch.uint8)
         self.pushed_bytes = 0
         for names in buckets:
@@ -419,13 +426,16 @@ class VLLMEngine:
 
 
 def weight_buckets(sizes: dict[str, int], limit: int) -> list[list[str]]:
-    """The weights' names in buckets of at most ``limit`` bytes, in order; a decoder layer's weights
-    (``...layers.N.``) always share a bucket, one larger than ``limit`` alone: vLLM loads a layer's fused
-    weights (q, k and v into one) only once it has all of them, so a layer never straddles two loads."""
-    units: dict[str, list[str]] = {}  # by layer, in the order of each layer's first weight
+    """The weights' names in buckets of at most ``limit`` bytes, in order; a block's weights (a decoder
+    layer, ``...layers.N.``) always share a bucket, one larger than ``limit`` alone: vLLM loads a module's
+    fused weights (q, k and v into one; a layer's experts) only once it has all of them, and a module half
+    loaded would be filled from uninitialised memory, so a block never straddles two loads."""
+    units: dict[str, list[str]] = {}  # by block, in the order of each block's first weight
     for name in sizes:
-        match = re.match(r"(.*?\blayers\.\d+)\.", name)
-        units.setdefault(match.group(1) if match else name, []).append(name)
+        # a block: the name up to its first numbered part (model.layers.3, transformer.h.3, visual.blocks.3;
+        # a mixture of experts' experts with their layer, fused by vLLM); outside blocks, a module's weights
+        match = re.match(r"(.*?\.\d+)\.", name)
+        units.setdefault(match.group(1) if match else name.rpartition(".")[0], []).append(name)
     buckets: list[list[str]] = []
     used = 0
     for unit in units.values():

@@ -180,9 +180,13 @@ def test_a_full_push_sends_every_weight_through_one_shared_buffer_a_layer_never_
                 arrived[name] = data[offset:offset + n].view(getattr(torch, dtype)).view(shape).clone()
 
     engine._call = call
-    for _ in range(2):
+    for _ in range(2):  # new values at the second push: stale bytes from the first would show
         buckets.clear()
         engine.push(model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.5)
+    state = {k: v - 0.5 for k, v in model.state_dict().items()}  # what the second push sent (a tied weight once)
     assert set(arrived) == set(state) and "lm_head.weight" in arrived
     for name, value in state.items():
         assert arrived[name].dtype == torch.bfloat16 and torch.equal(arrived[name], value.to(torch.bfloat16)), name
@@ -192,3 +196,18 @@ def test_a_full_push_sends_every_weight_through_one_shared_buffer_a_layer_never_
     assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
     assert engine.buffer.numel() == max(sum(state[k].numel() * 2 for k in b) for b in buckets)
     assert engine.pushed_bytes == sum(v.numel() * 2 for v in state.values())
+
+
+def test_weight_buckets_keep_each_block_and_each_module_whole():
+    from grpo.vllm_engine import weight_buckets
+
+    names = ["model.embed_tokens.weight", "model.layers.1.q.weight", "model.layers.1.mlp.experts.0.w",
+             "model.layers.1.mlp.experts.1.w", "model.layers.10.q.weight", "model.layers.10.k.weight",
+             "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
+             "model.norm.weight", "model.norm.bias", "lm_head.weight"]
+    sizes = dict.fromkeys(names, 10)
+    assert weight_buckets(sizes, 1) == [
+        ["model.embed_tokens.weight"], names[1:4], names[4:6], names[6:8], ["model.norm.weight", "model.norm.bias"],
+        ["lm_head.weight"]]  # layers 1 and 10 apart, experts with their layer, a module's weight and bias together
+    assert weight_buckets(sizes, 40) == [names[:4], names[4:8], names[8:]]  # whole blocks, up to the limit
+    assert weight_buckets(sizes, 10**6) == [names]

@@ -40,7 +40,14 @@ class WeightLoader:
     """Mixed into vLLM's worker: methods the engine calls through ``collective_rpc``."""
 
     def grpo_load_bucket(self, path: str, size: int, dtype: str, entries: list) -> int:
+        import logging
+
         import torch
+
+        # a bucket loads part of the model: vLLM's in-place reload logs every module it did not load, at
+        # every bucket of every push, which would grow the log without end
+        for name in ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
         buffer = getattr(self, "_grpo_buffer", None)
         if buffer is None or buffer[0] != (path, size):  # mapped once, while the trainer keeps its size
