@@ -93,7 +93,7 @@ class TrainConfig:
     skip_zero_advantage: bool = field(**_doc("skip forward/backward of groups whose advantages are all zero (exact when beta = 0)", default=True))
     filter_groups: bool = field(**_doc("DAPO dynamic sampling: drop groups whose rewards are all equal and generate more until the step has prompts_per_step informative groups (at most max_gen_rounds rounds)", default=True))
     max_gen_rounds: int = field(**_doc("with filter_groups: generation rounds per step at most; then train on the informative groups there are", default=4))
-    sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py)", default="frontier"))
+    sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py); empty: the task's setting, uniform for a --data file, else frontier", default=""))
     explore_frac: float = field(**_doc("frontier sampler: share of each draw taken uniformly from all prompts (unseen, solved and unsolvable ones are revisited)", default=0.25))
     sampler_half_life: float = field(**_doc("frontier sampler: steps after which a prompt's old evidence counts half", default=20.0))
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
@@ -166,7 +166,7 @@ class TrainConfig:
     def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
-                   "sampler": ("uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
+                   "sampler": ("", "uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
                    "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
                    "engine": ("own", "vllm"), "tis_level": ("token", "sequence"),
                    "prompt_format": PROMPT_FORMATS}
@@ -253,6 +253,8 @@ def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
         values.pop("minutes", None)
     if not values.get("max_new_tokens", config.max_new_tokens):
         values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
+    if not values.get("sampler", config.sampler):
+        values["sampler"] = DEFAULT_SAMPLER
     steps = values.setdefault("steps", config.steps or DEFAULT_STEPS)
     agentic = bool(task.tools or task.env or config.tools or config.env)
     turns = values.get("max_turns", config.max_turns) or (4 if agentic else 1)
@@ -264,6 +266,7 @@ def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
     return dataclasses.replace(config, **values)
 
 
+DEFAULT_SAMPLER = "frontier"  # a task's own setting comes first (a --data file's: uniform, see grpo/tasks/data.py)
 BUDGET_STEPS = 20  # the steps a run under a time budget plans its evaluations and alarm window for
 
 

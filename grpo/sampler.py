@@ -1,4 +1,4 @@
-"""Which prompts next: ``uniform`` or ``frontier`` (the default).
+"""Which prompts next: ``uniform`` (the default for a user's --data file) or ``frontier`` (for the built-in tasks).
 
 A group whose G rewards are all equal has zero advantages: it costs a full
 rollout and teaches nothing. ``frontier`` spends the batch where the model's

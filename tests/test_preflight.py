@@ -182,6 +182,9 @@ def test_a_users_file_gets_a_time_budget_unless_the_run_names_its_steps(tmp_path
     named = settle_config(TrainConfig(steps=30), task)
     assert (named.steps, named.minutes) == (30, 0.0)  # the user's steps all run
     assert settle_config(TrainConfig(minutes=2), task).minutes == 2  # the user's budget wins
+    # a user's file draws its prompts uniformly, a built-in task at the frontier, and a named sampler is kept
+    assert first.sampler == "uniform" and settle_config(TrainConfig(sampler="frontier"), task).sampler == "frontier"
+    assert settle_config(TrainConfig(), load_task("add")).sampler == "frontier"
 
 
 def test_time_budget_ends_the_run_before_a_step_would_pass_it(tmp_path):

@@ -23,7 +23,10 @@ _SPLIT_SEED = 1234
 # A first run on a user's file, with no --steps given: up to 100 steps, but no more than 10 minutes of
 # training, so that it learns or says why (alarms, pre-flight) in about the time `make train` takes.
 # A run that names its steps runs them all; the token limit is fitted by the pre-flight check.
-DATA_DEFAULTS = {"steps": 100, "minutes": 10.0}
+# Prompts are drawn uniformly: on a user's subtraction file (3000 rows, the embedded model, 10 minutes) the
+# frontier sampler's repeats were memorised (60-80% of groups repeats; held-out 5.9% -> 14.8%) where uniform
+# draws generalised (5.9% -> 25.8%), measured with one seed each.
+DATA_DEFAULTS = {"steps": 100, "minutes": 10.0, "sampler": "uniform"}
 
 
 class DataError(TaskError):
