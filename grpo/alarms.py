@@ -70,6 +70,7 @@ class AlarmConfig:
     early_frac: float = 0.25  # "early": the first quarter of the run
     no_signal_steps: int = 5  # steps in a row with too little signal before the no-signal alarm
     signal_min: float = 0.25  # "too little signal": under this share of the batch's groups vary
+    sampler: str = "frontier"  # the run's prompt sampler: the advice on memorising names the other one
 
 
 def fitted_change(values: Sequence[float], steps: Sequence[float] | None = None) -> float:
@@ -151,7 +152,7 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series
     trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
     return (f"stall: raw reward changed {d_reward:+.3f} over {len(reward)} steps, "
             f"{_describe('held-out accuracy', heldout)}{trained}, while {signal:.0%} of advantages are non-zero"
-            + (f". {_divergence_cause(reward, tried)}" if memorised else ""))
+            + (f". {_divergence_cause(reward, tried, cfg)}" if memorised else ""))
 
 
 def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
@@ -193,7 +194,7 @@ def checker_suspected(reward: Sequence[float], heldout: Series, train: Series, c
         return None
     trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
     return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while "
-            f"{_describe('held-out accuracy', heldout)}{trained}. {_divergence_cause(reward, first_try)}")
+            f"{_describe('held-out accuracy', heldout)}{trained}. {_divergence_cause(reward, first_try, cfg)}")
 
 
 def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: AlarmConfig,
@@ -213,7 +214,14 @@ def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: Ala
                 f"{float(np.nanmean(reward)):.2f} overall)")
     return (f"memorising: {_describe('greedy accuracy on the training sample', train)} while "
             f"{_describe('held-out accuracy', heldout)}, raw reward {d_reward:+.3f}{hint}: the policy learns the "
-            "training prompts' answers, not the task. Try more training prompts, --sampler uniform, or a lower --lr")
+            f"training prompts' answers, not the task. {_memorising_advice(cfg)}")
+
+
+def _memorising_advice(cfg: AlarmConfig) -> str:
+    """What to try against memorising: uniform draws only where the run does not already use them."""
+    if cfg.sampler == "uniform":
+        return "Try more training prompts or a lower --lr"
+    return "Try more training prompts, --sampler uniform, or a lower --lr"
 
 
 def _put(series: list[tuple[int, float]], step: int, value: float) -> None:
@@ -225,7 +233,7 @@ def _put(series: list[tuple[int, float]], step: int, value: float) -> None:
         series.append((step, value))
 
 
-def _divergence_cause(reward: Sequence[float], first_try: Sequence[float]) -> str:
+def _divergence_cause(reward: Sequence[float], first_try: Sequence[float], cfg: AlarmConfig) -> str:
     """Why training reward runs ahead of held-out accuracy, read from the reward on first tries at a prompt.
 
     A hole in the reward pays on any prompt, first try or not; memorising pays only on prompts drawn
@@ -241,7 +249,7 @@ def _divergence_cause(reward: Sequence[float], first_try: Sequence[float]) -> st
     if overall - first > MEMORISED_GAP:
         return (f"Its reward on prompts tried for the first time averaged {first:.2f} against {overall:.2f} "
                 "overall: the reward comes from prompts drawn before, which hints at memorising the training "
-                "prompts the sampler keeps returning. Try more training prompts, --sampler uniform, or a lower --lr")
+                f"prompts the sampler keeps returning. {_memorising_advice(cfg)}")
     return (f"Its reward on prompts tried for the first time averaged {first:.2f}, as high as overall "
             f"({overall:.2f}), so it is not memorising: the training reward pays for something the held-out "
             "checker does not (audit it with grpo check-reward), or the held-out prompts differ from the "

@@ -172,7 +172,8 @@ class TrainConfig:
                    "prompt_format": PROMPT_FORMATS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+                named = ", ".join(a for a in allowed if a)  # "": automatic, not a choice to offer
+                raise ConfigError(f"{name} must be one of {named}, got {getattr(self, name)!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo import alarms
-from grpo.alarms import AlarmConfig, AlarmMonitor, fitted_change
+from grpo.alarms import AlarmConfig, AlarmMonitor, fitted_change, memorising
 
 STEPS = 40
 CFG = AlarmConfig()  # window 20
@@ -233,3 +233,13 @@ def test_a_final_evaluation_at_an_evaluations_step_replaces_it():
     monitor.observe(4, {"heldout_subset_accuracy": 0.31, "train_sample_accuracy": 0.26}, final=True)
     assert monitor.heldout == [(0, 0.2), (4, 0.31)] and monitor.train == [(0, 0.2), (4, 0.26)]
     assert monitor.trend_held == held
+
+
+def test_the_advice_on_memorising_names_uniform_draws_only_where_the_run_samples_at_the_frontier():
+    rng = np.random.default_rng(1)
+    reward = list(np.linspace(0.2, 0.6, 20) + rng.normal(0, 0.03, 20))
+    heldout = [(0, 0.20), (4, 0.21), (8, 0.19), (12, 0.20), (16, 0.18), (20, 0.19)]
+    learned = [(0, 0.20), (4, 0.28), (8, 0.36), (12, 0.44), (16, 0.5), (20, 0.6)]
+    frontier = memorising(reward, heldout, learned, AlarmConfig(window=20))
+    uniform = memorising(reward, heldout, learned, AlarmConfig(window=20, sampler="uniform"))
+    assert "--sampler uniform" in frontier and "--sampler" not in uniform and "Try more training prompts" in uniform

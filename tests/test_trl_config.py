@@ -93,7 +93,7 @@ def test_null_keys_are_unset_and_a_stray_ignored_key_keeps_grpo_defaults():
     assert cfg.top_k == 0 and cfg.steps == TrainConfig().steps
     grpo_cfg, ignored = config({"lr": 3e-5, "prompts_per_step": 8, "bf16": True})
     assert ignored == ["bf16"]
-    assert (grpo_cfg.temperature, grpo_cfg.filter_groups, grpo_cfg.sampler) == (0.7, True, "frontier")
+    assert (grpo_cfg.temperature, grpo_cfg.filter_groups, grpo_cfg.sampler) == (0.7, True, "")  # the task's sampler
 
 
 def test_mask_truncated_completions_maps_to_mask_truncated():
@@ -124,7 +124,7 @@ def test_use_vllm_selects_the_vllm_engine_and_its_importance_sampling():
 @pytest.mark.parametrize("values", [{"use_vllm": False, "lr": 1e-3}, {"vllm_gpu_memory_utilization": 0.3, "steps": 5}])
 def test_vllm_keys_without_use_vllm_leave_a_grpo_config_alone(values):
     cfg, ignored = config(values)
-    assert (cfg.group_size, cfg.sampler, cfg.engine) == (TrainConfig().group_size, "frontier", "own")  # grpo's
+    assert (cfg.group_size, cfg.sampler, cfg.engine) == (TrainConfig().group_size, "", "own")  # grpo's
     assert ignored == [k for k in values if k not in ("lr", "steps")]
 
 
