@@ -30,6 +30,7 @@ process that holds the model (this file's folder is on that process's path).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -54,12 +55,8 @@ class WeightLoader:
             buffer = self._grpo_buffer = ((path, size), torch.from_file(path, shared=True, size=size,
                                                                         dtype=torch.uint8))
         data, kind = buffer[1], getattr(torch, dtype)
-        weights = []
-        for name, shape, offset in entries:
-            n = kind.itemsize
-            for d in shape:
-                n *= d
-            weights.append((name, data[offset:offset + n].view(kind).view(shape)))
+        weights = [(name, data[offset:offset + math.prod(shape) * kind.itemsize].view(kind).view(shape))
+                   for name, shape, offset in entries]
         # vLLM's in-place reload: a plain load_weights fails once the backend has repacked its layers
         # (the CPU backend's linear weights are emptied into a kernel format after loading). It copies
         # the views into the model's own tensors before the trainer writes the next bucket.
