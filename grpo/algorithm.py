@@ -16,6 +16,10 @@ Sources:
   2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
   (https://fengyao.notion.site/off-policy-rl); the sequence-level mask follows
   verl's rollout importance sampling (a sequence outside the bounds leaves the loss).
+- Sequence-level importance ratio (the whole completion's prod_t rho_t, truncated), unbiased when
+  the advantage depends on the whole completion, e.g. a sampler K updates behind: Liu, Li et al.
+  2025, "When Speed Kills Stability" (https://richardli.xyz/rl-collapse, part 2: token-level
+  vs sequence-level correction).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch import Tensor
 
 AdvantageScale = Literal["group", "batch", "none"]
 RatioLevel = Literal["token", "sequence"]
-TisLevel = Literal["token", "sequence"]
+TisLevel = Literal["token", "sequence", "sequence_ratio"]
 Aggregate = Literal["token", "sequence", "fixed"]
 
 
@@ -157,12 +161,20 @@ def tis_weights(
 
     - ``"token"`` (TIS): w_t = min(exp(delta_t), C), C = ``cap``;
     - ``"sequence"`` (masking): w_i = 1 for a completion whose geometric-mean
-      ratio exp(mean_t delta_t) lies in [1/C, C], else 0 for all its tokens.
+      ratio exp(mean_t delta_t) lies in [1/C, C], else 0 for all its tokens;
+    - ``"sequence_ratio"``: every token of completion i weighted by
+      w_i = min(exp(sum_t delta_t), C), the whole completion's importance ratio
+      prod_t pi_trainer(o_t | h_t) / pi_sampler(o_t | h_t), truncated. Token
+      weights are biased when A_i depends on the whole completion (the prefix
+      h_t is the sampler's draw too); this one is not, short of the cap, at the
+      price of a variance that grows with the length and the mismatch (a
+      sampler K updates behind, asynchronous GRPO).
 
     Metrics, means over valid tokens: ``sampler_logp_diff`` mean |delta_t|,
     ``sampler_kl`` the k3 estimate of KL(pi_sampler || pi_trainer) (the tokens
     are the sampler's draws), ``tis_capped_frac`` the share of tokens capped
-    (token level) or masked (sequence level); and ``sampler_logp_diff_max``,
+    (token level), masked (sequence level) or in a capped completion
+    (sequence_ratio level); and ``sampler_logp_diff_max``,
     max |delta_t| over the valid tokens (0 without any): a mean hides the few
     tokens whose probabilities the two disagree on, which is where a bf16
     output layer shows (see grpo/forward.py, ``head_logits``).
@@ -179,8 +191,12 @@ def tis_weights(
             inside = (seq.abs() <= math.log(cap)).to(mask.dtype).unsqueeze(1)  # (N, 1)
             weights = inside.expand_as(delta)
             capped = 1.0 - weights
+        elif level == "sequence_ratio":
+            ratio = torch.exp(delta.sum(dim=1, keepdim=True))  # (N, 1) prod_t rho_t; inf past float range
+            capped = (ratio > cap).to(mask.dtype).expand_as(delta)
+            weights = ratio.clamp(max=cap).expand_as(delta)
         else:
-            raise ValueError(f"tis_level must be 'token' or 'sequence', got {level!r}")
+            raise ValueError(f"tis_level must be 'token', 'sequence' or 'sequence_ratio', got {level!r}")
         n_valid = mask.sum().clamp(min=1)
         metrics = {
             "sampler_logp_diff": delta.abs().sum() / n_valid,

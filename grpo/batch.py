@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -115,7 +115,7 @@ def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
     return replace(rollout, **{name: getattr(rollout, name).to(device) for name in tensors})
 
 
-def sample_batch(trainer: TrainerParts, step: int) -> Batch:
+def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) -> Batch:
     """Draw B prompts, generate a group for each and score it.
 
     With filter_groups (DAPO's dynamic sampling), groups whose rewards are
@@ -125,14 +125,15 @@ def sample_batch(trainer: TrainerParts, step: int) -> Batch:
     the ``shortfall``), and the loss normaliser is theirs. Each further
     round draws the missing groups divided by the informative share so far
     (at most B). Every count is the whole draw's, so under torchrun the
-    rounds, the draws and the batch are those of one process.
+    rounds, the draws and the batch are those of one process. ``avoid``: the
+    prompts of batches sampled ahead and not yet trained on (grpo/ahead.py).
     """
     cfg, g = trainer.config, trainer.config.group_size
     rounds: list[Round] = []
     n = cfg.prompts_per_step
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
-        drawn = trainer.sampler.draw(n, step, exclude=drawn_before)
+        drawn = trainer.sampler.draw(n, step, exclude=drawn_before, avoid=avoid)
         rounds.append(generate_round(trainer, drawn, step, len(rounds)))
         trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
         if not cfg.filter_groups:

@@ -85,12 +85,13 @@ class TrainConfig:
     ratio_level: str = field(**_doc("importance ratio per token, or per sequence (GSPO)", default="token"))
     aggregate: str = field(**_doc("loss aggregation: token (DAPO), sequence (GRPO), fixed (Dr. GRPO)", default="token"))
     tis_cap: float = field(**_doc("truncated importance sampling: each token's loss is weighted by min(pi_trainer / pi_sampler, tis_cap), the ratio between the trainer's log-probs and the sampling engine's (0: off, the sampler's log-probs are the old policy's)", default=2.0))
-    tis_level: str = field(**_doc("token (truncate each token's weight at tis_cap) or sequence (mask a whole completion whose geometric-mean ratio lies outside [1/tis_cap, tis_cap])", default="token"))
+    tis_level: str = field(**_doc("token (truncate each token's weight at tis_cap) sequence (mask a whole completion whose geometric-mean ratio lies outside [1/tis_cap, tis_cap]) or sequence_ratio (weight every token of a completion by its whole ratio prod_t pi_trainer / pi_sampler, truncated at tis_cap: unbiased under a lagged sampler when untruncated, at a higher variance)", default="token"))
     epochs: int = field(**_doc("mu: optimisation passes over each batch", default=1))
     minibatches: int = field(**_doc("optimiser steps per pass (the batch split by groups)", default=1))
     micro_batch_tokens: int = field(**_doc("token budget of one forward/backward; micro-batches accumulate", default=4096))
     gradient_checkpointing: bool = field(**_doc("recompute each decoder layer's activations in backward instead of keeping them: less memory for one more forward pass of each layer (TRL's key of that name maps here)", default=False))
     skip_zero_advantage: bool = field(**_doc("skip forward/backward of groups whose advantages are all zero (exact when beta = 0)", default=True))
+    async_lag: int = field(**_doc("asynchronous GRPO: batch t is sampled with the weights after update t - 1 - K while the policy trains on earlier batches (a fixed lag K, so a run is deterministic and resumes exactly; the loss corrects with tis_cap's importance weights; 0: the synchronous loop; TRL's max_staleness maps here)", default=0))
     filter_groups: bool = field(**_doc("DAPO dynamic sampling: drop groups whose rewards are all equal and generate more until the step has prompts_per_step informative groups (at most max_gen_rounds rounds)", default=True))
     max_gen_rounds: int = field(**_doc("with filter_groups: generation rounds per step at most; then train on the informative groups there are", default=4))
     sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py); empty: the task's setting, uniform for a --data file, else frontier", default=""))
@@ -147,7 +148,7 @@ class TrainConfig:
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
                         "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset", "eval_train",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
-                        "reward_workers", "max_turns", "max_episode_tokens", "few_shot")
+                        "reward_workers", "max_turns", "max_episode_tokens", "few_shot", "async_lag")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -168,7 +169,7 @@ class TrainConfig:
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
                    "sampler": ("", "uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
                    "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
-                   "engine": ("own", "vllm"), "tis_level": ("token", "sequence"),
+                   "engine": ("own", "vllm"), "tis_level": ("token", "sequence", "sequence_ratio"),
                    "prompt_format": PROMPT_FORMATS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from grpo.ahead import SamplingAhead
     from grpo.config import TrainConfig
     from grpo.distributed import Policy, World
     from grpo.episodes import Agent
@@ -39,6 +40,8 @@ class TrainerParts(Protocol):
     sampler: UniformSampler | FrontierSampler
     draws: DrawCounts
     prompt_rng: random.Random
+    order_rng: random.Random | None  # the minibatches' order when sampling runs ahead (else prompt_rng's)
+    ahead: SamplingAhead | None  # the batches sampled ahead of the trainer (--async-lag > 0)
     score: RewardScorer  # the rewards, in worker processes with a time limit
     checker: RewardScorer  # the task's checker, the same way
     reward_fns: list[Callable]

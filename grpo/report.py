@@ -287,6 +287,22 @@ def episode_section(run: Run) -> str:
     return "".join(parts)
 
 
+# where a step's seconds went, mean over the steps: the phases, and with --async-lag the waits on each side
+TIME_KEYS = ("time_generate", "time_reward", "time_update", "time_sync", "time_wait_sampler", "time_wait_trainer",
+             "time_step", "async_lag")
+
+
+def timing_section(run: Run) -> str:
+    """Mean seconds per step of each phase (generation and scoring happen in a thread when sampling ahead:
+    then time_wait_sampler is what the trainer waited for a batch, time_wait_trainer the thread for weights)."""
+    rows = []
+    for key in TIME_KEYS:
+        _, values = run.series(key)
+        if values:
+            rows.append([key, f"{sum(values) / len(values):.2f}"])
+    return "<h4>seconds per step (mean)</h4>" + _table(["phase", "mean"], rows) if rows else ""
+
+
 STYLE = """
 body { font-family: DejaVu Sans, sans-serif; margin: 24px; color: #222; max-width: 1500px; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
@@ -302,7 +318,7 @@ def page(runs: Sequence[Run], png: bytes) -> str:
     image = base64.b64encode(png).decode()
     per_run = "".join(
         f"<div><h3>{html.escape(r.name)}</h3><h4>summary</h4>{summary_table(r)}"
-        f"<h4>sample completions</h4>{sample_table(r)}{episode_section(r)}</div>"
+        f"{timing_section(r)}<h4>sample completions</h4>{sample_table(r)}{episode_section(r)}</div>"
         for r in runs
     )
     return (

@@ -101,6 +101,8 @@ def save_checkpoint(trainer: TrainerParts, step: int, extra: dict) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     world, run_dir = trainer.world, trainer.run_dir
+    if trainer.ahead is not None:  # the batches sampled ahead, and the prompt sampler's state after them
+        trainer.ahead.drain()
     weights = optimizer = tmp = failure = None
     if world.fsdp:
         tmp = world.broadcast_object(checkpoint.begin(run_dir, step) if run_dir else None)

@@ -66,8 +66,10 @@ SAMPLERS = ("uniform", "frontier")
 class PromptSampler(Protocol):
     """Chooses the next prompt indices and learns from the rewards their groups got."""
 
-    def draw(self, n: int, step: int, exclude: Collection[int] = ()) -> list[int]:
-        """n indices into the training prompts, for training step ``step``."""
+    def draw(self, n: int, step: int, exclude: Collection[int] = (), *, avoid: Collection[int] = ()) -> list[int]:
+        """n indices into the training prompts, for training step ``step``: none of ``exclude`` where the
+        sampler can help it (earlier rounds of the step), none of ``avoid`` while any other prompt is left
+        (the prompts of batches sampled ahead and not yet trained on: grpo/ahead.py)."""
         ...
 
     def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
@@ -87,8 +89,15 @@ class UniformSampler:
     def __init__(self, size: int, rng: random.Random) -> None:
         self.size, self.rng = size, rng
 
-    def draw(self, n: int, step: int, exclude: Collection[int] = ()) -> list[int]:
-        return [self.rng.randrange(self.size) for _ in range(n)]
+    def draw(self, n: int, step: int, exclude: Collection[int] = (), *, avoid: Collection[int] = ()) -> list[int]:
+        if not avoid or len(set(avoid)) >= self.size:
+            return [self.rng.randrange(self.size) for _ in range(n)]
+        out: list[int] = []
+        while len(out) < n:  # a draw that lands on a prompt in flight is drawn again
+            i = self.rng.randrange(self.size)
+            if i not in avoid:
+                out.append(i)
+        return out
 
     def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
         pass
@@ -168,7 +177,9 @@ class FrontierSampler:
 
     # ---- drawing ----
 
-    def draw(self, n: int, step: int, exclude: Collection[int] = ()) -> list[int]:
+    def draw(self, n: int, step: int, exclude: Collection[int] = (), *, avoid: Collection[int] = ()) -> list[int]:
+        if avoid and len(set(exclude) | set(avoid)) < self.size:
+            exclude = set(exclude) | set(avoid)
         whole, frac = divmod(n * self.explore_frac, 1.0)
         n_explore = int(whole) + int(self.rng.random() < frac)  # n * explore_frac in expectation
         chosen = self._exploit(n - n_explore, step, set(exclude))

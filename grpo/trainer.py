@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from grpo.ahead import SamplingAhead
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages
 from grpo.batch import Batch, leave_out_errored, sample_and_score, sample_batch
@@ -89,6 +90,8 @@ __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "tr
 RewardFn = Callable[[str, Mapping], float]
 VLLM_FSDP_LORA = "engine vllm with LoRA under FSDP is not built: drop --fsdp (each process holds the whole model)"
 EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
+ASYNC_TORCHRUN = "async_lag under torchrun is not built: sample ahead with one process, or drop --async-lag"
+ASYNC_VLLM_LORA = "async_lag with --engine vllm and LoRA is not built: use the own engine, or full fine-tuning"
 
 
 class GRPOTrainer:
@@ -99,6 +102,8 @@ class GRPOTrainer:
     engine: VLLMEngine | None = None
     run_dir: Path | None = None  # where rank 0 writes; None on the other ranks
     saving: bool = False  # checkpoints are written (on every process: under FSDP all take part)
+    ahead: SamplingAhead | None = None  # async_lag > 0: the batches sampled while the policy trains
+    order_rng: random.Random | None = None  # async_lag > 0: the minibatches' order (prompt_rng samples ahead)
 
     def __init__(
         self,
@@ -147,6 +152,13 @@ class GRPOTrainer:
                                               self.prompt_format)
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
         self.engine = self._engine()  # None: the own sampler, on the policy itself
+        if config.async_lag:
+            if self.world.size > 1:
+                raise ConfigError(ASYNC_TORCHRUN)
+            if self.engine is not None and config.lora_rank:
+                raise ConfigError(ASYNC_VLLM_LORA)
+            self.order_rng = random.Random(f"minibatch-order-{config.seed}")
+            self.ahead = SamplingAhead(self, config.async_lag)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
@@ -213,13 +225,16 @@ class GRPOTrainer:
         cpus = cpu_share(self.world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
         engine = VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
                             seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest, cpus=cpus,
-                            sleep=cfg.vllm_sleep and self.device.type == "cuda", bucket_mb=cfg.vllm_bucket_mb)
+                            sleep=cfg.vllm_sleep and self.device.type == "cuda" and not cfg.async_lag,
+                            bucket_mb=cfg.vllm_bucket_mb)  # sampling ahead: vLLM works while the policy trains
         if self.world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
             engine.push(self.model, full_state_dict(self.model, self.world))
         return engine
 
     def close(self) -> None:
         """End what the trainer started outside its process: the reward and tool workers, the vLLM engine."""
+        if self.ahead is not None:
+            self.ahead.close()
         self.score.close()
         self.checker.close()
         if self.toolbox is not None:
@@ -239,12 +254,22 @@ class GRPOTrainer:
     # ---- one GRPO step, in the algorithm's order ----
 
     def step(self, step: int) -> dict[str, float]:
-        """Sample and score a batch, compute group advantages, update the policy, push it to the engine."""
+        """Sample and score a batch (or take the one sampled ahead), compute group advantages, update the
+        policy, push it to the engine."""
         cfg = self.config
         t0 = time.perf_counter()
-        batch = self.sample_batch(step)
+        if self.ahead is not None:  # sampled K updates ago; batches up to step + K are sampled meanwhile
+            batch, ahead = self.ahead.next_batch(step, cfg.steps)
+        else:
+            batch, ahead = self.sample_batch(step), {}
+        with self.ahead.turns if self.ahead is not None else nullcontext():  # the own engine's turn ends
+            return self._train_on(step, batch, ahead, t0)
+
+    def _train_on(self, step: int, batch: Batch, ahead: dict[str, float], t0: float) -> dict[str, float]:
+        """The update on a sampled batch, and the step's record."""
+        cfg = self.config
         t_scored = time.perf_counter()
-        if self.engine is not None:  # on a GPU the update gets vLLM's memory; the push or next rollout wakes it
+        if self.engine is not None and self.ahead is None:  # on a GPU the update gets vLLM's memory
             self.engine.sleep()
         valid = leave_out_errored(self, batch)  # (N,) errored rows leave the loss and their group's statistics
         advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
@@ -257,12 +282,16 @@ class GRPOTrainer:
                 group["lr"] = self.learning_rate(step)
             stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
         t_updated = time.perf_counter()
-        self._push_weights(stats)
+        if self.ahead is None:  # sampling ahead takes the weights at the next step's start
+            self._push_weights(stats)
         self.top_completions = best_completions(self, batch)
         if cfg.sample_every and step % cfg.sample_every == 0:
             write_samples(self, step, batch, advantages)
-        return step_record(self, step, batch, advantages, stats, StepTimes(t0, t_scored, t_updated,
-                                                                            time.perf_counter()))
+        record = step_record(self, step, batch, advantages, stats, StepTimes(t0, t_scored, t_updated,
+                                                                              time.perf_counter()))
+        if ahead:  # the thread's own times for the batch (its push in time_sync), not the trainer's wait for it
+            ahead["time_reward"] = ahead.pop("time_sample") - record["time_generate"]
+        return {**record, **ahead}
 
     def _push_weights(self, stats: StepStats) -> None:
         """Send the updated weights to the vLLM engine, if there is one and they changed."""
@@ -351,6 +380,7 @@ class GRPOTrainer:
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
+                self._sampling_idle()  # the evaluation uses the checker, tools and engine the thread uses
                 metrics.update(interim_evaluation(self, log.bar))
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
             state.step, state.bad_in_a_row = step, state.bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
@@ -373,7 +403,13 @@ class GRPOTrainer:
                               else f"time budget of {cfg.minutes:g} minutes of training reached after step {step} "
                                    f"(of at most {cfg.steps}; --minutes sets it, 0 for none)")
                 break
+        if self.ahead is not None:  # batches beyond the last step trained are not sampled
+            self.ahead.close()
         return metrics, stopped, out_of_time
+
+    def _sampling_idle(self) -> None:
+        if self.ahead is not None:
+            self.ahead.drain()
 
     def _open_log(self, state: RunState) -> RunLog:
         """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""

@@ -41,6 +41,7 @@ RENAMED: dict[str, str] = {
     "model_name_or_path": "model",
     "dataset_name": "data",
     "lora_r": "lora_rank",
+    "max_staleness": "async_lag",  # an upper bound on the lag in TRL's async trainer; here the lag itself
 }
 
 # TRL's defaults (GRPOConfig, TrainingArguments) for the options a TRL config leaves unset.

@@ -115,7 +115,8 @@ def update(trainer: TrainerParts, rollout: Rollout, advantages: Tensor, ref_logp
     # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
     old_all = trainer_logprobs(trainer, rollout) if cfg.tis_cap and not on_policy(cfg) else None
     for _ in range(cfg.epochs):
-        order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(trainer.prompt_rng.randrange(2**31)))
+        seed = (trainer.order_rng or trainer.prompt_rng).randrange(2**31)  # order_rng: sampling runs ahead
+        order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed))
         for minibatch in order.chunk(cfg.minibatches):
             rows = (minibatch.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
             todo = trained_groups(minibatch, advantages, g, skip_zero=skip)

@@ -101,3 +101,17 @@ def test_a_run_with_tools_shows_an_episode_and_its_tool_use(tmp_path):
     assert "reward 1, the best of its step" in text and "&lt;tool&gt;calculator(" in text and ">413<" in text
     plain = write_report([make_run(tmp_path / "add", finished=True)])[1].read_text()
     assert "tool use" not in plain and "an episode" not in plain
+
+
+def test_the_seconds_per_step_show_each_side_s_wait_when_sampling_ahead(tmp_path):
+    run = make_run(tmp_path / "async", finished=True, steps=4, total=4)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    timed = [json.dumps({**json.loads(line), "time_generate": 2.0, "time_update": 1.0, "time_wait_sampler": 0.5 * s,
+                         "time_wait_trainer": 1.5, "async_lag": 1.0})
+             if s else line for s, line in enumerate(lines)]
+    (run / "metrics.jsonl").write_text("\n".join(timed) + "\n")
+    text = write_report([run])[1].read_text()
+    assert "seconds per step (mean)" in text
+    # time_wait_sampler: (0.5 + 1.0 + 1.5 + 2.0) / 4 = 1.25; absent phases (time_sync) are not listed
+    assert "<td>time_wait_sampler</td><td>1.25</td>" in text and "<td>time_wait_trainer</td><td>1.50</td>" in text
+    assert "time_sync" not in text

@@ -145,3 +145,8 @@ def test_vllm_keys_grpo_cannot_honour_are_errors(values, message):
     with pytest.raises(ConfigError) as err:
         config({"max_steps": 3, **values})
     assert message in str(err.value)
+
+
+def test_max_staleness_is_the_fixed_lag_of_sampling_ahead():
+    out, _ = translate({"num_generations": 4, "max_staleness": 2})
+    assert out["async_lag"] == 2

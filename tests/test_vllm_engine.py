@@ -215,3 +215,38 @@ def test_two_processes_each_sample_with_an_engine_of_their_own_and_train_as_one(
     norm1 = sum(float(x.norm()) ** 2 for x in d1) ** 0.5
     gap = sum(float((a - b).norm()) ** 2 for a, b in zip(d1, d2, strict=True)) ** 0.5
     assert norm1 > 0 and gap / norm1 < 1e-3, (norm1, gap)
+
+
+def test_sampling_ahead_pushes_each_batch_its_lagged_weights(tmp_path):
+    """--async-lag 1 with vLLM: batch 3 is sampled while step 2 updates, with the weights after step 1. Its
+    sampler log-probs (vLLM's) match the trainer's under those weights, and not under the weights after step 2."""
+    trainer = _trainer(async_lag=1, steps=3, sample_every=0)
+    after, batches = {}, {}
+    step, sample = trainer.step, trainer.ahead._sample
+
+    def stepped(s):
+        out = step(s)
+        after[s] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        return out
+
+    def sampled(job):
+        batch, seconds = sample(job)
+        batches[job.step] = batch
+        return batch, seconds
+
+    trainer.step, trainer.ahead._sample = stepped, sampled
+    try:
+        trainer.train(tmp_path / "run")
+        rollout = batches[3].rollout
+
+        def gap(weights):  # max |log-prob difference| over batch 3's sampled tokens, vLLM's against the trainer's
+            trainer.model.load_state_dict(weights)
+            with torch.no_grad():
+                logp, _ = rollout_logprobs(trainer.model, rollout, trainer.tokenizer.pad_token_id,
+                                           temperature=trainer.config.temperature)
+            return ((logp - rollout.logprobs).abs() * rollout.mask).max().item()
+
+        assert gap(after[1]) < STEP0_TOLERANCE
+        assert gap(after[2]) > 20 * STEP0_TOLERANCE
+    finally:
+        trainer.close()

@@ -1,0 +1,213 @@
+"""Asynchronous GRPO: the next batches are sampled while the policy trains, with a fixed lag.
+
+With ``async_lag`` K > 0, batch t is sampled with exactly the weights after
+update t - 1 - K (the starting weights while t - 1 - K <= 0), every
+generation round that dynamic sampling asks for included; K = 0 is the
+synchronous loop, which does not use this module. The lag is fixed rather
+than "whatever is ready", so a run is determined by its seed and K: every
+completion draws from a random stream keyed by its place in the run
+(grpo/streams.py), the sampler's copy of the weights is the one named, and the
+prompt sampler sees the batches in step order. TRL's ``max_staleness: K`` is
+an upper bound on the lag; here it is the lag itself.
+
+A thread of the trainer's process samples, scores and filters the batches
+(grpo/batch.py) one after another, in step order: with the own engine on a
+copy of the policy refreshed from each version it is handed (the trainer's
+model keeps training meanwhile), with vLLM through its engine process, to
+which it pushes each version first. The trainer hands the thread a version
+at the start of each step (``next_batch``), before it updates on the batch
+sampled K steps earlier. The loss corrects for the lag through the sampler's
+log-probs kept with every token: the truncated importance weight
+min(pi_theta / pi_sampler, tis_cap) (grpo/algorithm.py, ``tis_weights``).
+
+Prompts in flight (drawn for a batch not yet trained on) are not drawn again
+while other prompts are left (``avoid``). The prompt sampler's statistics
+take each batch's rewards when it is scored, in the thread.
+
+The thread and the trainer share the trainer's other parts (the reward
+scorer, the tools, the engine), so the trainer waits for the thread to be
+idle (``drain``) before it evaluates or writes a checkpoint; a checkpoint
+then holds the batches sampled ahead and the sampler's state after them, and
+a resumed run continues as the unbroken one (bitwise with the own engine).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from grpo.batch import Batch, sample_batch
+from grpo.distributed import Policy
+from grpo.parts import TrainerParts
+
+
+@dataclass
+class Job:
+    """A batch to sample: its step, the version of the weights it samples with (the step after whose update
+    they were taken; 0: the start), and those weights (the trainable ones, by name; on the CPU for vLLM)."""
+
+    step: int
+    version: int
+    weights: dict[str, Tensor]
+
+
+class SamplerSide:
+    """The trainer's parts as the sampling thread sees them: the model and policy are its own (a copy of the
+    policy for the own engine; for vLLM a stand-in, the engine holding the weights); the rest is the
+    trainer's."""
+
+    def __init__(self, trainer: TrainerParts, model: nn.Module, policy: Policy) -> None:
+        self._trainer, self.model, self.policy = trainer, model, policy
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._trainer, name)
+
+
+class SamplingAhead:
+    """Samples batch t + K in a thread while the trainer updates on batch t (see the module docstring)."""
+
+    def __init__(self, trainer: TrainerParts, lag: int) -> None:
+        self.trainer, self.lag = trainer, lag
+        if trainer.engine is None:  # the own engine samples from a copy, refreshed at each version
+            model = copy.deepcopy(trainer.model).eval().requires_grad_(False)
+            self.side = SamplerSide(trainer, model, Policy(model))
+        else:
+            self.side = SamplerSide(trainer, nn.Module(), trainer.policy)
+        self.held: int | None = None  # the version of the weights the sampler holds (None: not known)
+        self.next_step = 1  # the next batch to hand to the thread
+        self.ready: dict[int, tuple[Batch, int, dict[str, float]]] = {}  # sampled, not trained on: step ->
+        # (batch, version, the thread's seconds for it: the push of its weights and the whole batch)
+        self.prompts: dict[int, set[int]] = {}  # the prompts each of the last K batches sampled drew, by step
+        self.waited = 0.0  # seconds the thread waited for weights since the trainer last took a batch
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.done = threading.Condition()
+        self.busy = 0  # jobs handed over and not finished
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        # the own engine's sampling and the update take turns: in one process they would share the same cores,
+        # and their kernels' sums then depend on how many threads each got (not bitwise repeatable); vLLM's
+        # sampling runs in its own process, beside the update
+        self.turns: AbstractContextManager = threading.Lock() if trainer.engine is None else nullcontext()
+
+    # ---- the trainer's side ----
+
+    def next_batch(self, step: int, last: int) -> tuple[Batch, dict[str, float]]:
+        """Hand the thread the batches up to step + K (at most ``last``) with the current weights, then wait
+        for batch ``step``; return it with its lag and the waiting times."""
+        for s in range(self.next_step, min(step + self.lag, last) + 1):
+            self._submit(Job(s, step - 1, self._weights()))
+        self.next_step = max(self.next_step, min(step + self.lag, last) + 1)
+        t0 = time.perf_counter()
+        with self.done:
+            self.done.wait_for(lambda: step in self.ready or self.error is not None)
+            self._raise()
+            batch, version, seconds = self.ready.pop(step)
+            waited_trainer, self.waited = self.waited, 0.0
+        lag = step - 1 - version
+        if lag > self.lag:  # never trained on: the correction and the resume assume at most K updates between
+            raise RuntimeError(f"batch {step} was sampled with the weights after step {version}: {lag} updates "
+                               f"old, more than async_lag {self.lag}")
+        return batch, {"async_lag": float(lag), "time_wait_sampler": time.perf_counter() - t0,
+                       "time_wait_trainer": waited_trainer, **seconds}
+
+    def drain(self) -> None:
+        """Wait until every batch handed over is sampled: the thread then touches nothing of the trainer's."""
+        with self.done:
+            self.done.wait_for(lambda: self.busy == 0 or self.error is not None)
+            self._raise()
+
+    def _weights(self) -> dict[str, Tensor]:
+        """A copy of the weights now: the trainable ones for the own engine's copy, all of them for vLLM."""
+        model = self.trainer.model
+        if self.trainer.engine is not None:
+            return {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
+        return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+    def _submit(self, job: Job) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name="grpo-sampling-ahead", daemon=True)
+            self.thread.start()
+        with self.done:
+            self.busy += 1
+        self.jobs.put(job)
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # ---- the thread ----
+
+    def _work(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            job = self.jobs.get()
+            if job is None:
+                return
+            with self.done:
+                self.waited += time.perf_counter() - t0  # idle: no weights to sample the next batch with yet
+            try:
+                with self.turns:
+                    batch, seconds = self._sample(job)
+            except BaseException as err:  # noqa: BLE001 - raised again in the trainer's thread
+                with self.done:
+                    self.error = err
+                    self.done.notify_all()
+                return
+            with self.done:
+                self.ready[job.step] = (batch, job.version, seconds)
+                self.busy -= 1
+                self.done.notify_all()
+
+    def _sample(self, job: Job) -> tuple[Batch, dict[str, float]]:
+        """Batch ``job.step`` from the weights of ``job.version``, avoiding the prompts in flight: those of
+        batches step - K .. step - 1, sampled and not yet trained on when these weights were made (fixed by
+        the step alone, however far the trainer has got, so that the draws do not depend on timing)."""
+        t0 = time.perf_counter()
+        if self.held != job.version:
+            self._load(job.weights)
+            self.held = job.version
+        t_pushed = time.perf_counter()
+        self.prompts = {s: p for s, p in self.prompts.items() if s >= job.step - self.lag}
+        batch = sample_batch(self.side, job.step, avoid=set().union(*self.prompts.values()))
+        self.prompts[job.step] = {i for r in batch.rounds for i in r.prompts}
+        return batch, {"time_sync": t_pushed - t0, "time_sample": time.perf_counter() - t_pushed}
+
+    @torch.no_grad()
+    def _load(self, weights: dict[str, Tensor]) -> None:
+        if self.trainer.engine is not None:
+            self.trainer.engine.push(self.trainer.model, weights)
+            return
+        params = dict(self.side.model.named_parameters())
+        for name, value in weights.items():
+            params[name].copy_(value)
+
+    # ---- a checkpoint's part ----
+
+    def state_dict(self) -> dict:
+        """The batches sampled ahead and not yet trained on (the caller drained first: see run_state.py)."""
+        self.drain()
+        return {"next_step": self.next_step, "ready": dict(self.ready), "prompts": dict(self.prompts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_step, self.ready, self.prompts = state["next_step"], dict(state["ready"]), dict(state["prompts"])
+        self.held = None  # whatever the sampler holds now, the next batch's weights are loaded first
+
+    def close(self) -> None:
+        """Let the thread end: the batches still to sample are dropped."""
+        if self.thread is None:
+            return
+        while True:  # what was handed over and not started is not sampled
+            try:
+                self.jobs.get_nowait()
+            except queue.Empty:
+                break
+        self.jobs.put(None)
+        self.thread.join()
+        self.thread = None
