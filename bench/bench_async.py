@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,6 +26,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def gemm_peak(threads: int) -> float:
+    """fp32 GFLOP/s of a 2048^3 matmul on ``threads`` threads, best of 8: the machine's speed beside the figures."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(2048, 2048)
+    best = math.inf
+    for _ in range(8):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 2048**3 / best / 1e9
 
 
 def run(lag: int, minutes: float, out: Path, extra: list[str]) -> dict:
@@ -59,6 +74,8 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="more grpo train options, after --")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-async-"))
+    print(f"fp32 GEMM peak: {gemm_peak(1):.0f} GFLOP/s on one thread, {gemm_peak(os.cpu_count() or 1):.0f} on all "
+          "(2048^3 matmul, best of 8)", flush=True)
     results = []
     for lag in args.lags:
         results.append(run(lag, args.minutes, root / f"k{lag}", args.extra))

@@ -11,24 +11,35 @@ prompt sampler sees the batches in step order. TRL's ``max_staleness: K`` is
 an upper bound on the lag; here it is the lag itself.
 
 A thread of the trainer's process samples, scores and filters the batches
-(grpo/batch.py) one after another, in step order: with the own engine on a
-copy of the policy refreshed from each version it is handed (the trainer's
-model keeps training meanwhile), with vLLM through its engine process, to
-which it pushes each version first. The trainer hands the thread a version
-at the start of each step (``next_batch``), before it updates on the batch
-sampled K steps earlier. The loss corrects for the lag through the sampler's
-log-probs kept with every token: the truncated importance weight
-min(pi_theta / pi_sampler, tis_cap) (grpo/algorithm.py, ``tis_weights``).
+(grpo/batch.py) one after another, in step order. With vLLM it pushes each
+version to the engine's process first, and vLLM samples beside the update.
+With the own engine it samples from a copy of the policy refreshed from each
+version, taking turns with the update (``turns``): in one process both would
+share the cores, and kernels whose sums depend on the threads they get would
+make runs unrepeatable. The trainer hands the thread a version at the start
+of each step (``next_batch``), before it updates on the batch sampled K steps
+earlier. The loss weighs each token by the truncated importance ratio
+between the policy and the sampler's log-probs kept with every token
+(grpo/algorithm.py, ``tis_weights``): per token by default, which corrects
+the lag only in part; ``tis_level="sequence_ratio"`` without bias up to the cap.
 
-Prompts in flight (drawn for a batch not yet trained on) are not drawn again
-while other prompts are left (``avoid``). The prompt sampler's statistics
-take each batch's rewards when it is scored, in the thread.
+A prompt drawn for one of the K batches before is not drawn again while
+other prompts are left (``avoid``; the uniform sampler may still draw a
+prompt twice within one step, as it does without a lag). The prompt
+sampler's statistics take each batch's rewards when it is scored, in the
+thread. Repeatability rests on the thread and the trainer sharing no random
+state: the completions' streams are keyed, and the minibatch order has an
+RNG of its own (a reward that draws from Python's global ``random`` would
+break it, as it would break a synchronous resume).
 
 The thread and the trainer share the trainer's other parts (the reward
 scorer, the tools, the engine), so the trainer waits for the thread to be
 idle (``drain``) before it evaluates or writes a checkpoint; a checkpoint
 then holds the batches sampled ahead and the sampler's state after them, and
 a resumed run continues as the unbroken one (bitwise with the own engine).
+A run stopped by its time budget or an alarm drops the batches not yet
+sampled; resumed (or continued past its planned steps), the first batches
+after it sample with weights less than K updates old, as the log line says.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.batch import Batch, sample_batch
+from grpo.checkpoint import CheckpointError
 from grpo.distributed import Policy
 from grpo.parts import TrainerParts
 
@@ -82,8 +94,8 @@ class SamplingAhead:
             self.side = SamplerSide(trainer, nn.Module(), trainer.policy)
         self.held: int | None = None  # the version of the weights the sampler holds (None: not known)
         self.next_step = 1  # the next batch to hand to the thread
-        self.ready: dict[int, tuple[Batch, int, dict[str, float]]] = {}  # sampled, not trained on: step ->
-        # (batch, version, the thread's seconds for it: the push of its weights and the whole batch)
+        # the batches sampled and not yet trained on: step -> (batch, version, the thread's seconds for it)
+        self.ready: dict[int, tuple[Batch, int, dict[str, float]]] = {}
         self.prompts: dict[int, set[int]] = {}  # the prompts each of the last K batches sampled drew, by step
         self.waited = 0.0  # seconds the thread waited for weights since the trainer last took a batch
         self.jobs: queue.Queue[Job | None] = queue.Queue()
@@ -101,13 +113,21 @@ class SamplingAhead:
     def next_batch(self, step: int, last: int) -> tuple[Batch, dict[str, float]]:
         """Hand the thread the batches up to step + K (at most ``last``) with the current weights, then wait
         for batch ``step``; return it with its lag and the waiting times."""
-        for s in range(self.next_step, min(step + self.lag, last) + 1):
-            self._submit(Job(s, step - 1, self._weights()))
-        self.next_step = max(self.next_step, min(step + self.lag, last) + 1)
+        todo = range(self.next_step, min(step + self.lag, last) + 1)
+        weights = self._weights() if len(todo) else {}  # one copy, shared by the jobs of this version
+        late = [s for s in todo if step - 1 > max(0, s - 1 - self.lag)]
+        if late:  # resumed after a stop that dropped them, or continued past the planned steps
+            print(f"sampling ahead: batches {late[0]}-{late[-1]} sample with the weights after step {step - 1}, "
+                  f"fewer than async_lag {self.lag} updates old (the run stopped before they were sampled)",
+                  flush=True)
+        for s in todo:
+            self._submit(Job(s, step - 1, weights))
+        self.next_step = max(self.next_step, todo.stop)
         t0 = time.perf_counter()
         with self.done:
             self.done.wait_for(lambda: step in self.ready or self.error is not None)
-            self._raise()
+            if step not in self.ready:  # a later batch's failure waits for the step it belongs to
+                self._raise()
             batch, version, seconds = self.ready.pop(step)
             waited_trainer, self.waited = self.waited, 0.0
         lag = step - 1 - version
@@ -153,7 +173,10 @@ class SamplingAhead:
             with self.done:
                 self.waited += time.perf_counter() - t0  # idle: no weights to sample the next batch with yet
             try:
-                with self.turns:
+                t0 = time.perf_counter()
+                with self.turns:  # the own engine: the update's turn ends first
+                    with self.done:
+                        self.waited += time.perf_counter() - t0
                     batch, seconds = self._sample(job)
             except BaseException as err:  # noqa: BLE001 - raised again in the trainer's thread
                 with self.done:
@@ -193,21 +216,37 @@ class SamplingAhead:
     def state_dict(self) -> dict:
         """The batches sampled ahead and not yet trained on (the caller drained first: see run_state.py)."""
         self.drain()
-        return {"next_step": self.next_step, "ready": dict(self.ready), "prompts": dict(self.prompts)}
+        return {"lag": self.lag, "next_step": self.next_step, "ready": dict(self.ready),
+                "prompts": dict(self.prompts)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.next_step, self.ready, self.prompts = state["next_step"], dict(state["ready"]), dict(state["prompts"])
+        if state["lag"] != self.lag:
+            raise CheckpointError(f"the checkpoint sampled ahead with async_lag {state['lag']}, this run has "
+                                  f"{self.lag}: resume with the same lag")
+        device = self.trainer.device  # checkpoints load on the CPU
+        self.ready = {step: (batch.to(device), version, seconds)
+                      for step, (batch, version, seconds) in state["ready"].items()}
+        self.next_step, self.prompts = state["next_step"], dict(state["prompts"])
         self.held = None  # whatever the sampler holds now, the next batch's weights are loaded first
 
     def close(self) -> None:
-        """Let the thread end: the batches still to sample are dropped."""
+        """End the thread once its current batch is done; the batches handed over and not started are
+        dropped (a resumed run samples them with the weights it has then)."""
         if self.thread is None:
             return
-        while True:  # what was handed over and not started is not sampled
+        dropped = []
+        while True:
             try:
-                self.jobs.get_nowait()
+                job = self.jobs.get_nowait()
             except queue.Empty:
                 break
+            if job is not None:
+                dropped.append(job.step)
         self.jobs.put(None)
-        self.thread.join()
-        self.thread = None
+        try:
+            self.thread.join()
+        finally:
+            self.thread = None
+            with self.done:
+                self.busy = 0
+                self.next_step = min(dropped, default=self.next_step)

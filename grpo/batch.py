@@ -95,6 +95,14 @@ class Batch:
         cut = [bool(c) for r in self.rounds for c in r.rollout.truncated.tolist()]
         return [{**row, "truncated": c} for row, c in zip(rows, cut, strict=True)]
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch with every tensor on ``device`` (a checkpoint's batches sampled ahead load on the CPU)."""
+        whole = ("rewards", "lengths", "truncated", "errors")
+        rounds = [replace(r, rollout=moved(r.rollout, device), **{k: getattr(r, k).to(device) for k in whole})
+                  for r in self.rounds]
+        return replace(self, rounds=rounds, rollout=moved(self.rollout, device),
+                       **{k: getattr(self, k).to(device) for k in whole})
+
     def reward_means(self) -> dict[str, float]:
         """Each reward function's mean over every completion generated."""
         total = sum(len(r.prompts) for r in self.rounds)
@@ -112,7 +120,8 @@ def empty_rollout(group_size: int) -> Rollout:
 def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
     """The rollout with its tensors on ``device`` (on the CPU to send it to another process)."""
     tensors = ("completion_ids", "mask", "logprobs", "truncated")
-    return replace(rollout, **{name: getattr(rollout, name).to(device) for name in tensors})
+    env_mask = None if rollout.env_mask is None else rollout.env_mask.to(device)
+    return replace(rollout, env_mask=env_mask, **{name: getattr(rollout, name).to(device) for name in tensors})
 
 
 def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) -> Batch:

@@ -289,7 +289,7 @@ def episode_section(run: Run) -> str:
 
 # where a step's seconds went, mean over the steps: the phases, and with --async-lag the waits on each side
 TIME_KEYS = ("time_generate", "time_reward", "time_update", "time_sync", "time_wait_sampler", "time_wait_trainer",
-             "time_step", "async_lag")
+             "time_step")
 
 
 def timing_section(run: Run) -> str:
@@ -300,6 +300,9 @@ def timing_section(run: Run) -> str:
         _, values = run.series(key)
         if values:
             rows.append([key, f"{sum(values) / len(values):.2f}"])
+    _, lags = run.series("async_lag")
+    if lags:  # not seconds: how many updates old the batches were (K once the first K + 1 are trained)
+        rows.append(["async_lag (updates)", f"{sum(lags) / len(lags):.2f}"])
     return "<h4>seconds per step (mean)</h4>" + _table(["phase", "mean"], rows) if rows else ""
 
 

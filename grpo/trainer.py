@@ -233,8 +233,13 @@ class GRPOTrainer:
 
     def close(self) -> None:
         """End what the trainer started outside its process: the reward and tool workers, the vLLM engine."""
-        if self.ahead is not None:
-            self.ahead.close()
+        try:
+            if self.ahead is not None:
+                self.ahead.close()
+        finally:
+            self._close_workers()
+
+    def _close_workers(self) -> None:
         self.score.close()
         self.checker.close()
         if self.toolbox is not None:
@@ -258,14 +263,17 @@ class GRPOTrainer:
         policy, push it to the engine."""
         cfg = self.config
         t0 = time.perf_counter()
-        if self.ahead is not None:  # sampled K updates ago; batches up to step + K are sampled meanwhile
-            batch, ahead = self.ahead.next_batch(step, cfg.steps)
-        else:
-            batch, ahead = self.sample_batch(step), {}
-        with self.ahead.turns if self.ahead is not None else nullcontext():  # the own engine's turn ends
-            return self._train_on(step, batch, ahead, t0)
+        if self.ahead is None:
+            batch, waits = self.sample_batch(step), {}
+        else:  # sampled K updates ago; batches up to step + K are sampled meanwhile
+            batch, waits = self.ahead.next_batch(step, cfg.steps)
+        t_turn = time.perf_counter()
+        with self.ahead.turns if self.ahead is not None else nullcontext():  # the own engine's turn ends first
+            if waits:
+                waits["time_wait_sampler"] += time.perf_counter() - t_turn
+            return self._train_on(step, batch, waits, t0)
 
-    def _train_on(self, step: int, batch: Batch, ahead: dict[str, float], t0: float) -> dict[str, float]:
+    def _train_on(self, step: int, batch: Batch, waits: dict[str, float], t0: float) -> dict[str, float]:
         """The update on a sampled batch, and the step's record."""
         cfg = self.config
         t_scored = time.perf_counter()
@@ -289,9 +297,9 @@ class GRPOTrainer:
             write_samples(self, step, batch, advantages)
         record = step_record(self, step, batch, advantages, stats, StepTimes(t0, t_scored, t_updated,
                                                                               time.perf_counter()))
-        if ahead:  # the thread's own times for the batch (its push in time_sync), not the trainer's wait for it
-            ahead["time_reward"] = ahead.pop("time_sample") - record["time_generate"]
-        return {**record, **ahead}
+        if waits:  # the thread's own times for the batch (its push in time_sync), not the trainer's wait for it
+            waits["time_reward"] = waits.pop("time_sample") - record["time_generate"]
+        return {**record, **waits}
 
     def _push_weights(self, stats: StepStats) -> None:
         """Send the updated weights to the vLLM engine, if there is one and they changed."""
@@ -344,17 +352,19 @@ class GRPOTrainer:
         state = state or RunState.start(self.config, auto_alarm_window=self.auto_alarm_window)  # config final
         log = self._open_log(state)
         stop = StopRequests() if run_dir is not None else None
-        with log.bar, stop or nullcontext():
-            first, seconds = self._first_evaluation(log, state)
-            train_start = time.perf_counter()
-            metrics, stopped, out_of_time = self._run_steps(log, state, stop)
-            train_seconds = time.perf_counter() - train_start
-            last, seconds = evaluate_with(self, log.bar)
-            log.record(state.step, {**last.metrics(), **subset_accuracy(self, last), "time_eval": seconds,
-                                    **train_sample_accuracy(self, log.bar)}, final=True)
-            log.bar.print(f"step {state.step} held-out: {last.describe()}")
-        if log.logger is not None:
-            log.logger.close()
+        try:
+            with log.bar, stop or nullcontext():
+                first, seconds = self._first_evaluation(log, state)
+                train_start = time.perf_counter()
+                metrics, stopped, out_of_time = self._run_steps(log, state, stop)
+                train_seconds = time.perf_counter() - train_start
+                last, seconds = evaluate_with(self, log.bar)
+                log.record(state.step, {**last.metrics(), **subset_accuracy(self, last), "time_eval": seconds,
+                                        **train_sample_accuracy(self, log.bar)}, final=True)
+                log.bar.print(f"step {state.step} held-out: {last.describe()}")
+        finally:  # also when the run stops with an error: the TensorBoard writer's thread ends here
+            if log.logger is not None:
+                log.logger.close()
         summary = {
             "heldout_accuracy_start": first.accuracy, "heldout_accuracy_end": last.accuracy,
             "heldout_size": len(self.heldout_prompts), "heldout_start": first.metrics(),
@@ -380,7 +390,8 @@ class GRPOTrainer:
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
-                self._sampling_idle()  # the evaluation uses the checker, tools and engine the thread uses
+                if self.ahead is not None:  # the evaluation uses the checker, tools and engine the thread uses
+                    self.ahead.drain()
                 metrics.update(interim_evaluation(self, log.bar))
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
             state.step, state.bad_in_a_row = step, state.bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
@@ -396,6 +407,8 @@ class GRPOTrainer:
             # the time budget: stop where the next step, at the mean pace so far, would end past it
             out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
                 trained() + (trained() - trained_before) / (step - first_step) > 60 * cfg.minutes)
+            if (stopped or out_of_time) and self.ahead is not None:  # no batch is sampled that no step trains on
+                self.ahead.close()
             checkpoint_or_stop(self, step, state.extra(log.monitor, trained()), stop,
                                final=stopped is not None or out_of_time)
             if stopped or out_of_time:
@@ -406,10 +419,6 @@ class GRPOTrainer:
         if self.ahead is not None:  # batches beyond the last step trained are not sampled
             self.ahead.close()
         return metrics, stopped, out_of_time
-
-    def _sampling_idle(self) -> None:
-        if self.ahead is not None:
-            self.ahead.drain()
 
     def _open_log(self, state: RunState) -> RunLog:
         """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""

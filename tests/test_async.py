@@ -12,6 +12,7 @@ import torch
 from tiny_run import metrics_lines, params, tiny_trainer
 
 from grpo.ahead import SamplingAhead
+from grpo.checkpoint import CheckpointError
 from grpo.config import ConfigError
 from grpo.interrupt import RunStopped
 
@@ -45,8 +46,10 @@ def watch(trainer):
 def test_batch_t_samples_with_the_weights_after_update_t_minus_1_minus_k(tmp_path, lag):
     trainer = tiny_trainer(steps=6, async_lag=lag)
     after, sampled_with, prompts = watch(trainer)
-    trainer.train(tmp_path / "run")
-    trainer.close()
+    try:
+        trainer.train(tmp_path / "run")
+    finally:  # the thread ends with the trainer, also when the run fails
+        trainer.close()
     assert sorted(sampled_with) == list(range(1, 7))  # no batch beyond the last step is sampled
     for t, (version, weights) in sampled_with.items():
         assert version == max(0, t - 1 - lag)
@@ -115,15 +118,62 @@ def test_an_interrupted_async_run_resumes_bitwise(tmp_path):
             == (tmp_path / "split" / "completions.jsonl").read_text())
 
 
-def test_a_failure_in_the_sampling_thread_reaches_the_trainer(tmp_path):
-    def broken(completion, example):
-        raise ValueError("the reward broke")
+def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_path):
+    """The training reward (not the checker, which evaluates in the trainer's thread) fails on batch 2's
+    prompts: batch 1 is trained, then the error comes out of next_batch at step 2, and the thread is gone."""
+    from conftest import make_model, make_tokenizer
+    from tiny_run import count_a, tiny_config, tiny_task
 
-    trainer = tiny_trainer(broken, steps=3, async_lag=1, on_error="raise")
-    with pytest.raises(Exception, match="the reward broke"):
+    from grpo.trainer import GRPOTrainer
+
+    calls = []
+
+    def broken(completion, example):
+        calls.append(1)
+        if len(calls) > 4 * 4:  # batch 1's 16 completions are scored, batch 2's are not
+            raise ValueError("the reward broke")
+        return count_a(completion, example)
+
+    tokenizer = make_tokenizer()
+    # no checkpoint after step 1: its wait for the thread would meet the error first
+    trainer = GRPOTrainer(tiny_config(steps=4, async_lag=1, on_error="raise", save_every=100), model=make_model(len(tokenizer)),
+                          tokenizer=tokenizer, task=tiny_task(count_a), rewards=[broken], progress=False)
+    steps = []
+    step = trainer.step
+    trainer.step = lambda s: steps.append(s) or step(s)
+    with pytest.raises(Exception, match="the reward broke") as raised:
         trainer.train(tmp_path / "run")
     trainer.close()
+    assert steps == [1, 2]  # step 1 trained on batch 1; the error surfaced when step 2 asked for batch 2
+    assert any(entry.name == "next_batch" for entry in raised.traceback)
     assert trainer.ahead.thread is None
+
+
+def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
+    """Checkpoints load on the CPU; a batch sampled ahead goes to the device the trainer updates on, every
+    tensor of it (the meta device stands in for a GPU: any tensor left behind would show)."""
+    trainer = tiny_trainer(filter_groups=True, async_lag=1)
+    batch = trainer.sample_batch(1).to("meta")
+    seen = []
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            seen.append(value.device.type)
+        elif hasattr(value, "__dataclass_fields__"):
+            for name in value.__dataclass_fields__:
+                walk(getattr(value, name))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(batch)
+    assert len(seen) > 10 and set(seen) == {"meta"}
+
+
+def test_a_checkpoint_of_another_lag_is_refused_with_its_reason(tmp_path):
+    tiny_trainer(steps=2, async_lag=1).train(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="sampled ahead with async_lag 1, this run has 2"):
+        tiny_trainer(steps=4, async_lag=2).train(tmp_path / "run", resume=True)
 
 
 def test_bad_lags_are_named():
@@ -140,3 +190,28 @@ def test_the_synchronous_loop_has_no_thread():
     trainer = tiny_trainer(async_lag=0)
     assert trainer.ahead is None and trainer.order_rng is None
     assert isinstance(tiny_trainer(async_lag=1).ahead, SamplingAhead)
+
+
+def test_an_alarm_stop_drops_the_batches_not_started_and_a_resume_samples_them_fresh(tmp_path, monkeypatch, capsys):
+    """A stopping verdict after step 3 (K = 2): the thread ends, no batch beyond those already sampled is
+    sampled, and the checkpoint's batches ahead are a run of steps from 4 that next_step continues. Resumed,
+    the run reaches its last step, and any batch the stop dropped samples with fresher weights, said so."""
+    from grpo.alarms import AlarmMonitor
+
+    calls = []
+    monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: calls.append(1) or ("stall: by the test" if len(calls) == 3 else None))
+    trainer = tiny_trainer(steps=8, async_lag=2, save_every=100)
+    summary = trainer.train(tmp_path / "run")
+    trainer.close()
+    assert summary["steps"] == 3 and summary["stopped_early"] == "stall: by the test"
+    state = torch.load(next((tmp_path / "run" / "checkpoints").iterdir()) / "state.pt", weights_only=False)
+    ahead = state["parts"]["ahead"]
+    assert sorted(ahead["ready"]) == list(range(4, ahead["next_step"])) and ahead["next_step"] <= 6
+    monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: None)
+    resumed = tiny_trainer(steps=8, async_lag=2, save_every=100)
+    resumed.train(tmp_path / "run", resume=True)
+    resumed.close()
+    lags = [r["async_lag"] for r in metrics_lines(tmp_path / "run") if "async_lag" in r]
+    assert len(lags) == 8 and max(lags) <= 2
+    if ahead["next_step"] < 6:  # batches the stop dropped: sampled at the resume, with the weights after step 3
+        assert "fewer than async_lag 2 updates old" in capsys.readouterr().out

@@ -115,3 +115,4 @@ def test_the_seconds_per_step_show_each_side_s_wait_when_sampling_ahead(tmp_path
     # time_wait_sampler: (0.5 + 1.0 + 1.5 + 2.0) / 4 = 1.25; absent phases (time_sync) are not listed
     assert "<td>time_wait_sampler</td><td>1.25</td>" in text and "<td>time_wait_trainer</td><td>1.50</td>" in text
     assert "time_sync" not in text
+    assert "<td>async_lag (updates)</td><td>1.00</td>" in text
