@@ -117,7 +117,7 @@ CASES = {
     "vllm with LoRA under FSDP": (["--engine", "vllm", "--fsdp", "--lora-rank", "8", "--nproc", "2"],
                                   "engine vllm with LoRA under FSDP is not built: drop --fsdp"),
     "tis cap at 1": (["--tis-cap", "1.0"], "tis_cap must be above 1 (or 0: off), got 1.0"),
-    "unknown tis level": (["--tis-level", "batch"], "tis_level must be one of token, sequence, got 'batch'"),
+    "unknown tis level": (["--tis-level", "batch"], "tis_level must be one of token, sequence, sequence_ratio, got 'batch'"),
 }
 
 
