@@ -178,7 +178,10 @@ def _start_fresh(serve: Callable[..., None], args: tuple) -> tuple[subprocess.Po
     conn = Connection(ours.detach())
     from grpo.user_code import FILES
 
-    conn.send(dict(FILES))  # the user's files first: the functions they hold are pickled by name
+    # the user's files first: the functions they hold are pickled by name (a file loaded earlier in this
+    # process and deleted since is left out: it cannot be loaded again; a function of this pool defined
+    # there would not load in the new interpreter either way)
+    conn.send({name: path for name, path in FILES.items() if os.path.exists(path)})
     try:
         conn.send((serve, args))
     except (pickle.PicklingError, AttributeError, TypeError) as err:  # a lambda, a closure, a local class
