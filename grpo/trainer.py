@@ -90,8 +90,6 @@ __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "tr
 RewardFn = Callable[[str, Mapping], float]
 VLLM_FSDP_LORA = "engine vllm with LoRA under FSDP is not built: drop --fsdp (each process holds the whole model)"
 EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
-ASYNC_TORCHRUN = "async_lag under torchrun is not built: sample ahead with one process, or drop --async-lag"
-ASYNC_VLLM_LORA = "async_lag with --engine vllm and LoRA is not built: use the own engine, or full fine-tuning"
 
 
 class GRPOTrainer:
@@ -153,12 +151,8 @@ class GRPOTrainer:
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
         self.engine = self._engine()  # None: the own sampler, on the policy itself
         if config.async_lag:
-            if self.world.size > 1:
-                raise ConfigError(ASYNC_TORCHRUN)
-            if self.engine is not None and config.lora_rank:
-                raise ConfigError(ASYNC_VLLM_LORA)
-            self.order_rng = random.Random(f"minibatch-order-{config.seed}")
             self.ahead = SamplingAhead(self, config.async_lag)
+            self.order_rng = random.Random(f"minibatch-order-{config.seed}")
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
