@@ -278,14 +278,15 @@ def sample_and_score(
     rows = [t.task.train[i] for i in prompts]
     with t.autocast:
         if t.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
-            rollout = t.policy.without_grad(t.agent.run, t.tokenizer, rows, streams=streams,
-                                            engine=t.engine, **sampling)
+            rollout = t.policy.without_grad(t.agent.run, t.tokenizer, rows, streams=streams, engine=t.engine,
+                                            token_budget=cfg.micro_batch_tokens, **sampling)
         elif t.engine is not None:  # no stop_early: vLLM runs each completion to its end
             rollout = t.engine.generate([t.train_prompts[i] for i in prompts], streams=streams, **sampling)
             rollout = moved(rollout, t.device)
         else:  # each completion a one-turn episode, sampled on the policy itself
             rollout = t.policy.without_grad(generate, t.tokenizer, [t.train_prompts[i] for i in prompts],
-                                            stop_early=stop_early, streams=streams, **sampling)
+                                            stop_early=stop_early, streams=streams,
+                                            token_budget=cfg.micro_batch_tokens, **sampling)
     seconds = time.perf_counter() - t0
     group_rows = [t.task.train[i] for i in prompts for _ in range(cfg.group_size)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]

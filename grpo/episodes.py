@@ -190,12 +190,14 @@ class Agent:
         self, model: nn.Module, tokenizer: object, rows: Sequence[Mapping], *, group_size: int, max_new_tokens: int,
         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop_strings: tuple[str, ...] = (),
         generator: torch.Generator | None = None, streams: Tensor | None = None, engine: object | None = None,
+        token_budget: int = 0,
     ) -> Rollout:
         """G episodes for each row, batched; the rollout of their whole transcripts (policy tokens in
         ``mask``, the environment's in ``env_mask``) with each one's :class:`Episode`. ``streams``
         (len(rows) * G, 2): each episode's random stream (grpo/streams.py), counted along its
         transcript, else episodes draw from ``generator``. ``engine``: a vLLM engine
-        (grpo/vllm_engine.py) that samples the turns instead of the policy itself."""
+        (grpo/vllm_engine.py) that samples the turns instead of the policy itself. ``token_budget``
+        (0: none): the policy's prefills run in calls of at most that many tokens."""
         stops = end_of_turn_ids(model, tokenizer)
         envs = [self.make_env() for _ in range(len(rows) * group_size)]
         episodes, prompts = self._open(envs, rows, group_seeds(len(rows), group_size, streams, generator),
@@ -205,7 +207,8 @@ class Agent:
             turns: OwnTurns | EngineTurns = EngineTurns(engine, prompts, group_size)
         else:
             turns = OwnTurns(model, tokenizer, prompts, group_size, stops,
-                              keep_cache=self.max_turns > 1 and not self.reencode and not has_sliding_window(model))
+                              keep_cache=self.max_turns > 1 and not self.reencode and not has_sliding_window(model),
+                              token_budget=token_budget)
         limits = self._limits(engine, prompts, group_size)
         live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):

@@ -103,12 +103,13 @@ def completions(
     stop_strings: tuple[str, ...] = (),
     agent: Agent | None = None,
     rows: Sequence[Mapping] = (),
+    token_budget: int = 0,
 ) -> tuple[list[str], list[bool], list[Episode | None]]:
     """``samples`` completions per prompt (grouped by prompt), whether each hit the token limit, and each
     one's episode record (None for a single-turn task); temperature 0 is greedy. With an ``agent`` each
     completion is an episode opened from its row (``rows``), and its text is the last policy turn.
     ``streams`` (len(prompts) * samples, 2): each completion's random stream (grpo/streams.py), else
-    they draw from ``generator``."""
+    they draw from ``generator``. ``token_budget`` (0: none): each prefill's tokens a model call."""
     was_training = model.training
     model.eval()
     texts: list[str] = []
@@ -122,11 +123,13 @@ def completions(
             rollout = generate(
                 model, tokenizer, batch, group_size=samples, max_new_tokens=max_new_tokens,
                 temperature=temperature, generator=generator, stop_strings=stop_strings, streams=part,
+                token_budget=token_budget,
             )
         else:
             rollout = agent.run(
                 model, tokenizer, rows[i : i + per_batch], group_size=samples, max_new_tokens=max_new_tokens,
                 temperature=temperature, generator=generator, stop_strings=stop_strings, streams=part,
+                token_budget=token_budget,
             )
         texts.extend(rollout.texts)
         truncated.extend(rollout.truncated.tolist())
@@ -164,12 +167,14 @@ def greedy_accuracy(
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
     agent: Agent | None = None,
+    token_budget: int = 0,
 ) -> tuple[float, list[str], list[bool]]:
     """Fraction of prompts whose greedy completion earns the checker's full reward (1.0); the completions;
     which prompts earned it. An episode's reward adds the environment's to the checker's."""
     texts, truncated, extra = completions(model, tokenizer, prompts, samples=1, max_new_tokens=max_new_tokens,
                                           temperature=0.0, batch_size=batch_size, on_batch=on_batch,
-                                          stop_strings=stop_strings, agent=agent, rows=rows)
+                                          stop_strings=stop_strings, agent=agent, rows=rows,
+                                          token_budget=token_budget)
     if not texts:
         return 0.0, texts, []
     marked = scored_rows(rows, truncated)
@@ -195,21 +200,23 @@ def evaluate(
     on_batch: Callable[[int], None] | None = None,
     stop_strings: tuple[str, ...] = (),
     agent: Agent | None = None,
+    token_budget: int = 0,
 ) -> EvalResult:
     """Greedy pass@1; with samples = n > 0 also pass@k and maj@k for each k in ks (k <= n), sampled
-    with ``generator`` or, one per completion, ``streams`` (len(prompts) * n, 2)."""
+    with ``generator`` or, one per completion, ``streams`` (len(prompts) * n, 2). ``token_budget`` (0:
+    none): each prefill's tokens a model call (a run's micro_batch_tokens)."""
     bad = [k for k in ks if not 0 < k <= samples] if samples else []
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
     acc, _, solved = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
                                      batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings,
-                                     agent=agent)
+                                     agent=agent, token_budget=token_budget)
     if not samples or not prompts:
         return EvalResult(acc, len(prompts), solved=tuple(solved))
     texts, truncated, extra = completions(
         model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
         batch_size=batch_size, generator=generator, streams=streams, on_batch=on_batch, stop_strings=stop_strings,
-        agent=agent, rows=rows)
+        agent=agent, rows=rows, token_budget=token_budget)
     marked = scored_rows(rows, truncated, samples)
     scores = check_all(reward, texts, marked)
     pass_sums = dict.fromkeys(ks, 0.0)

@@ -98,7 +98,8 @@ def decode(decoder: nn.Module, cache: object = None, **inputs: object) -> object
 
 
 def encode_prompt_batch(
-    decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None
+    decoder: nn.Module, prompts: list[list[int]], repeats: int, pad_id: int, embed: TokenEmbeddings | None = None,
+    token_budget: int = 0,
 ) -> PromptState:
     """Run B prompts once and repeat their state for the G sequences of each group.
 
@@ -110,6 +111,8 @@ def encode_prompt_batch(
     [shared prefix][left padding][own part] ([left padding][prompt] for a
     model with a sliding window, see ``has_sliding_window``). With ``embed``
     the input embeddings come from that table instead of the decoder's own lookup.
+    ``token_budget`` (0: none): the prompts' own parts run in calls of at most that many
+    tokens (rows x padded width, at least one row a call), their caches then joined.
     """
     device = next(decoder.parameters()).device
 
@@ -119,27 +122,44 @@ def encode_prompt_batch(
     # a sliding window counts keys by their place in the cache, so padding between the shared prefix and a
     # prompt's own part would shift what the window sees: such models pad on the left only (contiguous rows)
     shared = common_prefix_length(prompts) if len(prompts) > 1 and not has_sliding_window(decoder) else 0
+    prefix_cache = None
     if shared >= 8:
         prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
-        cache = decode(decoder, **inputs(prefix), use_cache=True).cache
-        cache.batch_repeat_interleave(len(prompts))
-        ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
-        attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)
-        pos = (positions(attn))[:, shared:]
-        out = decode(decoder, cache, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
+        prefix_cache = decode(decoder, **inputs(prefix), use_cache=True).cache
     else:
-        ids, attn = left_pad(prompts, pad_id, device)  # (B, L)
-        pos = positions(attn)
-        out = decode(decoder, **inputs(ids), attention_mask=attn, position_ids=pos, use_cache=True)
-    cache = out.cache
+        shared = 0
+    ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
+    attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)  # (B, L)
+    pos = positions(attn)[:, shared:]
+    rows = len(prompts) if token_budget <= 0 else max(1, token_budget // ids.shape[1])
+    caches, hidden = [], []
+    for i in range(0, len(prompts), rows):
+        j = min(i + rows, len(prompts))
+        cache = None if prefix_cache is None else select_rows(prefix_cache, torch.zeros(j - i, dtype=torch.long))
+        out = decode(decoder, cache, **inputs(ids[i:j]), attention_mask=attn[i:j], position_ids=pos[i:j],
+                     use_cache=True)
+        caches.append(out.cache)
+        hidden.append(out.last_hidden_state[:, -1])
+    cache = join_caches(caches)
     if repeats > 1:
         cache.batch_repeat_interleave(repeats)
     return PromptState(
         cache=cache,
-        last_hidden=out.last_hidden_state[:, -1].repeat_interleave(repeats, dim=0),
+        last_hidden=torch.cat(hidden).repeat_interleave(repeats, dim=0),
         attn=attn.repeat_interleave(repeats, dim=0),
         next_pos=(pos[:, -1] + 1).repeat_interleave(repeats),
     )
+
+
+def join_caches(caches: list[object]) -> object:
+    """One cache holding the rows of ``caches`` (same layers, same key length) in order: the first one,
+    its keys and values extended in place."""
+    first = caches[0]
+    if len(caches) > 1:
+        for index, layer in enumerate(first.layers):
+            layer.keys = torch.cat([c.layers[index].keys for c in caches])
+            layer.values = torch.cat([c.layers[index].values for c in caches])
+    return first
 
 
 @dataclass(frozen=True)

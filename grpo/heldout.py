@@ -47,6 +47,7 @@ def evaluate_heldout(trainer: TrainerParts, on_batch: Callable[[int], None] | No
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
             samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
             streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=trainer.agent,
+            token_budget=cfg.micro_batch_tokens,
         )
     if size == 1:
         return mine
@@ -100,7 +101,7 @@ def evaluate_prompts(trainer: TrainerParts, prompts: list[list[int]], rows: list
         mine = trainer.policy.without_grad(
             evaluate, trainer.tokenizer, prompts[world.rank::world.size], rows[world.rank::world.size],
             trainer.checker, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-            on_batch=on_batch, stop_strings=cfg.stop, agent=trainer.agent)
+            on_batch=on_batch, stop_strings=cfg.stop, agent=trainer.agent, token_budget=cfg.micro_batch_tokens)
     if world.size == 1:
         return mine
     totals = world.sum(torch.tensor([float(mine.size), mine.accuracy * mine.size], dtype=torch.float64))

@@ -24,6 +24,7 @@ from grpo.forward import (
     decode,
     encode_prompt_batch,
     head_logits,
+    join_caches,
     left_pad,
     output_head,
     positions,
@@ -136,11 +137,17 @@ def sample_next(
     generator: torch.Generator | None = None,
     uniforms: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Draw one token per row; return it and its log-prob under softmax(logits / temperature).
+    """Draw one token per row; return it and its log-prob under the distribution it was drawn from.
 
-    The log-prob is that of the policy being trained (temperature-scaled, not
-    truncated by top-k/top-p), the one the training pass recomputes.
-    temperature = 0 is greedy decoding. Each row's uniform number comes from
+    That distribution is softmax(logits / temperature) truncated to the
+    top-k / top-p set and renormalised: log pi_sampler(a) = z_a / T -
+    log sum_{b in kept} exp(z_b / T). With neither option it is the untruncated
+    softmax(logits / T), the policy the training pass recomputes. Both engines
+    record this one definition (vLLM's ``processed_logprobs``): the TIS weight
+    pi_trainer / pi_sampler then divides by the probability the token was
+    really drawn with, so it corrects the truncation as well as the engines'
+    numerical mismatch (docs/sampler-logprobs.md says why).
+    temperature = 0 is greedy decoding (log softmax(logits), as vLLM's). Each row's uniform number comes from
     ``uniforms`` (n,) when given (per-row streams, grpo/streams.py), else
     from ``generator``. (n, V) -> (n,), (n,).
     """
@@ -150,7 +157,10 @@ def sample_next(
         logp = torch.log_softmax(logits, dim=-1)
     else:
         logp = torch.log_softmax(logits / temperature, dim=-1)
-        probs = filter_logits(logp, top_k=top_k, top_p=top_p).softmax(dim=-1)
+        kept = filter_logits(logp, top_k=top_k, top_p=top_p)
+        probs = kept.softmax(dim=-1)
+        if top_k > 0 or top_p < 1.0:  # the kept tokens' mass renormalised to 1, as the draw uses it
+            logp = kept.log_softmax(dim=-1)
         if uniforms is None:
             uniforms = torch.rand(probs.shape[0], generator=generator, device=probs.device)
         token = inverse_cdf(probs, uniforms)
@@ -321,25 +331,37 @@ def resume(paused: list[tuple[Tensor, DecodeState]], rows: list[int]) -> DecodeS
 
 
 def prefill(
-    decoder: nn.Module, lm_head: nn.Module, state: DecodeState, chunks: list[list[int]], pad_id: int
+    decoder: nn.Module, lm_head: nn.Module, state: DecodeState, chunks: list[list[int]], pad_id: int,
+    token_budget: int = 0,
 ) -> DecodeState:
     """Run each row's new tokens (r rows, any lengths >= 1) onto its cache; return where sampling continues.
 
     The chunks are left-padded to one block, so every row's last column is
     a real token and its hidden state gives the next token's logits.
+    ``token_budget`` (0: none): the rows run in calls of at most that many new tokens (rows x W,
+    at least one row a call), their caches then joined.
     """
     ids, block = left_pad(chunks, pad_id, state.attn.device)  # (r, W)
     attn = torch.cat([state.attn, block], dim=1)
     pos = state.next_pos.unsqueeze(1) + positions(block)  # (r, W)
-    out = decode(decoder, state.cache, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
-    logits = head_logits(out.last_hidden_state[:, -1], lm_head)  # (r, V)
-    return DecodeState(out.cache, attn, state.next_pos + block.sum(dim=1), logits)
+    step = len(chunks) if token_budget <= 0 else max(1, token_budget // ids.shape[1])
+    caches, hidden = [], []
+    for i in range(0, len(chunks), step):
+        rows = torch.arange(i, min(i + step, len(chunks)), device=ids.device)
+        cache = state.cache if step >= len(chunks) else select_rows(state.cache, rows)
+        out = decode(decoder, cache, input_ids=ids[rows], attention_mask=attn[rows], position_ids=pos[rows],
+                     use_cache=True)
+        caches.append(out.cache)
+        hidden.append(out.last_hidden_state[:, -1])
+    logits = head_logits(torch.cat(hidden), lm_head)  # (r, V)
+    return DecodeState(join_caches(caches), attn, state.next_pos + block.sum(dim=1), logits)
 
 
 def start_state(decoder: nn.Module, lm_head: nn.Module, prompt_ids: list[list[int]], group_size: int,
-                pad_id: int) -> DecodeState:
-    """The B prompts run once, their state repeated for the G rows of each group."""
-    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id)
+                pad_id: int, token_budget: int = 0) -> DecodeState:
+    """The B prompts run once (in calls within ``token_budget``), their state repeated for the G rows of each
+    group."""
+    state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id, token_budget=token_budget)
     return DecodeState(state.cache, state.attn, state.next_pos, head_logits(state.last_hidden, lm_head))
 
 
@@ -359,6 +381,7 @@ def generate(
     generator: torch.Generator | None = None,
     streams: Tensor | None = None,
     stop_early: Callable[[int, int], bool] | None = None,
+    token_budget: int = 0,
 ) -> Rollout:
     """Sample group_size completions for each prompt, sharing each prompt's KV cache.
 
@@ -370,6 +393,7 @@ def generate(
     once, as if that were the limit (the pre-flight check's token-limit fit).
     ``streams`` (N, 2), one key per row (grpo/streams.py), gives each row its own
     random numbers, whatever else is in the batch; without it rows draw from ``generator``.
+    ``token_budget`` (0: none): the prompts' prefill runs in calls of at most that many tokens.
     A single-turn episode (grpo/episodes.py) is exactly this.
     """
     decoder, lm_head = model.get_decoder(), output_head(model)
@@ -377,7 +401,7 @@ def generate(
     stops = torch.tensor(
         stop_token_ids if stop_token_ids is not None else end_of_turn_ids(model, tokenizer), device=device
     )
-    state = start_state(decoder, lm_head, prompt_ids, group_size, tokenizer.pad_token_id)
+    state = start_state(decoder, lm_head, prompt_ids, group_size, tokenizer.pad_token_id, token_budget)
     turn = sample_turn(
         decoder, lm_head, tokenizer, state, max_new_tokens=max_new_tokens, stops=stops,
         temperature=temperature, top_p=top_p, top_k=top_k, stop_strings=stop_strings, generator=generator,

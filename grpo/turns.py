@@ -12,15 +12,17 @@ from grpo.rollout import Turn, prefill, resume, sample_turn, start_state
 
 class OwnTurns:
     """Turns sampled on the policy itself. With ``keep_cache`` each episode's KV cache is paused after a
-    turn and continued with the environment's tokens; without, the conversation is encoded again."""
+    turn and continued with the environment's tokens; without, the conversation is encoded again. Every
+    prefill runs in calls of at most ``token_budget`` tokens (0: none)."""
 
     def __init__(self, model: nn.Module, tokenizer: object, prompts: list[list[int]], group_size: int,
-                 stops: list[int], *, keep_cache: bool) -> None:
+                 stops: list[int], *, keep_cache: bool, token_budget: int = 0) -> None:
         self.decoder, self.lm_head = model.get_decoder(), output_head(model)
-        self.tokenizer, self.keep_cache = tokenizer, keep_cache
+        self.tokenizer, self.keep_cache, self.token_budget = tokenizer, keep_cache, token_budget
         self.device = next(model.parameters()).device
         self.stops = torch.tensor(stops, device=self.device)
-        self.state = start_state(self.decoder, self.lm_head, prompts, group_size, tokenizer.pad_token_id)
+        self.state = start_state(self.decoder, self.lm_head, prompts, group_size, tokenizer.pad_token_id,
+                                 token_budget)
         self.turn: Turn | None = None
 
     def sample(self, budgets: list[int], drawn: list[int], streams: Tensor | None,
@@ -38,11 +40,12 @@ class OwnTurns:
         """Go on with the turn's rows ``going`` after their environment's tokens ``replies``."""
         pad_id = self.tokenizer.pad_token_id
         if not self.keep_cache:
-            self.state = start_state(self.decoder, self.lm_head, conversations, 1, pad_id)
+            self.state = start_state(self.decoder, self.lm_head, conversations, 1, pad_id, self.token_budget)
             return
         ends = [int(self.turn.tokens[j, int(self.turn.lengths[j]) - 1]) for j in going]
         chunks = [[end, *ids] for end, ids in zip(ends, replies, strict=True)]  # a turn's last token was never run
-        self.state = prefill(self.decoder, self.lm_head, resume(self.turn.paused, going), chunks, pad_id)
+        self.state = prefill(self.decoder, self.lm_head, resume(self.turn.paused, going), chunks, pad_id,
+                             self.token_budget)
 
 
 class EngineTurns:

@@ -251,15 +251,28 @@ def reference_logprobs(trainer: TrainerParts, rollout: Rollout) -> Tensor | None
 
 
 def scored_logprobs(trainer: TrainerParts, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
-    """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``; a process
-    with no group of the batch joins the FSDP gathers and returns the rollout's own."""
+    """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``, micro-batch
+    by micro-batch as the update packs them (within micro_batch_tokens); a process with no group of the
+    batch joins the FSDP gathers and returns the rollout's own."""
     if not rollout.prompt_ids:
         policy.without_grad(lambda model: None)
         return rollout.logprobs
+    parts = micro_batches(trainer.config, rollout, torch.arange(len(rollout.prompt_ids)))
     with context or nullcontext(), trainer.autocast:
-        logp, _ = policy.without_grad(
-            rollout_logprobs, rollout, trainer.tokenizer.pad_token_id, temperature=trainer.config.temperature)
-    return logp.float()
+        return policy.without_grad(micro_batched_logprobs, rollout, parts, trainer.tokenizer.pad_token_id,
+                                   temperature=trainer.config.temperature)
+
+
+def micro_batched_logprobs(model: nn.Module, rollout: Rollout, parts: list[Micro], pad_id: int, *,
+                           temperature: float) -> Tensor:
+    """The rollout's log-probs, (N, T) in fp32, one ``rollout_logprobs`` call per micro-batch of ``parts``
+    (which cover every row once): each call repeats only its own prompts' cache, never all N rows'."""
+    out = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)  # (N, T)
+    for micro in parts:
+        sub = micro.select(rollout)
+        logp, _ = rollout_logprobs(model, sub, pad_id, temperature=temperature)  # (n, T')
+        out[micro.rows(rollout.group_size).to(out.device), : logp.shape[1]] = logp.float()
+    return out
 
 
 @torch.no_grad()

@@ -15,8 +15,10 @@ a small model).
 
 What the engine returns is the own sampler's record, a :class:`Rollout`
 (token ids, the sampler's per-token log-probs), so the trainer's step is the
-same for both engines; the log-probs are those of softmax(logits /
-temperature), vLLM's ``processed_logprobs``, the policy the trainer trains.
+same for both engines; the log-probs are those of the distribution each
+token was drawn from, softmax(logits / temperature) truncated by top-k/top-p
+and renormalised: vLLM's ``processed_logprobs``, the own sampler's definition
+(docs/sampler-logprobs.md).
 Weights: full fine-tuning sends every parameter once per step, bucket by
 bucket, and the worker copies them into vLLM's model (no reload of the model); LoRA writes
 the adapter alone (a few MB) and each step samples with a new adapter

@@ -295,3 +295,48 @@ def test_rows_without_tokens_cost_nothing_and_score_zero(tiny_model, tokenizer):
         logp, _ = rollout_logprobs(tiny_model, empty, tokenizer.pad_token_id)
         assert logp.shape == r.mask.shape and torch.all(logp[mask == 0] == 0)
         torch.testing.assert_close(logp[mask == 1], r.logprobs[mask == 1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.unit  # a pure function: make mutants runs it
+def test_the_recorded_log_prob_is_that_of_the_truncated_distribution_the_token_was_drawn_from():
+    # logits / T = [2, 1, 0, -1] at T = 0.5: softmax = [0.644, 0.237, 0.087, 0.032]; top_k = 2 keeps the
+    # first two, renormalised: [0.731, 0.269] = softmax([2, 1]); top_p = 0.7 keeps the same two
+    from grpo.rollout import sample_next
+
+    logits = torch.tensor([[1.0, 0.5, 0.0, -0.5]]).expand(400, 4)
+    kept = torch.tensor([2.0, 1.0]).log_softmax(dim=-1)  # log [0.731, 0.269]
+    gen = torch.Generator().manual_seed(0)
+    for options in ({"top_k": 2}, {"top_p": 0.7}, {"top_k": 3, "top_p": 0.7}):
+        token, logp = sample_next(logits, temperature=0.5, generator=gen, **options)
+        assert set(token.tolist()) == {0, 1}
+        torch.testing.assert_close(logp, kept[token], atol=1e-6, rtol=0)
+    # without truncation: the untruncated softmax(logits / T), as before
+    token, logp = sample_next(logits, temperature=0.5, generator=gen)
+    torch.testing.assert_close(logp, torch.tensor([2.0, 1.0, 0.0, -1.0]).log_softmax(dim=-1)[token])
+
+
+def _worker_module():
+    """grpo/vllm_side/grpo_vllm_worker.py, which runs under vLLM's Python and imports nothing of grpo."""
+    import importlib.util
+    from pathlib import Path
+
+    import grpo
+
+    path = Path(grpo.__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
+    spec = importlib.util.spec_from_file_location("grpo_vllm_worker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.unit
+def test_the_worker_asks_vllm_for_the_truncated_distributions_log_probs():
+    # vLLM's processed_logprobs are after temperature, top-k and top-p: the definition sample_next records
+    worker = _worker_module()
+    settings = {"model": "m", "dtype": "float32", "seed": 0, "memory": 0.5, "max_model_len": 64, "lora_rank": 0}
+    assert worker.engine_options(settings)["logprobs_mode"] == "processed_logprobs"
+    request = {"prompt": [1, 2], "temperature": 0.7, "top_p": 0.9, "top_k": 5, "max_tokens": 8, "seed": 3,
+               "stop": [], "stop_token_ids": [2]}
+    options = worker.sampling_options(request)
+    assert (options["temperature"], options["top_p"], options["top_k"], options["logprobs"]) == (0.7, 0.9, 5, 0)
+    assert worker.sampling_options({**request, "top_k": 0})["top_k"] == -1  # vLLM's "no top-k"

@@ -100,8 +100,26 @@ def test_step0_logprobs_match_on_completions_and_episodes_and_full_weights_follo
     again = full.engine.generate(prompts, group_size=4, max_new_tokens=8, temperature=0.7,
                                  streams=stream_keys(0, 1, 0, torch.arange(12)))
     assert torch.equal(again.completion_ids, rollout.completion_ids)  # a completion's seed is its stream's
+    _check_truncated(full)
     _check_episodes(full)
     _check_sync(full)
+
+
+def _check_truncated(trainer: GRPOTrainer) -> None:
+    """Under top-k and top-p vLLM records the log-prob of the truncated, renormalised distribution, as the own
+    sampler does (docs/sampler-logprobs.md): here computed directly from the trainer's logits."""
+    from grpo.rollout import filter_logits
+
+    rollout = trainer.engine.generate(trainer.train_prompts[:2], group_size=3, max_new_tokens=8, temperature=0.7,
+                                      top_k=5, top_p=0.9, streams=stream_keys(0, 1, 0, torch.arange(6)))
+    for i in range(6):
+        prompt, n = trainer.train_prompts[i // 3], int(rollout.lengths[i])
+        ids = torch.tensor([prompt + rollout.completion_ids[i, :n].tolist()])
+        with torch.no_grad():
+            logits = trainer.model(ids).logits[0, len(prompt) - 1 : -1].float() / 0.7  # (n, V)
+        kept = filter_logits(logits.log_softmax(dim=-1), top_k=5, top_p=0.9).log_softmax(dim=-1)
+        direct = kept.gather(1, ids[0, len(prompt):].unsqueeze(1)).squeeze(1)
+        torch.testing.assert_close(rollout.logprobs[i, :n], direct, atol=STEP0_TOLERANCE, rtol=0)
 
 
 def _check_episodes(trainer: GRPOTrainer) -> None:

@@ -116,7 +116,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
                           max_new_tokens=limit, samples=args.samples, ks=args.k,
                           temperature=args.temperature, stop_strings=shaped.stop,
-                          generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent)
+                          generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent,
+                          token_budget=int(run.get("micro_batch_tokens", TrainConfig.micro_batch_tokens)))
     finally:
         reward.close()
         if toolbox is not None:

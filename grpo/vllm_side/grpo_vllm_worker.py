@@ -73,13 +73,17 @@ def _error_kind(err: BaseException) -> str:
     return "other"
 
 
-def _start(settings: dict) -> object:
-    from vllm import LLM
+def engine_options(settings: dict) -> dict:
+    """The keyword arguments of vLLM's ``LLM`` for the trainer's ``settings``.
 
+    ``processed_logprobs``: each sampled token's log-prob under the distribution it was drawn from, after
+    temperature, top-k and top-p (renormalised over the kept tokens), the one definition of the sampler's
+    log-prob that the own engine records too (grpo/rollout.py ``sample_next``; docs/sampler-logprobs.md).
+    """
     kwargs = dict(
         model=settings["model"], tokenizer=settings["model"], dtype=settings["dtype"], seed=settings["seed"],
         gpu_memory_utilization=settings["memory"], enable_prefix_caching=True,
-        logprobs_mode="processed_logprobs",  # after temperature: the policy the trainer trains
+        logprobs_mode="processed_logprobs",
         worker_extension_cls="grpo_vllm_worker.WeightLoader", max_model_len=settings["max_model_len"],
         # every prompt of a batch prefilled in one step: vLLM rewinds the random generator of a request whose
         # prefill was split across steps, which its CPU generators cannot do ("does not use offset")
@@ -89,7 +93,24 @@ def _start(settings: dict) -> object:
         kwargs.update(enable_lora=True, max_lora_rank=settings["lora_rank"], max_loras=1)
     if settings.get("sleep"):
         kwargs["enable_sleep_mode"] = True
-    return LLM(**kwargs, **settings.get("extra", {}))
+    return {**kwargs, **settings.get("extra", {})}
+
+
+def _start(settings: dict) -> object:
+    from vllm import LLM
+
+    return LLM(**engine_options(settings))
+
+
+def sampling_options(request: dict) -> dict:
+    """The keyword arguments of vLLM's ``SamplingParams`` for one request: one completion, its top-k/top-p
+    applied by vLLM's sampler (so the processed log-prob is that of the truncated distribution)."""
+    return dict(
+        n=1, temperature=request["temperature"], top_p=request["top_p"], top_k=request["top_k"] or -1,
+        max_tokens=request["max_tokens"], seed=request["seed"], stop=list(request["stop"]) or None,
+        include_stop_str_in_output=True, stop_token_ids=request["stop_token_ids"],
+        ignore_eos=not request["stop_token_ids"], logprobs=0, detokenize=bool(request["stop"]),
+    )
 
 
 def _generate(llm: object, requests: list[dict], lora: tuple[str, int, str] | None) -> list[tuple]:
@@ -99,12 +120,7 @@ def _generate(llm: object, requests: list[dict], lora: tuple[str, int, str] | No
     prompts, params = [], []
     for r in requests:
         prompts.append({"prompt_token_ids": r["prompt"]})
-        params.append(SamplingParams(
-            n=1, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"] or -1, max_tokens=r["max_tokens"],
-            seed=r["seed"], stop=list(r["stop"]) or None, include_stop_str_in_output=True,
-            stop_token_ids=r["stop_token_ids"], ignore_eos=not r["stop_token_ids"], logprobs=0,
-            detokenize=bool(r["stop"]),
-        ))
+        params.append(SamplingParams(**sampling_options(r)))
     request = LoRARequest(*lora) if lora else None
     outputs = llm.generate(prompts, params, lora_request=request, use_tqdm=False)
     results = []

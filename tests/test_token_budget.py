@@ -1,0 +1,71 @@
+"""Every pass that runs the model keeps within one token budget, micro_batch_tokens: sampling's prefill,
+the reference's and the old policy's log-probs, the update, evaluation and the pre-flight's timing.
+
+A model call's size is its rows times the tokens it feeds (the width of ``input_ids`` or
+``inputs_embeds``), recorded by wrapping the decoder's forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_run import tiny_trainer
+
+from grpo.logprobs import rollout_logprobs
+from grpo.update import scored_logprobs
+
+BUDGET = 48  # a tiny-task prompt is ~25 tokens, a group 4 x 6 completion tokens: most passes must split
+
+
+def record_calls(*models: torch.nn.Module) -> list[int]:
+    """rows x tokens of every decoder call of ``models`` from now on."""
+    calls: list[int] = []
+    for model in models:
+        decoder = model.get_decoder()
+        own = decoder.forward
+
+        def forward(*args, _own=own, **kwargs):
+            fed = kwargs.get("input_ids")
+            fed = kwargs.get("inputs_embeds") if fed is None else fed
+            calls.append(fed.shape[0] * fed.shape[1])
+            return _own(*args, **kwargs)
+
+        decoder.forward = forward
+    return calls
+
+
+@pytest.mark.parametrize("passes", ["reference", "old_policy"])
+def test_every_model_call_of_a_step_and_an_evaluation_keeps_within_the_token_budget(passes):
+    # reference: beta > 0 runs the frozen copy; old_policy: TIS off-policy (2 epochs x 2 minibatches) runs pi_old
+    options = {"beta": 0.04} if passes == "reference" else {"epochs": 2, "minibatches": 2}
+    trainer = tiny_trainer(micro_batch_tokens=BUDGET, steps=1, eval_size=8, **options)
+    try:
+        models = [trainer.model] + ([trainer.reference.model] if trainer.reference is not None else [])
+        calls = record_calls(*models)
+        batch = trainer.sample_batch(1)
+        sampled = len(calls)
+        trainer._train_on(1, batch, {}, 0.0)
+        trained = len(calls)
+        trainer.evaluate()
+        from grpo.preflight import update_seconds
+
+        update_seconds(trainer, batch.rollout)
+        assert sampled > 0 and trained > sampled and len(calls) > trained
+        assert max(calls) <= BUDGET, sorted(calls)[-5:]
+    finally:
+        trainer.close()
+
+
+def test_log_probs_computed_within_the_budget_equal_those_of_one_pass_over_every_row():
+    small = tiny_trainer(micro_batch_tokens=BUDGET)
+    whole = tiny_trainer()  # the default budget holds the whole tiny batch in one micro-batch
+    try:
+        rollout = small.sample_batch(1).rollout
+        with torch.no_grad():
+            once, _ = rollout_logprobs(small.model, rollout, small.tokenizer.pad_token_id)
+        split = scored_logprobs(small, small.policy, rollout)
+        torch.testing.assert_close(split, once, atol=1e-5, rtol=0)
+        assert torch.equal(scored_logprobs(whole, whole.policy, rollout), once)  # the default path: bitwise
+    finally:
+        small.close()
+        whole.close()
