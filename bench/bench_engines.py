@@ -112,8 +112,7 @@ def main() -> None:
         engine.close()
         if args.lora_rank:
             lora_model = add_lora(model, args.lora_rank)
-            lora = VLLMEngine(lora_model, tokenizer, memory=args.vllm_memory, lora_rank=args.lora_rank,
-                              max_model_len=1024)
+            lora = VLLMEngine(lora_model, tokenizer, memory=args.vllm_memory, max_model_len=1024)
             lora.start()
             one = prompts_for("16x48", tokenizer)[0][:1]
             pushes = []

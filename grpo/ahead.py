@@ -56,12 +56,8 @@ from torch import Tensor, nn
 
 from grpo.batch import Batch, sample_batch
 from grpo.checkpoint import CheckpointError
-from grpo.config import ConfigError
 from grpo.distributed import Policy
 from grpo.parts import TrainerParts
-
-ASYNC_TORCHRUN = "async_lag under torchrun is not built: sample ahead with one process, or drop --async-lag"
-ASYNC_VLLM_LORA = "async_lag with --engine vllm and LoRA is not built: use the own engine, or full fine-tuning"
 
 
 @dataclass
@@ -90,10 +86,7 @@ class SamplingAhead:
     """Samples batch t + K in a thread while the trainer updates on batch t (see the module docstring)."""
 
     def __init__(self, trainer: TrainerParts, lag: int) -> None:
-        if trainer.world.size > 1:
-            raise ConfigError(ASYNC_TORCHRUN)
-        if trainer.engine is not None and trainer.config.lora_rank:
-            raise ConfigError(ASYNC_VLLM_LORA)
+        # what it cannot do (torchrun; vLLM with an adapter) was refused before anything loaded (grpo/combinations.py)
         self.trainer, self.lag = trainer, lag
         if trainer.engine is None:  # the own engine samples from a copy, refreshed at each version
             model = copy.deepcopy(trainer.model).eval().requires_grad_(False)

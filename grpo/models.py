@@ -135,7 +135,7 @@ def _read_json(path: Path, name: str) -> dict:
 
 
 def _check_folder(path: Path, name: str) -> None:
-    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+    if is_adapter_folder(str(path)):
         check_model(adapter_base(path, name))
         return
     if not (path / "config.json").is_file():
@@ -175,7 +175,7 @@ def load_policy(name: str, *, device: str | torch.device = "cpu") -> Policy:
 
     hf_logging.disable_progress_bar()
     folder = Path(name).expanduser()
-    if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+    if is_adapter_folder(name):
         return _load_adapter(folder, name, device)
     path = resolve_model_path(name)
     try:
@@ -207,11 +207,32 @@ def _load_adapter(folder: Path, name: str, device: str | torch.device) -> Policy
     return Policy(model=model.to(device), tokenizer=tokenizer, name=name)
 
 
+def is_adapter_folder(name: str) -> bool:
+    """Whether ``name`` is a PEFT adapter folder (adapter_config.json, no config.json of a full model): a
+    file check, so the early checks can ask it before anything loads."""
+    folder = Path(name).expanduser()
+    return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
+
+
+def trains_adapter(model: nn.Module) -> bool:
+    """Whether training ``model`` trains a LoRA adapter on a frozen base (a peft model), however the adapter
+    came: ``--lora-rank`` (``add_lora``) or an adapter folder as ``--model``. The one test the trainer, the
+    vLLM engine, the reference and the refusals of unbuilt combinations ask."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def adapter_rank(model: nn.Module) -> int:
+    """The rank of the adapter ``model`` trains (its active adapter's ``r``); 0 when it trains no adapter."""
+    if not trains_adapter(model):
+        return 0
+    return int(model.peft_config[model.active_adapter].r)
+
+
 def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Module:
     """Wrap a model with a peft LoRA adapter on every linear projection of its blocks."""
     from peft import LoraConfig, get_peft_model
 
-    if hasattr(model, "peft_config"):
+    if trains_adapter(model):
         raise ModelError("the model is a LoRA adapter already (an adapter folder as --model trains it on): "
                          "drop --lora-rank")
 

@@ -53,6 +53,7 @@ from grpo.ahead import SamplingAhead
 from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages
 from grpo.batch import Batch, leave_out_errored, sample_and_score, sample_batch
+from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
 from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig, settle_config
 from grpo.distributed import Policy, World, full_state_dict, init_world, shard_policy
 from grpo.episodes import make_agent
@@ -68,12 +69,12 @@ from grpo.heldout import (
 )
 from grpo.interrupt import RunStopped, StopRequests
 from grpo.metrics import MetricsLogger
-from grpo.models import add_lora, load_policy, save_model
+from grpo.models import add_lora, load_policy, save_model, trains_adapter
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
 from grpo.process import pick_device, setup_process
 from grpo.progress import StepProgress, errored_line, summary_line
 from grpo.prompts import encode_prompts, format_task, settle_format
-from grpo.rewards import combine_rewards, resolve_reward
+from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout
@@ -88,7 +89,6 @@ from grpo.vllm_engine import VLLMEngine, cpu_share
 __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "train"]
 
 RewardFn = Callable[[str, Mapping], float]
-VLLM_FSDP_LORA = "engine vllm with LoRA under FSDP is not built: drop --fsdp (each process holds the whole model)"
 EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
 
 
@@ -96,6 +96,8 @@ class GRPOTrainer:
     """Trains a causal LM with GRPO. ``model``/``tokenizer``, ``task`` and ``rewards`` may be given
     as objects (the Python API); otherwise they come from the config's names."""
 
+    score: RewardScorer | None = None  # the rewards' scorer, and its worker processes
+    checker: RewardScorer | None = None  # the task's checker (the scorer itself when the checker is the reward)
     toolbox: ToolBox | None = None
     engine: VLLMEngine | None = None
     run_dir: Path | None = None  # where rank 0 writes; None on the other ranks
@@ -116,6 +118,19 @@ class GRPOTrainer:
         tools: Sequence[Callable] | None = None,
         env: Callable | None = None,
     ) -> None:
+        # the combinations that are not built, refused before anything loads or forks (grpo/combinations.py)
+        adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
+        refuse_unbuilt(config, world.size if world is not None else world_size(), adapter=adapter)
+        try:
+            self._build(config, model, tokenizer, task, rewards, progress, world, tools, env)
+        except BaseException:  # what was started (reward, tool workers; the vLLM engine) ends with the failure
+            self.close()
+            raise
+
+    def _build(self, config: TrainConfig, model: nn.Module | None, tokenizer: object | None, task: Task | None,
+               rewards: Sequence[RewardFn | str] | None, progress: bool, world: World | None,
+               tools: Sequence[Callable] | None, env: Callable | None) -> None:
+        """The trainer's parts, in the order they depend on each other."""
         self.progress = progress
         self.task = task if task is not None else load_task(
             config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
@@ -208,8 +223,6 @@ class GRPOTrainer:
         cfg = self.config
         if cfg.engine == "own":
             return None
-        if self.world.fsdp and cfg.lora_rank:
-            raise ConfigError(VLLM_FSDP_LORA)
         # room for the longest prompt and the longest completion any setting may ask for; an episode's
         # opening may add to the prompt (a tool list in the system message): room for that too
         after = cfg.max_episode_tokens + EPISODE_OPENING_TOKENS if self.agent is not None else 0
@@ -218,7 +231,7 @@ class GRPOTrainer:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         cpus = cpu_share(self.world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
         engine = VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
-                            seed=cfg.seed, lora_rank=cfg.lora_rank, max_model_len=longest, cpus=cpus,
+                            seed=cfg.seed, max_model_len=longest, cpus=cpus,
                             sleep=cfg.vllm_sleep and self.device.type == "cuda" and not cfg.async_lag,
                             bucket_mb=cfg.vllm_bucket_mb)  # sampling ahead: vLLM works while the policy trains
         if self.world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
@@ -234,17 +247,14 @@ class GRPOTrainer:
             self._close_workers()
 
     def _close_workers(self) -> None:
-        self.score.close()
-        self.checker.close()
-        if self.toolbox is not None:
-            self.toolbox.close()
-        if self.engine is not None:
-            self.engine.close()
+        for part in (self.score, self.checker, self.toolbox, self.engine):  # None: not started
+            if part is not None:
+                part.close()
 
     def _reference_model(self) -> Policy | None:
         """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
         LoRA reuses the base weights."""
-        if self.config.beta == 0.0 or self.config.lora_rank > 0:
+        if self.config.beta == 0.0 or trains_adapter(self.model):
             return None
         ref = copy.deepcopy(self.model).eval()
         ref.requires_grad_(False)

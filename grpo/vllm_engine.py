@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from grpo.models import adapter_rank, trains_adapter
 from grpo.rollout import Rollout, end_of_turn_ids
 
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
@@ -84,6 +85,15 @@ def find_python(configured: str = "") -> str:
     if subprocess.run([python, "-c", check], capture_output=True).returncode != 0:
         raise EngineError(f"--engine vllm: vLLM is not installed for {python}; {INSTALL_HINT}")
     return python
+
+
+def weights_for_vllm(model: nn.Module, state: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """The full weights vLLM loads, under the base model's own names: for a model that trains an adapter
+    (``grpo.models.trains_adapter``, however it came) its frozen base, the adapter going as a LoRA request;
+    else the model's weights (``state``: the gathered whole of a sharded model)."""
+    if trains_adapter(model):
+        return _base_state_dict(model)
+    return state if state is not None else model.state_dict()
 
 
 def _base_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -136,14 +146,15 @@ class VLLMEngine:
     """
 
     def __init__(self, model: nn.Module, tokenizer: object, *, python: str = "", memory: float = 0.1,
-                 seed: int = 0, lora_rank: int = 0, max_model_len: int = 4096, extra: dict | None = None,
+                 seed: int = 0, max_model_len: int = 4096, extra: dict | None = None,
                  cpus: str = "", sleep: bool = False, bucket_mb: float = BUCKET_MB) -> None:
         self.python = find_python(python)
         self.sleep_mode = sleep  # vLLM's sleep mode (CUDA only): see sleep()
         self.sleeping: list[str] = []  # what vLLM has put to sleep and not woken yet: "weights", "kv_cache"
         self.cpus = cpus  # the cores vLLM's CPU backend binds its threads to ("0-3"); empty: every core
         self.tokenizer = tokenizer
-        self.memory, self.seed, self.lora_rank = memory, seed, lora_rank
+        self.memory, self.seed = memory, seed
+        self.lora_rank = adapter_rank(model)  # > 0: vLLM samples with the adapter the trainer trains
         self.bucket_bytes = max(1, int(bucket_mb * 2**20))
         self.buffer: Tensor | None = None  # the shared-memory bucket, mapped at the first full push
         self.pushed_bytes = 0  # what the last push copied through it
@@ -174,10 +185,8 @@ class VLLMEngine:
         deadline = time.monotonic() + START_SECONDS["cpu" if self.cuda_device is None else "cuda"]
         folder = self.dir / "model"
         model = self._model
-        if self.lora_rank:
-            _write_model(folder, model.get_base_model(), _base_state_dict(model))
-        else:
-            _write_model(folder, model, self._state if self._state is not None else model.state_dict())
+        base = model.get_base_model() if self.lora_rank else model  # the config vLLM loads: the base's
+        _write_model(folder, base, weights_for_vllm(model, self._state))
         self.tokenizer.save_pretrained(folder)
         address = str(self.dir / "socket")
         key = secrets.token_bytes(32)
@@ -366,7 +375,7 @@ class VLLMEngine:
             if old is not None:  # the worker drops that version when it loads this one
                 shutil.rmtree(old[2], ignore_errors=True)
         else:
-            self._push_buckets(state if state is not None else model.state_dict())
+            self._push_buckets(weights_for_vllm(model, state))
             self._wake(["kv_cache"])
         return time.perf_counter() - t0
 

@@ -98,14 +98,14 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_engine(config: TrainConfig) -> None:
-    """--engine vllm: a Python that has vLLM (EngineError, one line, if not); not LoRA under FSDP."""
+def _check_engine(config: TrainConfig, nproc: int) -> None:
+    """The combinations that are not built (grpo/combinations.py), for the processes about to run;
+    --engine vllm: a Python that has vLLM (EngineError, one line, if not)."""
+    from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
+
+    refuse_unbuilt(config, world_size(nproc), adapter=config_trains_adapter(config))
     if config.engine != "vllm":
         return
-    if config.fsdp and config.lora_rank:
-        from grpo.trainer import VLLM_FSDP_LORA
-
-        raise ConfigError(VLLM_FSDP_LORA)
     from grpo.vllm_engine import find_python
 
     find_python(config.vllm_python)
@@ -151,7 +151,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         check_run_dir(Path(config.output))
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
-    _check_engine(config)
+    _check_engine(config, args.nproc)
     from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
 
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
