@@ -2,7 +2,8 @@
 the reference's and the old policy's log-probs, the update, evaluation and the pre-flight's timing.
 
 A model call's size is its rows times the tokens it feeds (the width of ``input_ids`` or
-``inputs_embeds``), recorded by wrapping the decoder's forward.
+``inputs_embeds``), recorded by wrapping the decoder's forward. A call holds at most the budget, or one
+row when that row alone is over it (a long conversation re-encoded), as the update's packing has it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from grpo.update import scored_logprobs
 BUDGET = 48  # a tiny-task prompt is ~25 tokens, a group 4 x 6 completion tokens: most passes must split
 
 
-def record_calls(*models: torch.nn.Module) -> list[int]:
-    """rows x tokens of every decoder call of ``models`` from now on."""
-    calls: list[int] = []
+def record_calls(*models: torch.nn.Module) -> list[tuple[int, int]]:
+    """(rows, tokens) of every decoder call of ``models`` from now on."""
+    calls: list[tuple[int, int]] = []
     for model in models:
         decoder = model.get_decoder()
         own = decoder.forward
@@ -27,11 +28,16 @@ def record_calls(*models: torch.nn.Module) -> list[int]:
         def forward(*args, _own=own, **kwargs):
             fed = kwargs.get("input_ids")
             fed = kwargs.get("inputs_embeds") if fed is None else fed
-            calls.append(fed.shape[0] * fed.shape[1])
+            calls.append((fed.shape[0], fed.shape[1]))
             return _own(*args, **kwargs)
 
         decoder.forward = forward
     return calls
+
+
+def over_budget(calls: list[tuple[int, int]], budget: int = BUDGET) -> list[tuple[int, int]]:
+    """The calls of several rows whose tokens exceed the budget."""
+    return [(rows, width) for rows, width in calls if rows > 1 and rows * width > budget]
 
 
 @pytest.mark.parametrize("passes", ["reference", "old_policy"])
@@ -51,7 +57,7 @@ def test_every_model_call_of_a_step_and_an_evaluation_keeps_within_the_token_bud
 
         update_seconds(trainer, batch.rollout)
         assert sampled > 0 and trained > sampled and len(calls) > trained
-        assert max(calls) <= BUDGET, sorted(calls)[-5:]
+        assert over_budget(calls) == []
     finally:
         trainer.close()
 
@@ -69,3 +75,30 @@ def test_log_probs_computed_within_the_budget_equal_those_of_one_pass_over_every
     finally:
         small.close()
         whole.close()
+
+
+@pytest.mark.parametrize("reencode", [False, True])
+def test_an_episodes_prefills_keep_within_the_budget_and_sample_the_same(reencode):
+    # each turn after the first runs the environment's reply (~27 tokens) onto every live row's cache (or,
+    # re-encoding, the whole conversation): those prefills are split as the first one (2 x 25 tokens) is
+    budget = 30
+    from conftest import make_model, make_tokenizer
+    from test_episodes import ROWS, Echo
+
+    from grpo.episodes import Agent
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    agent = Agent(Echo, max_turns=4, max_episode_tokens=200, reencode=reencode)
+
+    def run(budget: int):
+        # a vowel ends a turn: most of the 8 episodes take three turns, 6 rows continuing at once
+        return agent.run(model, tokenizer, ROWS, group_size=4, max_new_tokens=30, stop_strings=("a", "e", "o"),
+                         generator=torch.Generator().manual_seed(0), token_budget=budget)
+
+    whole = run(0)
+    calls = record_calls(model)
+    split = run(budget)
+    assert sum(e.turns >= 2 for e in split.episodes) >= 2 and calls and over_budget(calls, budget) == []
+    assert torch.equal(split.completion_ids, whole.completion_ids)
+    torch.testing.assert_close(split.logprobs, whole.logprobs, atol=1e-5, rtol=0)
