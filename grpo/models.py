@@ -228,6 +228,17 @@ def adapter_rank(model: nn.Module) -> int:
     return int(model.peft_config[model.active_adapter].r)
 
 
+def base_weights(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The model's full weights under the base architecture's own names, what another engine (vLLM) loads:
+    for a model that trains an adapter (``trains_adapter``) its frozen base without the adapter (peft's
+    ``...base_layer.weight`` named ``...weight``, no ``lora_`` tensor); else its own weights (``state``:
+    the gathered whole of a sharded model)."""
+    if not trains_adapter(model):
+        return state if state is not None else model.state_dict()
+    return {name.replace(".base_layer.", "."): value for name, value in model.get_base_model().state_dict().items()
+            if "lora_" not in name}
+
+
 def add_lora(model: nn.Module, rank: int, alpha: float | None = None) -> nn.Module:
     """Wrap a model with a peft LoRA adapter on every linear projection of its blocks."""
     from peft import LoraConfig, get_peft_model

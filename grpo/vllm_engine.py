@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from grpo.models import adapter_rank, trains_adapter
+from grpo.models import adapter_rank, base_weights
 from grpo.rollout import Rollout, end_of_turn_ids
 
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
@@ -85,24 +85,6 @@ def find_python(configured: str = "") -> str:
     if subprocess.run([python, "-c", check], capture_output=True).returncode != 0:
         raise EngineError(f"--engine vllm: vLLM is not installed for {python}; {INSTALL_HINT}")
     return python
-
-
-def weights_for_vllm(model: nn.Module, state: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-    """The full weights vLLM loads, under the base model's own names: for a model that trains an adapter
-    (``grpo.models.trains_adapter``, however it came) its frozen base, the adapter going as a LoRA request;
-    else the model's weights (``state``: the gathered whole of a sharded model)."""
-    if trains_adapter(model):
-        return _base_state_dict(model)
-    return state if state is not None else model.state_dict()
-
-
-def _base_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """A LoRA model's frozen base weights under the base model's own names (no adapter tensors)."""
-    state = {}
-    for name, value in model.get_base_model().state_dict().items():
-        if "lora_" not in name:
-            state[name.replace(".base_layer.", ".")] = value
-    return state
 
 
 def _distinct(state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -186,7 +168,7 @@ class VLLMEngine:
         folder = self.dir / "model"
         model = self._model
         base = model.get_base_model() if self.lora_rank else model  # the config vLLM loads: the base's
-        _write_model(folder, base, weights_for_vllm(model, self._state))
+        _write_model(folder, base, base_weights(model, self._state))
         self.tokenizer.save_pretrained(folder)
         address = str(self.dir / "socket")
         key = secrets.token_bytes(32)
@@ -375,7 +357,7 @@ class VLLMEngine:
             if old is not None:  # the worker drops that version when it loads this one
                 shutil.rmtree(old[2], ignore_errors=True)
         else:
-            self._push_buckets(weights_for_vllm(model, state))
+            self._push_buckets(base_weights(model, state))
             self._wake(["kv_cache"])
         return time.perf_counter() - t0
 

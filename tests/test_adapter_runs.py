@@ -11,10 +11,9 @@ from tiny_run import tiny_config, tiny_task
 
 from grpo.cli import main as cli_main
 from grpo.config import ConfigError
-from grpo.models import adapter_rank, trains_adapter
+from grpo.models import adapter_rank, base_weights, trains_adapter
 from grpo.process import setup_process
 from grpo.trainer import GRPOTrainer
-from grpo.vllm_engine import weights_for_vllm
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def test_an_adapter_folder_trains_an_adapter_for_vllm_and_the_reference(adapter_
         assert trains_adapter(trainer.model) and adapter_rank(trainer.model) == 4
         # vLLM samples with the adapter (a LoRA request of its rank), on the base's weights under the base's names
         assert trainer.engine.lora_rank == 4
-        names = set(weights_for_vllm(trainer.model))
+        names = set(base_weights(trainer.model))
         assert names == set(make_model(len(make_tokenizer())).state_dict())  # a plain Llama's names
         assert not any("base_layer" in n or "lora_" in n for n in names)
         # the KL reference is the base, the adapter switched off, as for --lora-rank: no copy of the model
@@ -69,7 +68,7 @@ def test_lora_rank_and_a_full_model_give_the_same_answers():
     try:
         assert trains_adapter(trainer.model) and adapter_rank(trainer.model) == 8 and trainer.reference is None
         assert not trains_adapter(full) and adapter_rank(full) == 0
-        assert set(weights_for_vllm(full)) == set(full.state_dict())
+        assert set(base_weights(full)) == set(full.state_dict())
     finally:
         trainer.close()
 
