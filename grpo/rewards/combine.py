@@ -1,7 +1,7 @@
 """Scoring a batch: several rewards, weighted, computed in worker processes with a per-call timeout.
 
-r_i = sum_k w_k * reward_k(completion_i, row_i). Each reward's raw mean is
-logged as ``reward/<name>``. A call that raises, returns a non-finite value
+r_i = sum_k w_k * reward_k(completion_i, row_i). Each reward's raw mean over
+the calls that gave a verdict is logged as ``reward/<name>``. A call that raises, returns a non-finite value
 or runs past the timeout is an *error*: it is counted (``reward_errors/<name>``),
 reported once with its traceback as a warning, and then either makes its row's
 total NaN (``on_error="zero"``: the row errored, and training leaves it out of
@@ -157,8 +157,8 @@ class RewardScorer:
         for k, (name, weight) in enumerate(zip(self.names, self.weights, strict=True)):
             results = self._raw(k, texts, rows, completion_ids)
             self._report(name, results)
-            raw = torch.tensor([math.nan if r.value is None else r.value for r in results],
-                               dtype=torch.float32)  # (N,) NaN: no reward from this function
+            raw = torch.tensor([math.nan if r.value is None or r.error is not None else r.value for r in results],
+                               dtype=torch.float32)  # (N,) NaN: no verdict from this function (None, or a failed call)
             total += weight * torch.nan_to_num(raw, nan=0.0)
             errored |= torch.tensor([r.error is not None for r in results], dtype=torch.bool)
             metrics.update(self._metrics(k, raw, results))
@@ -170,7 +170,8 @@ class RewardScorer:
         return self(texts, rows)[0].nan_to_num(0.0).tolist()
 
     def _metrics(self, k: int, raw: Tensor, results: Sequence[CallResult]) -> dict[str, float]:
-        """One function's mean and std over the samples it scored, its error and timeout counts,
+        """One function's mean and std over the samples it gave a verdict on (a failed call is none: it
+        is left out, as its row is from ``reward_mean``), its error and timeout counts,
         None counts (trl style) and the means of the extra numbers a verl-style dict returned.
 
         The keys stay the same from batch to batch (an extra key once seen is always logged),
@@ -185,7 +186,7 @@ class RewardScorer:
             f"reward_timeouts/{name}": float(sum(r.timed_out for r in results)),
         }
         if self.styles[k] == "trl":
-            out[f"reward_none/{name}"] = float(len(raw) - len(scored))
+            out[f"reward_none/{name}"] = float(sum(r.value is None and r.error is None for r in results))
         extras: dict[str, list[float]] = {}
         for r in results:
             for key, value in r.extras.items():
