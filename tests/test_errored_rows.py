@@ -89,6 +89,30 @@ def test_dynamic_sampling_does_not_count_a_group_that_varies_only_through_errore
     assert (advantages.view(-1, 4) != 0).any(dim=1).all()  # every trained group has a signal among valid rows
 
 
+def test_reward_errors_count_rows_over_every_round_as_errored_does():
+    trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5,
+                           filter_groups=True, max_gen_rounds=3)
+    seen = _spy(trainer)
+    m = trainer.step(1)
+    assert m["gen_rounds"] > 1, "the seed should need more than one round"
+    scored = torch.cat([rewards for rewards, _ in seen["scores"]])  # every round's rows
+    failed = int(scored.isnan().sum())
+    assert m["errored/reward"] == failed == m["reward_errors/odd_first_char_raises"]  # a count, not a mean
+    assert math.isclose(m["reward/odd_first_char_raises"], scored[~scored.isnan()].mean().item(), rel_tol=1e-6)
+
+
+def test_the_scorer_metrics_of_two_processes_sum_their_counts_and_weigh_means_by_verdicts():
+    from grpo.batch import whole_draw_means
+
+    ranks = [(8, {"reward/r": 0.5, "reward_errors/r": 4.0, "reward_timeouts/r": 1.0, "reward_none/r": 0.0}),
+             (8, {"reward/r": 1.0, "reward_errors/r": 0.0, "reward_timeouts/r": 0.0, "reward_none/r": 2.0})]
+    world = SimpleNamespace(size=2, gather_objects=lambda mine: [mine, ranks[1]])
+    pooled = whole_draw_means(SimpleNamespace(world=world), *ranks[0])
+    assert pooled["reward_errors/r"] == 4.0 and pooled["reward_timeouts/r"] == 1.0 and pooled["reward_none/r"] == 2.0
+    # verdicts: 8 - 4 = 4 on rank 0 (mean 0.5), 8 - 2 = 6 on rank 1 (mean 1.0): (4 * 0.5 + 6 * 1.0) / 10
+    assert pooled["reward/r"] == pytest.approx(0.8)
+
+
 class RaisesOnOddTurnText:
     """An environment that raises when the policy's turn has an odd length: a bug in the environment."""
 

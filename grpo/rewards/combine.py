@@ -203,6 +203,37 @@ class RewardScorer:
             self.pool = None
 
 
+COUNTS = ("reward_errors/", "reward_timeouts/", "reward_none/")  # the scorer's keys that count calls
+
+
+def pool_score_metrics(parts: Sequence[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    """The scorer's metrics of several batches (generation rounds, processes) as one batch's: ``parts``
+    holds (rows scored, metrics) per batch.
+
+    A count (``reward_errors/``, ``reward_timeouts/``, ``reward_none/``) is the sum over the parts, as
+    ``errored/*`` counts rows. ``reward/<name>`` is a mean over the calls with a verdict, so each part
+    weighs by its verdicts, n_p - errors_p - none_p: sum_p mean_p * v_p / sum_p v_p. Any other value
+    (a std, a verl-style extra) weighs by the part's rows; a std so pooled is not the pooled std.
+    """
+    keys = list(dict.fromkeys(key for _, m in parts for key in m))
+
+    def weight(key: str, rows: int, m: Mapping[str, float]) -> float:
+        name = key.removeprefix("reward/")
+        if f"reward_errors/{name}" not in keys:
+            return float(rows)
+        return rows - m.get(f"reward_errors/{name}", 0.0) - m.get(f"reward_none/{name}", 0.0)
+
+    out = {}
+    for key in keys:
+        if key.startswith(COUNTS):
+            out[key] = sum(m.get(key, 0.0) for _, m in parts)
+            continue
+        weights = [weight(key, rows, m) for rows, m in parts]
+        total = sum(weights)
+        out[key] = sum(w * m.get(key, 0.0) for w, (_, m) in zip(weights, parts, strict=True)) / total if total else 0.0
+    return out
+
+
 def combine_rewards(
     fns: Sequence[RewardFn], weights: Sequence[float] | None = None, **options: object
 ) -> RewardScorer:
