@@ -157,6 +157,48 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training():
     assert mask[broken].sum() == 0 and advantages[broken].abs().sum() == 0 and lengths[broken].sum() == 0
 
 
+class ClosedOnSomeRows:
+    """Cannot open some tasks: reset raises for every episode of their groups; the others end after one turn."""
+
+    def reset(self, example):
+        if int(example["prompt"].split()[-1]) % 3 == 0:
+            raise RuntimeError("no such task")
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, messages):
+        return None, 0.0, True
+
+
+def test_a_group_whose_environment_never_opened_is_left_out_and_counted():
+    from conftest import make_model, make_tokenizer
+    from tiny_run import tiny_config, tiny_task
+
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    config = tiny_config(max_turns=2, prompts_per_step=8, group_size=4, seed=0)
+    setup_process(config)
+    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
+                          task=tiny_task(), env=ClosedOnSomeRows, progress=False)
+    seen, drawn, run = _spy(trainer), [], trainer.agent.run
+
+    def keep(model, tokenizer, rows, **kwargs):
+        drawn.extend(rows)
+        return run(model, tokenizer, rows, **kwargs)
+
+    trainer.agent.run = keep
+    with pytest.warns(RuntimeWarning, match="no such task"):
+        m = trainer.step(1)
+    closed = torch.tensor([int(row["prompt"].split()[-1]) % 3 == 0 for row in drawn])  # (B,)
+    assert closed.any() and (~closed).any(), "the seed should draw rows of both kinds"
+    assert m["errored/environment"] == 4 * int(closed.sum()) == m["env_errors"]
+    mask, advantages, lengths, _ = seen["update"][0]
+    broken = closed.repeat_interleave(4)
+    assert mask[broken].sum() == 0 and advantages[broken].abs().sum() == 0 and lengths[broken].sum() == 0
+    assert math.isfinite(m["loss"])
+
+
 @pytest.mark.unit
 def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
     from grpo.batch import leave_out_errored
