@@ -26,8 +26,8 @@ def _eval_config(args: argparse.Namespace, run: dict) -> TrainConfig:
     one given to grpo eval winning. Its task, data and eval_size are the run's training source (where its
     few-shot examples came from); without a run, what eval is given."""
     inherited = {k: run[k] for k in RENDER_FIELDS if k in run}
-    if "stop" in inherited:
-        inherited["stop"] = tuple(inherited["stop"])
+    if "stop" in inherited:  # the run's format's stops among them: not carried to another format
+        inherited["stop"] = tuple(inherited["stop"]) if args.prompt_format is None else ()
     if not run:
         inherited.update(task=args.task, data=args.data, eval_size=args.eval_size)
     given = {"prompt_format": args.prompt_format, "chat_template": args.chat_template, "few_shot": args.few_shot,
