@@ -21,7 +21,9 @@ of each step (``next_batch``), before it updates on the batch sampled K steps
 earlier. The loss weighs each token by the truncated importance ratio
 between the policy and the sampler's log-probs kept with every token
 (grpo/algorithm.py, ``tis_weights``): per token by default, which corrects
-the lag only in part; ``tis_level="sequence_ratio"`` without bias up to the cap.
+the lag only in part; ``tis_level="sequence_ratio"`` corrects the law each
+completion was drawn from, up to the cap, but not the group statistics nor the
+token normaliser computed from the stale draws (see ``tis_weights``).
 
 A prompt drawn for one of the K batches before is not drawn again while
 other prompts are left (``avoid``; the uniform sampler may still draw a

@@ -16,8 +16,9 @@ Sources:
   2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
   (https://fengyao.notion.site/off-policy-rl); the sequence-level mask follows
   verl's rollout importance sampling (a sequence outside the bounds leaves the loss).
-- Sequence-level importance ratio (the whole completion's prod_t rho_t, truncated), unbiased when
-  the advantage depends on the whole completion, e.g. a sampler K updates behind: Liu, Li et al.
+- Sequence-level importance ratio (the whole completion's prod_t rho_t, truncated), which corrects
+  the distribution a completion was drawn from when its advantage depends on the whole completion,
+  e.g. a sampler K updates behind (what it leaves uncorrected: ``tis_weights``): Liu, Li et al.
   2025, "When Speed Kills Stability" (https://richardli.xyz/rl-collapse, part 2: token-level
   vs sequence-level correction).
 """
@@ -166,9 +167,23 @@ def tis_weights(
       w_i = min(exp(sum_t delta_t), C), the whole completion's importance ratio
       prod_t pi_trainer(o_t | h_t) / pi_sampler(o_t | h_t), truncated. Token
       weights are biased when A_i depends on the whole completion (the prefix
-      h_t is the sampler's draw too); this one is not, short of the cap, at the
-      price of a variance that grows with the length and the mismatch (a
-      sampler K updates behind, asynchronous GRPO).
+      h_t is the sampler's draw too). What this one corrects, exactly: the law
+      each completion was drawn from. For a per-completion term f(o) that is
+      fixed before the batch is drawn, E_{o~pi_sampler}[w(o) f(o) grad log
+      pi_trainer(o)] = E_{o~pi_trainer}[f(o) grad log pi_trainer(o)] when no
+      ratio reaches C (tests/test_async_correction.py: A(o) = r(o) - b with a
+      fixed b, every completion of one length). GRPO's loss is not such a term,
+      and these stay computed from the sampler's draws, uncorrected:
+      the group-normalised advantage (mean and std over the G completions
+      pi_sampler drew: A_i depends on the other rows of its group, which the
+      row's own ratio does not reweight); the loss normaliser of aggregate
+      "token" (the batch's total tokens, a sum over the drawn lengths; "fixed"
+      is a constant, and "sequence"'s 1/|o_i| a function of o_i, so those two
+      are not at issue); the cap (a truncated ratio leans towards pi_sampler);
+      and the KL term, which the weight does not multiply. So it removes the
+      bias of the per-token weights under a lag, not all of the lag's; its
+      variance grows with the length and the mismatch (a sampler K updates
+      behind, asynchronous GRPO).
 
     Metrics, means over valid tokens: ``sampler_logp_diff`` mean |delta_t|,
     ``sampler_kl`` the k3 estimate of KL(pi_sampler || pi_trainer) (the tokens

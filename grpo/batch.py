@@ -32,6 +32,7 @@ from torch import Tensor
 from grpo.algorithm import group_varies
 from grpo.episodes import episode_total, scored_tokens
 from grpo.parts import TrainerParts
+from grpo.rewards.combine import pool_score_metrics
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.streams import stream_keys
 
@@ -48,7 +49,7 @@ class Round:
     lengths: Tensor  # (n*G,) the whole draw's completion lengths
     truncated: Tensor  # (n*G,) the whole draw's
     errors: Tensor  # (n*G,) the whole draw's: 0, or 1 + the index in ERROR_CAUSES of why the row errored
-    reward_means: dict[str, float]  # each reward function's mean over the whole draw
+    reward_means: dict[str, float]  # the scorer's metrics over the whole draw (its counts summed)
     explored: int  # how many prompts of the draw the sampler took by exploration
     seconds_generate: float
     first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
@@ -104,10 +105,9 @@ class Batch:
                        **{k: getattr(self, k).to(device) for k in whole})
 
     def reward_means(self) -> dict[str, float]:
-        """Each reward function's mean over every completion generated."""
-        total = sum(len(r.prompts) for r in self.rounds)
-        keys = self.rounds[0].reward_means
-        return {k: sum(r.reward_means[k] * len(r.prompts) for r in self.rounds) / total for k in keys}
+        """The scorer's metrics over every completion generated: each reward function's mean, its counts
+        summed over the rounds (pool_score_metrics)."""
+        return pool_score_metrics([(len(r.rewards), r.reward_means) for r in self.rounds])
 
 
 def empty_rollout(group_size: int) -> Rollout:
@@ -212,7 +212,7 @@ def generate_round(trainer: TrainerParts, drawn: list[int], step: int, index: in
         prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
         lengths=world.gather(rollout.lengths), truncated=world.gather(rollout.truncated),
         errors=world.gather(errors.to(trainer.device)),
-        reward_means=whole_draw_means(trainer, len(rows_idx), reward_means),
+        reward_means=whole_draw_means(trainer, len(rows_idx) * g, reward_means),
         explored=getattr(trainer.sampler, "explored", 0), seconds_generate=seconds,
         first_try=trainer.draws.first_tries(drawn),
     )
@@ -252,14 +252,12 @@ def leave_out_errored(trainer: TrainerParts, batch: Batch) -> Tensor:
     return valid
 
 
-def whole_draw_means(trainer: TrainerParts, groups: int, means: dict[str, float]) -> dict[str, float]:
-    """The scorer's per-process means over the whole draw, each process weighted by its groups."""
+def whole_draw_means(trainer: TrainerParts, rows: int, metrics: dict[str, float]) -> dict[str, float]:
+    """The scorer's metrics of this process's ``rows`` as the whole draw's: its means over every process's
+    rows, its counts summed over the processes (pool_score_metrics)."""
     if trainer.world.size == 1:
-        return means
-    parts = trainer.world.gather_objects((groups, means))
-    total = max(sum(count for count, _ in parts), 1)
-    keys = list(dict.fromkeys(key for _, m in parts for key in m))
-    return {key: sum(count * m.get(key, 0.0) for count, m in parts) / total for key in keys}
+        return metrics
+    return pool_score_metrics(trainer.world.gather_objects((rows, metrics)))
 
 
 def sample_and_score(

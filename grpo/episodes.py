@@ -31,6 +31,8 @@ every policy token of the episode gets the one advantage (no per-turn credit).
 An environment whose reset or step raises ends its episode as errored (counted
 as ``env_errors``; training leaves the row out of the loss and of its group's
 statistics, as a reward call that failed), or stops the run with on_error = "raise".
+A group whose every reset raised has no opening: it is not sampled, and its G
+rows are errored (empty completions, a one-token stand-in prompt).
 """
 
 from __future__ import annotations
@@ -200,18 +202,18 @@ class Agent:
         (0: none): the policy's prefills run in calls of at most that many tokens."""
         stops = end_of_turn_ids(model, tokenizer)
         envs = [self.make_env() for _ in range(len(rows) * group_size)]
-        episodes, prompts = self._open(envs, rows, group_seeds(len(rows), group_size, streams, generator),
-                                       group_size, tokenizer)
+        episodes, opened = self._open(envs, rows, group_seeds(len(rows), group_size, streams, generator),
+                                      group_size, tokenizer)
         record = _Transcripts(len(envs))
-        if engine is not None:
-            turns: OwnTurns | EngineTurns = EngineTurns(engine, prompts, group_size)
-        else:
-            turns = OwnTurns(model, tokenizer, prompts, group_size, stops,
-                              keep_cache=self.max_turns > 1 and not self.reencode and not has_sliding_window(model),
-                              token_budget=token_budget)
+        # the episodes still going, in the order the sampler holds them; a group that never opened is not sampled
+        live = [i for i in range(len(envs)) if opened[i // group_size] is not None]
+        turns = self._turns(model, tokenizer, engine, [p for p in opened if p is not None], group_size, stops,
+                            token_budget)
+        prompts = [p if p is not None else [tokenizer.pad_token_id] for p in opened]  # a stand-in: no opening
         limits = self._limits(engine, prompts, group_size)
-        live = list(range(len(envs)))  # the episodes still going, in the order the sampler holds them
         for turn_no in range(1, self.max_turns + 1):
+            if not live:
+                break
             budgets = [min(max_new_tokens, limits[i] - record.used(i)) for i in live]
             keys = None if streams is None else streams[torch.tensor(live, device=streams.device)]
             drawn = [record.used(i) for i in live]  # where each episode's stream goes on
@@ -245,6 +247,17 @@ class Agent:
             episode.stats.update(getattr(env, "stats", {}))
         return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, next(model.parameters()).device)
 
+    def _turns(self, model: nn.Module, tokenizer: object, engine: object | None, prompts: list[list[int]],
+               group_size: int, stops: list[int], token_budget: int = 0) -> OwnTurns | EngineTurns | None:
+        """Who samples the turns of the groups that opened (``prompts``): the engine or the policy itself."""
+        if not prompts:
+            return None
+        if engine is not None:
+            return EngineTurns(engine, prompts, group_size)
+        return OwnTurns(model, tokenizer, prompts, group_size, stops,
+                        keep_cache=self.max_turns > 1 and not self.reencode and not has_sliding_window(model),
+                        token_budget=token_budget)
+
     def _limits(self, engine: object | None, prompts: list[list[int]], group_size: int) -> list[int]:
         """The tokens each episode may add after its prompt; on an engine also within its length limit
         (vLLM refuses a request past it)."""
@@ -257,8 +270,9 @@ class Agent:
         return limits
 
     def _open(self, envs: list[Environment], rows: Sequence[Mapping], seeds: list[int], group_size: int,
-              tokenizer: object) -> tuple[list[Episode], list[list[int]]]:
-        """Reset every environment with its group's seed; a group's prompt is its opening conversation."""
+              tokenizer: object) -> tuple[list[Episode], list[list[int] | None]]:
+        """Reset every environment with its group's seed; a group's prompt is its opening conversation.
+        A group whose every reset raised (on_error "zero") has none (None): its episodes are errored rows."""
         episodes, prompts = [], []
         for b, (row, seed) in enumerate(zip(rows, seeds, strict=True)):
             group = envs[b * group_size : (b + 1) * group_size]
@@ -269,8 +283,10 @@ class Agent:
                 messages = self._call(episode, env.reset, *args)
                 opened.append((episode, messages))
             good = [m for _, m in opened if m is not None]
-            if not good:
-                raise EpisodeError(f"every environment's reset raised for row {b}: {opened[0][0].env_error}")
+            if not good:  # no opening to sample from: the group's rows are errored, like an episode's raise
+                episodes += [episode for episode, _ in opened]
+                prompts.append(None)
+                continue
             if any(m != good[0] for m in good[1:]):
                 raise ConfigError(
                     f"environment {type(group[0]).__qualname__}: the {group_size} episodes of row {b} opened with "

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.algorithm import group_varies
+from grpo.batch import row_errors
 from grpo.evaluate import check_all
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
@@ -270,10 +271,12 @@ class _Samples:
     reach: list[int | None] = field(default_factory=list)  # tokens to the end of the gold answer, if it appears
     answer_lengths: list[int] = field(default_factory=list)  # the gold answers' tokens, one per prompt
     rewards: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round
+    valid: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round: the rows that did not error
     metrics: list[dict[str, float]] = field(default_factory=list)  # the scorer's, per round
 
-    def grouped(self, g: int) -> torch.Tensor:
-        return torch.cat(self.rewards).view(-1, g)  # (B, G)
+    def grouped(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rewards (B, G) and which of them are verdicts (B, G): training's errored rows are not."""
+        return torch.cat(self.rewards).view(-1, g), torch.cat(self.valid).view(-1, g)
 
 
 def answer_reach(tokenizer: object, text: str, answer: str) -> int | None:
@@ -322,6 +325,7 @@ def _sample_round(
     out.lengths += lengths
     out.truncated += truncated
     out.rewards.append(rewards.nan_to_num(0.0))  # a failed call scores 0 here, as in evaluation
+    out.valid.append(row_errors(rewards, rollout, mask_truncated=cfg.mask_truncated) == 0)  # as training leaves out
     out.metrics.append(metrics)
 
 
@@ -353,18 +357,19 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     samples = _Samples()
     for first in range(0, len(order), cfg.preflight_prompts):
         _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
-        grouped = samples.grouped(g)
-        if group_varies(grouped).any():
+        grouped, valid = samples.grouped(g)
+        if group_varies(grouped, valid).any():
             break
-    same = ~group_varies(grouped)  # (B,)
+    same = ~group_varies(grouped, valid)  # (B,) as training counts them: over the rows that did not error
+    top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,) a constant group's one value
     names = trainer.score.names
     total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
     report = PreflightReport(
         prompts=len(grouped), group_size=g, max_new_tokens=cfg.max_new_tokens,
         pass_rate=sum(samples.correct) / max(len(samples.correct), 1), reward_mean=grouped.mean().item(),
         varying_frac=(~same).float().mean().item(),
-        all_correct_frac=(same & (grouped[:, 0] >= 1.0)).float().mean().item(),
-        all_wrong_frac=(same & (grouped[:, 0] <= 0.0)).float().mean().item(),
+        all_correct_frac=(same & (top >= 1.0)).float().mean().item(),
+        all_wrong_frac=(same & valid.any(dim=1) & (top <= 0.0)).float().mean().item(),
         truncated_frac=sum(samples.truncated) / max(len(samples.truncated), 1),
         lengths=_percentiles(samples.lengths),
         reward_errors={k: total(f"reward_errors/{k}") for k in names},

@@ -159,13 +159,36 @@ def encode_prompts(tokenizer: object, messages: Sequence[Messages], fmt: PromptF
     return [fmt.encode(tokenizer, msgs) for msgs in messages]
 
 
+def run_task(config: TrainConfig, *, task: Task | None = None, require_answer: bool = True) -> Task:
+    """The task as a run has it, from its config: ``task`` if given, else the one the config names
+    (a built-in task or ``data``, with its fields, template, system prompt and held-out split), then
+    formatted (:func:`format_task`). Training and ``grpo eval`` of the run's model both build it here."""
+    if task is None:
+        from grpo.tasks import load_task
+
+        task = load_task(config.task, data=config.data, heldout_size=config.eval_size,
+                         prompt_field=config.prompt_field, answer_field=config.answer_field,
+                         system_prompt=config.system_prompt, prompt_template=config.prompt_template,
+                         eval_data=config.eval_data, require_answer=require_answer)
+    return format_task(task, config)
+
+
+def run_prompts(tokenizer: object, task: Task, config: TrainConfig, rows: Sequence[Mapping]) -> list[list[int]]:
+    """The token ids a run feeds its model for these rows' prompts: the task's messages (its system prompt,
+    its few-shot examples, the row) in the config's format (prompt_format, chat_template). The one
+    renderer of a run's prompts: training's and pre-flight's (the trainer's prompts) and ``grpo eval``'s."""
+    fmt = prompt_format(tokenizer, config.prompt_format, config.chat_template)
+    return encode_prompts(tokenizer, [task.messages(r) for r in rows], fmt)
+
+
 def format_task(task: Task, config: TrainConfig) -> Task:
     """The task as the format asks: ``few_shot`` worked examples drawn from (and then left out of) the
     training rows; under r1-zero, :func:`r1_zero_reward` around its checker, and no tuned token limit
     (the task's is for a bare answer: the limit is fitted to the data, as for a user's file)."""
     if config.few_shot:
         if len(task.train) <= config.few_shot:
-            raise ConfigError(f"few_shot ({config.few_shot}) needs more training rows than that ({len(task.train)})")
+            raise ConfigError(f"few_shot ({config.few_shot}) draws its worked examples from the training rows, "
+                              f"and there are {len(task.train)}: give fewer, or more training rows")
         picked = set(random.Random(FEW_SHOT_SEED).sample(range(len(task.train)), config.few_shot))
         examples = tuple(task.train[i] for i in sorted(picked))
         train = [r for i, r in enumerate(task.train) if i not in picked]

@@ -73,7 +73,7 @@ from grpo.models import add_lora, load_policy, save_model, trains_adapter
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
 from grpo.process import pick_device, setup_process
 from grpo.progress import StepProgress, errored_line, summary_line
-from grpo.prompts import encode_prompts, format_task, settle_format
+from grpo.prompts import run_prompts, run_task, settle_format
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
@@ -81,7 +81,7 @@ from grpo.rollout import Rollout
 from grpo.run_state import RunState, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.step_metrics import RunLog, StepTimes, best_completions, step_record, write_samples
-from grpo.tasks import Task, load_task
+from grpo.tasks import Task
 from grpo.tools import ToolBox
 from grpo.update import StepStats, learning_rate, on_policy, reference_logprobs, update
 from grpo.vllm_engine import VLLMEngine, cpu_share
@@ -132,13 +132,8 @@ class GRPOTrainer:
                tools: Sequence[Callable] | None, env: Callable | None) -> None:
         """The trainer's parts, in the order they depend on each other."""
         self.progress = progress
-        self.task = task if task is not None else load_task(
-            config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
-            answer_field=config.answer_field, system_prompt=config.system_prompt,
-            prompt_template=config.prompt_template, eval_data=config.eval_data,
-            require_answer=not (rewards or config.rewards),
-        )
-        self.task = format_task(self.task, config)  # few-shot examples; r1-zero's reward
+        # the task the config names (or the one given), with its few-shot examples and r1-zero's reward
+        self.task = run_task(config, task=task, require_answer=not (rewards or config.rewards))
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
         self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
@@ -159,10 +154,8 @@ class GRPOTrainer:
             explore_frac=config.explore_frac, half_life=config.sampler_half_life,
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
-        self.train_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.train],
-                                            self.prompt_format)
-        self.heldout_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.heldout],
-                                              self.prompt_format)
+        self.train_prompts = run_prompts(self.tokenizer, self.task, self.config, self.task.train)
+        self.heldout_prompts = run_prompts(self.tokenizer, self.task, self.config, self.task.heldout)
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
         self.engine = self._engine()  # None: the own sampler, on the policy itself
         if config.async_lag:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
+import threading
 
 import pytest
 import torch
@@ -152,8 +154,16 @@ def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_pa
 def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
     """Checkpoints load on the CPU; a batch sampled ahead goes to the device the trainer updates on, every
     tensor of it (the meta device stands in for a GPU: any tensor left behind would show)."""
+    import io
+
     trainer = tiny_trainer(filter_groups=True, async_lag=1)
-    batch = trainer.sample_batch(1).to("meta")
+    trainer.ahead.ready = {2: (trainer.sample_batch(2), 1, {})}  # sampled ahead, not yet trained on
+    saved = io.BytesIO()
+    torch.save(trainer.ahead.state_dict(), saved)
+    saved.seek(0)
+    state = torch.load(saved, map_location="cpu", weights_only=False)  # as grpo/checkpoint.py loads it
+    trainer.device = torch.device("meta")
+    trainer.ahead.load_state_dict(state)
     seen = []
 
     def walk(value):
@@ -166,7 +176,7 @@ def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
             for item in value:
                 walk(item)
 
-    walk(batch)
+    walk(trainer.ahead.ready[2][0])
     assert len(seen) > 10 and set(seen) == {"meta"}
 
 
@@ -192,26 +202,49 @@ def test_the_synchronous_loop_has_no_thread():
     assert isinstance(tiny_trainer(async_lag=1).ahead, SamplingAhead)
 
 
+class SlowSampler(queue.Queue):
+    """The thread's jobs, for a sampler slower than the trainer: the thread takes the job of a step after
+    ``first`` but starts it only once the trainer closes (the end-of-jobs mark is put), so the jobs behind
+    it are still waiting then."""
+
+    def __init__(self, first: int) -> None:
+        super().__init__()
+        self.first, self.closing = first, threading.Event()
+
+    def put(self, job, block=True, timeout=None):
+        if job is None:
+            self.closing.set()
+        super().put(job, block, timeout)
+
+    def get(self, block=True, timeout=None):
+        job = super().get(block, timeout)
+        if block and job is not None and job.step > self.first:
+            self.closing.wait(timeout=120)  # bounded: a run that never stops still ends
+        return job
+
+
 def test_an_alarm_stop_drops_the_batches_not_started_and_a_resume_samples_them_fresh(tmp_path, monkeypatch, capsys):
-    """A stopping verdict after step 3 (K = 2): the thread ends, no batch beyond those already sampled is
-    sampled, and the checkpoint's batches ahead are a run of steps from 4 that next_step continues. Resumed,
-    the run reaches its last step, and any batch the stop dropped samples with fresher weights, said so."""
+    """A stopping verdict after step 3 (K = 2) while the thread is on batch 4: batch 5, handed over and not
+    started, is dropped; the checkpoint's batches ahead are a run of steps from 4 that next_step continues.
+    Resumed, the run reaches its last step, and batch 5 samples with fresher weights, said so."""
     from grpo.alarms import AlarmMonitor
 
     calls = []
     monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: calls.append(1) or ("stall: by the test" if len(calls) == 3 else None))
     trainer = tiny_trainer(steps=8, async_lag=2, save_every=100)
+    trainer.ahead.jobs = SlowSampler(first=3)
     summary = trainer.train(tmp_path / "run")
     trainer.close()
     assert summary["steps"] == 3 and summary["stopped_early"] == "stall: by the test"
     state = torch.load(next((tmp_path / "run" / "checkpoints").iterdir()) / "state.pt", weights_only=False)
     ahead = state["parts"]["ahead"]
-    assert sorted(ahead["ready"]) == list(range(4, ahead["next_step"])) and ahead["next_step"] <= 6
+    assert sorted(ahead["ready"]) == [4] and ahead["next_step"] == 5  # batch 5 was dropped, to be sampled again
+    capsys.readouterr()
     monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: None)
     resumed = tiny_trainer(steps=8, async_lag=2, save_every=100)
     resumed.train(tmp_path / "run", resume=True)
     resumed.close()
     lags = [r["async_lag"] for r in metrics_lines(tmp_path / "run") if "async_lag" in r]
     assert len(lags) == 8 and max(lags) <= 2
-    if ahead["next_step"] < 6:  # batches the stop dropped: sampled at the resume, with the weights after step 3
-        assert "fewer than async_lag 2 updates old" in capsys.readouterr().out
+    assert lags[4] < 2  # batch 5 sampled at the resume, with the weights after step 3
+    assert "batches 5-5 sample with the weights after step 3, fewer than async_lag 2 updates old" in capsys.readouterr().out

@@ -86,7 +86,10 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
     for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps", "errored_frac",
                 "completion_len", "grad_norm", "entropy", "kl", "gen_rounds", "generated_groups", "trained_groups",
                 *(k for k in one["metrics"] if k.startswith("heldout_")),
-                *(("turns_per_episode", "env_token_frac") if CASES[index].get("episodes") else ())):
+                *(("turns_per_episode", "env_token_frac") if CASES[index].get("episodes") else ()),
+                # the scorer's counts are the step's sums over ranks, its means over every rank's verdicts
+                *(k for k in one["metrics"] if k.startswith(("reward_errors/", "reward_timeouts/", "reward_none/"))),
+                *(f"reward/{k.split('/', 1)[1]}" for k in one["metrics"] if k.startswith("reward_errors/"))):
         assert two["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-6), key
     assert two["generated"] == one["generated"]  # the same completions, round by round
     assert two["trained_prompts"] == one["trained_prompts"]  # the same groups, in the same order

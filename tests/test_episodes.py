@@ -148,6 +148,31 @@ def test_an_environment_that_raises_ends_its_episode_or_the_run(tiny_model, toke
         _run(tiny_model, tokenizer, env=Broken, on_error="raise")
 
 
+class ClosedOnHi(Echo):
+    """Cannot open the task "hi" (its reset raises for every episode of that group); opens the others."""
+
+    def reset(self, example):
+        if example["prompt"] == "hi":
+            raise RuntimeError("no such task")
+        return super().reset(example)
+
+
+def test_a_group_whose_every_reset_raised_is_errored_rows_not_a_stop(tiny_model, tokenizer):
+    with pytest.warns(RuntimeWarning, match="no such task"):
+        r = _run(tiny_model, tokenizer, env=ClosedOnHi)
+    closed, other = r.episodes[:3], r.episodes[3:]  # group 0 is the row "hi"
+    assert all(e.env_error == "RuntimeError: no such task" and e.turns == 0 for e in closed)
+    assert r.mask[:3].sum() == 0 and r.env_mask[:3].sum() == 0  # not sampled: nothing to train on
+    assert all(e.env_error is None and e.turns >= 1 for e in other) and r.mask[3:].sum(dim=1).min() > 0
+    assert episode_metrics(r.episodes)["env_errors"] == 3
+    with pytest.raises(EpisodeError, match="no such task"):
+        _run(tiny_model, tokenizer, env=ClosedOnHi, on_error="raise")
+    agent = Agent(ClosedOnHi, max_turns=2, max_episode_tokens=60)
+    with pytest.warns(RuntimeWarning, match="no such task"):
+        alone = agent.run(tiny_model, tokenizer, ROWS[:1], group_size=3, max_new_tokens=4)  # no group opened
+    assert all(e.env_error for e in alone.episodes) and alone.mask.sum() == 0
+
+
 class Unseeded(Echo):
     """Draws its task from the global RNG: the G episodes of a row get different tasks."""
 

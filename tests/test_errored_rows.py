@@ -89,6 +89,30 @@ def test_dynamic_sampling_does_not_count_a_group_that_varies_only_through_errore
     assert (advantages.view(-1, 4) != 0).any(dim=1).all()  # every trained group has a signal among valid rows
 
 
+def test_reward_errors_count_rows_over_every_round_as_errored_does():
+    trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5,
+                           filter_groups=True, max_gen_rounds=3)
+    seen = _spy(trainer)
+    m = trainer.step(1)
+    assert m["gen_rounds"] > 1, "the seed should need more than one round"
+    scored = torch.cat([rewards for rewards, _ in seen["scores"]])  # every round's rows
+    failed = int(scored.isnan().sum())
+    assert m["errored/reward"] == failed == m["reward_errors/odd_first_char_raises"]  # a count, not a mean
+    assert math.isclose(m["reward/odd_first_char_raises"], scored[~scored.isnan()].mean().item(), rel_tol=1e-6)
+
+
+def test_the_scorer_metrics_of_two_processes_sum_their_counts_and_weigh_means_by_verdicts():
+    from grpo.batch import whole_draw_means
+
+    ranks = [(8, {"reward/r": 0.5, "reward_errors/r": 4.0, "reward_timeouts/r": 1.0, "reward_none/r": 0.0}),
+             (8, {"reward/r": 1.0, "reward_errors/r": 0.0, "reward_timeouts/r": 0.0, "reward_none/r": 2.0})]
+    world = SimpleNamespace(size=2, gather_objects=lambda mine: [mine, ranks[1]])
+    pooled = whole_draw_means(SimpleNamespace(world=world), *ranks[0])
+    assert pooled["reward_errors/r"] == 4.0 and pooled["reward_timeouts/r"] == 1.0 and pooled["reward_none/r"] == 2.0
+    # verdicts: 8 - 4 = 4 on rank 0 (mean 0.5), 8 - 2 = 6 on rank 1 (mean 1.0): (4 * 0.5 + 6 * 1.0) / 10
+    assert pooled["reward/r"] == pytest.approx(0.8)
+
+
 class RaisesOnOddTurnText:
     """An environment that raises when the policy's turn has an odd length: a bug in the environment."""
 
@@ -131,6 +155,48 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training():
     assert m["errored/environment"] == int(broken.sum()) == m["env_errors"] and m["errored/reward"] == 0
     mask, advantages, lengths, _ = seen["update"][0]
     assert mask[broken].sum() == 0 and advantages[broken].abs().sum() == 0 and lengths[broken].sum() == 0
+
+
+class ClosedOnSomeRows:
+    """Cannot open some tasks: reset raises for every episode of their groups; the others end after one turn."""
+
+    def reset(self, example):
+        if int(example["prompt"].split()[-1]) % 3 == 0:
+            raise RuntimeError("no such task")
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, messages):
+        return None, 0.0, True
+
+
+def test_a_group_whose_environment_never_opened_is_left_out_and_counted():
+    from conftest import make_model, make_tokenizer
+    from tiny_run import tiny_config, tiny_task
+
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    config = tiny_config(max_turns=2, prompts_per_step=8, group_size=4, seed=0)
+    setup_process(config)
+    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
+                          task=tiny_task(), env=ClosedOnSomeRows, progress=False)
+    seen, drawn, run = _spy(trainer), [], trainer.agent.run
+
+    def keep(model, tokenizer, rows, **kwargs):
+        drawn.extend(rows)
+        return run(model, tokenizer, rows, **kwargs)
+
+    trainer.agent.run = keep
+    with pytest.warns(RuntimeWarning, match="no such task"):
+        m = trainer.step(1)
+    closed = torch.tensor([int(row["prompt"].split()[-1]) % 3 == 0 for row in drawn])  # (B,)
+    assert closed.any() and (~closed).any(), "the seed should draw rows of both kinds"
+    assert m["errored/environment"] == 4 * int(closed.sum()) == m["env_errors"]
+    mask, advantages, lengths, _ = seen["update"][0]
+    broken = closed.repeat_interleave(4)
+    assert mask[broken].sum() == 0 and advantages[broken].abs().sum() == 0 and lengths[broken].sum() == 0
+    assert math.isfinite(m["loss"])
 
 
 @pytest.mark.unit

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from conftest import make_tokenizer
+from conftest import make_model, make_tokenizer
 
 from grpo.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
 
@@ -140,3 +140,92 @@ def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monke
     except SystemExit:
         pass
     assert seen == {"tools": "none", "max_turns": 3, "turn_discount": 0.5, "max_new_tokens": 24}
+
+
+OTHER_TEMPLATE = (  # a chat template of the run's own, unlike the tokenizer's
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}: {{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant:\n{% endif %}"
+)
+RENDERINGS = {
+    "chat": {"prompt_format": "chat"},
+    "chat-template": {"prompt_format": "chat", "chat_template": "TEMPLATE", "few_shot": 2},
+    "plain": {"prompt_format": "plain"},
+    "r1-zero": {"prompt_format": "r1-zero"},
+    "few-shot": {"prompt_format": "plain", "few_shot": 3},
+}
+
+
+@pytest.mark.parametrize("rendering", RENDERINGS)
+def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path, monkeypatch, rendering):
+    """A run on a --data file with a system prompt, a prompt template and its format; grpo eval of its model on
+    the same file, given none of them, renders each held-out row to the token ids the run's held-out
+    evaluation fed the model (grpo/prompts.py, run_prompts)."""
+    import json
+
+    from tiny_run import tiny_config
+
+    import grpo.evaluate
+    from grpo.cli import main
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 2", "answer": str(i + 2)}) + "\n" for i in range(40)))
+    template = tmp_path / "template.jinja"
+    template.write_text(OTHER_TEMPLATE)
+    options = {k: str(template) if v == "TEMPLATE" else v for k, v in RENDERINGS[rendering].items()}
+    config = tiny_config(data=str(data), eval_size=8, system_prompt="Be brief.", prompt_template="What is {question}?",
+                         **options)
+    setup_process(config)
+    tokenizer = make_tokenizer()
+    trainer = GRPOTrainer(config, model=make_model(len(tokenizer)), tokenizer=tokenizer, progress=False)
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(trainer.config.to_dict()))
+    seen = {}
+
+    def evaluate(model, tokenizer, prompts, rows, reward, **kw):
+        seen.update(prompts=prompts, rows=rows)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy",
+                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": trainer.model})())
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", str(run / "model"), "--data", str(data), "--eval-size", "8", "--samples", "0",
+              "--device", "cpu"])
+    assert [r["prompt"] for r in seen["rows"]] == [r["prompt"] for r in trainer.task.heldout]
+    assert seen["prompts"] == trainer.heldout_prompts
+    text = tokenizer.decode(seen["prompts"][0])
+    assert "Be brief." in text and "What is" in text
+    if "few_shot" in options:  # the run's worked examples, drawn from its training rows
+        assert all(str(ex["answer"]) in text for ex in trainer.task.examples)
+
+
+def test_grpo_eval_of_a_runs_model_runs_its_episodes_in_the_runs_chat_template(tmp_path, monkeypatch):
+    import json
+
+    import grpo.evaluate
+    from grpo.cli import main
+
+    template = tmp_path / "template.jinja"
+    template.write_text(OTHER_TEMPLATE)
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"max_new_tokens": 24, "chat_template": str(template)}))
+    seen = {}
+
+    def evaluate(model, tokenizer, prompts, rows, reward, *, agent=None, **kw):
+        seen.update(agent=agent, prompts=prompts)
+        raise SystemExit(0)
+
+    tokenizer = make_tokenizer()
+    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy",
+                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": None})())
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4", "--samples", "0"])
+    assert seen["agent"].prompt_format.template == OTHER_TEMPLATE  # the openings as training rendered them
+    assert tokenizer.decode(seen["prompts"][0]).startswith("<|im_start|>system: ")

@@ -47,6 +47,25 @@ def odd_length(completion, example):
     return float(len(completion) % 2)
 
 
+def right_or_raises(completion, example):
+    """Right whenever it gives a verdict; raises (a checker bug) on odd lengths: no group varies among verdicts."""
+    if len(completion) % 2:
+        raise ValueError("checker cannot parse this")
+    return 1.0
+
+
+def test_preflight_counts_the_groups_that_vary_over_the_rows_training_keeps():
+    from grpo.preflight import run_preflight
+
+    trainer = tiny_trainer(reward=right_or_raises, preflight="warn", max_gen_rounds=1)
+    with pytest.warns(RuntimeWarning, match="calls failed"):
+        report = run_preflight(trainer, fit=False)
+    assert report.reward_errors["right_or_raises"] > 0, "the seed should give some failed calls"
+    # the failed rows are no verdict (training leaves them out), so no group varies: not "the failures scored 0"
+    assert report.varying_frac == 0.0 and report.all_correct_frac > 0.0 and report.all_wrong_frac == 0.0
+    assert report.problems[0].kind == "no signal"
+
+
 def test_preflight_passes_a_learnable_task_and_leaves_the_run_unchanged(tmp_path):
     # the check samples with its own generator: the run that follows is the run without it
     checked = tiny_trainer(reward=odd_length, preflight="on", steps=2)

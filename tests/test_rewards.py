@@ -1,6 +1,7 @@
 """Built-in rewards on hand-written completions, and the weighted, worker-pool scorer."""
 
 import pytest
+import torch
 
 from grpo.rewards import (
     RewardCallError,
@@ -141,6 +142,20 @@ def test_only_the_rows_whose_call_failed_are_errored():
         total, metrics = combine_rewards([picky, exact_match])(["18", "x", "17"], [ROW, ROW, ROW])
     assert total[0].item() == 2.0 and total[1].isnan() and total[2].item() == 1.0
     assert metrics["reward_errors/picky"] == 1
+
+
+def test_a_failed_call_is_left_out_of_its_reward_mean_as_its_row_is_of_reward_mean():
+    def half(completion: str, example: dict) -> float:
+        if completion == "x":
+            raise ValueError("cannot read x")
+        return 0.5 if completion == "17" else 1.0
+
+    with pytest.warns(RuntimeWarning, match="1 of 4 calls failed"):
+        total, metrics = combine_rewards([half])(["18", "x", "17", "18"], [ROW] * 4)
+    # verdicts 1.0, 0.5, 1.0 (the "x" call failed): mean 2.5 / 3, not 2.5 / 4 with the failure as 0
+    assert metrics["reward/half"] == pytest.approx(2.5 / 3)
+    assert metrics["reward/half"] == pytest.approx(total[~total.isnan()].mean().item())  # reward_mean's rows
+    assert metrics["reward/half_std"] == pytest.approx(torch.tensor([1.0, 0.5, 1.0]).std().item())
 
 
 def test_on_error_raise_stops_with_one_line():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import typing
+from dataclasses import replace
 from pathlib import Path
 
 from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
@@ -15,22 +16,57 @@ if typing.TYPE_CHECKING:
     from grpo.tasks import Task
 
 
-def _eval_task(args: argparse.Namespace) -> Task:
+# what shapes a run's prompts: grpo eval of a run's model takes each from its config.json unless given here
+RENDER_FIELDS = ("task", "data", "eval_data", "eval_size", "prompt_field", "answer_field", "system_prompt",
+                 "prompt_template", "prompt_format", "chat_template", "few_shot", "stop")
+
+
+def _eval_config(args: argparse.Namespace, run: dict) -> TrainConfig:
+    """The settings that render the prompts: the run's (its config.json; {} for a model no run saved), each
+    one given to grpo eval winning. Its task, data and eval_size are the run's training source (where its
+    few-shot examples came from); without a run, what eval is given."""
+    inherited = {k: run[k] for k in RENDER_FIELDS if k in run}
+    if "stop" in inherited:  # the run's format's stops among them: not carried to another format
+        inherited["stop"] = tuple(inherited["stop"]) if args.prompt_format is None else ()
+    if not run:
+        inherited.update(task=args.task, data=args.data, eval_size=args.eval_size)
+    given = {"prompt_format": args.prompt_format, "chat_template": args.chat_template, "few_shot": args.few_shot,
+             "system_prompt": args.system_prompt or None, "prompt_template": args.prompt_template or None,
+             "prompt_field": args.prompt_field or None, "answer_field": args.answer_field or None,
+             "stop": tuple(args.stop) or None}
+    return TrainConfig(**{**inherited, **{k: v for k, v in given.items() if v is not None}})
+
+
+def _eval_task(args: argparse.Namespace, config: TrainConfig | None = None) -> Task:
     """The rows grpo eval scores: the task's held-out split, or --data's (--rows heldout: the split
-    training makes, --rows first: the file's first --eval-size rows)."""
+    training makes, --rows first: the file's first --eval-size rows), read with ``config``'s fields and
+    system prompt (the run's, see _eval_config); with few_shot, the training rows its examples come from."""
     from grpo.rewards.math import math_answer
     from grpo.tasks import Task, get_task, load_rows, split_rows
 
+    config = config or _eval_config(args, {})
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
-        return Task(task.name, task.train, task.heldout, task.reward, args.system_prompt or task.system_prompt,
+        task = Task(task.name, [], task.heldout, task.reward, config.system_prompt or task.system_prompt,
                     task.defaults, task.tools, task.env)
-    rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
-                     prompt_template=args.prompt_template, require_answer=not args.rewards)
-    if len(rows) < 2 and args.rows == "heldout":
-        raise ConfigError(f"{args.data}: a held-out split needs at least 2 rows; give --rows first to score it whole")
-    heldout = split_rows(rows, args.eval_size)[1] if args.rows == "heldout" else rows[: args.eval_size]
-    return Task(Path(args.data).stem, [], heldout, math_answer, args.system_prompt or None)
+    else:
+        rows = load_rows(args.data, prompt_field=config.prompt_field, answer_field=config.answer_field,
+                         prompt_template=config.prompt_template, require_answer=not args.rewards)
+        if len(rows) < 2 and args.rows == "heldout":
+            raise ConfigError(f"{args.data}: a held-out split needs at least 2 rows; give --rows first to score it whole")
+        heldout = split_rows(rows, args.eval_size)[1] if args.rows == "heldout" else rows[: args.eval_size]
+        task = Task(Path(args.data).stem, [], heldout, math_answer, config.system_prompt or None)
+    if config.few_shot:  # the examples are drawn from the training rows, as training drew them
+        task = replace(task, train=_training_rows(args, config))
+    return task
+
+
+def _training_rows(args: argparse.Namespace, config: TrainConfig) -> list:
+    """The rows the run trained on (before its few-shot examples left them): its data or task, split as
+    training split it."""
+    from grpo.prompts import run_task
+
+    return list(run_task(replace(config, few_shot=0), require_answer=not args.rewards).train)
 
 
 EPISODE_FIELDS = ("tools", "env", "max_turns", "max_episode_tokens", "turn_discount", "tool_timeout")
@@ -78,7 +114,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.evaluate import evaluate
     from grpo.models import check_model, load_policy
     from grpo.process import pick_device
-    from grpo.prompts import encode_prompts, format_task, settle_format
+    from grpo.prompts import run_prompts, run_task, settle_format
     from grpo.rewards import combine_rewards
 
     if args.eval_size <= 0 or args.max_new_tokens < 0:
@@ -91,26 +127,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
     check_model(args.model)
     run = _run_config(args.model)
-    # prompts in the run's format (its few-shot examples and stop strings too), unless given here
-    given = {"prompt_format": args.prompt_format, "chat_template": args.chat_template, "few_shot": args.few_shot}
-    rendering = {k: v if v is not None else run.get(k, TrainConfig.__dataclass_fields__[k].default)
-                 for k, v in given.items()}
-    task = _eval_task(args)
+    # prompts as the run rendered them (its format, template, system prompt, few-shot examples, stop
+    # strings), each unless given here
+    config = _eval_config(args, run)
+    task = _eval_task(args, config)
     given_reward = _eval_reward(args, task) if args.rewards else None  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
-    fmt, shaped = settle_format(TrainConfig(**rendering, stop=tuple(args.stop)), policy.tokenizer)
-    task = format_task(task, shaped)
+    _, shaped = settle_format(config, policy.tokenizer)
+    task = run_task(shaped, task=task)
     # in worker processes with a time limit, as in training: a checker that hangs on one completion scores
     # it 0 rather than hanging the evaluation
     reward = combine_rewards([given_reward or task.reward], workers=2, timeout=args.reward_timeout)
-    prompts = encode_prompts(policy.tokenizer, [task.messages(r) for r in task.heldout], fmt)
+    prompts = run_prompts(policy.tokenizer, task, shaped, task.heldout)
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
     # a task with tools or an environment is scored on whole episodes: with the run's own tools and turn
-    # settings when the model is a run's, else the task's
+    # settings when the model is a run's, else the task's; its openings in the run's format and template
     same = {k: run[k] for k in EPISODE_FIELDS if k in run}
-    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=fmt.name, **same), task)
+    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=shaped.prompt_format,
+                                         chat_template=shaped.chat_template, **same), task)
     agent, toolbox = make_agent(episodes, task, policy.tokenizer)
     try:
         result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,

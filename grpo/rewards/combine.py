@@ -1,7 +1,7 @@
 """Scoring a batch: several rewards, weighted, computed in worker processes with a per-call timeout.
 
-r_i = sum_k w_k * reward_k(completion_i, row_i). Each reward's raw mean is
-logged as ``reward/<name>``. A call that raises, returns a non-finite value
+r_i = sum_k w_k * reward_k(completion_i, row_i). Each reward's raw mean over
+the calls that gave a verdict is logged as ``reward/<name>``. A call that raises, returns a non-finite value
 or runs past the timeout is an *error*: it is counted (``reward_errors/<name>``),
 reported once with its traceback as a warning, and then either makes its row's
 total NaN (``on_error="zero"``: the row errored, and training leaves it out of
@@ -157,8 +157,8 @@ class RewardScorer:
         for k, (name, weight) in enumerate(zip(self.names, self.weights, strict=True)):
             results = self._raw(k, texts, rows, completion_ids)
             self._report(name, results)
-            raw = torch.tensor([math.nan if r.value is None else r.value for r in results],
-                               dtype=torch.float32)  # (N,) NaN: no reward from this function
+            raw = torch.tensor([math.nan if r.value is None or r.error is not None else r.value for r in results],
+                               dtype=torch.float32)  # (N,) NaN: no verdict from this function (None, or a failed call)
             total += weight * torch.nan_to_num(raw, nan=0.0)
             errored |= torch.tensor([r.error is not None for r in results], dtype=torch.bool)
             metrics.update(self._metrics(k, raw, results))
@@ -170,7 +170,8 @@ class RewardScorer:
         return self(texts, rows)[0].nan_to_num(0.0).tolist()
 
     def _metrics(self, k: int, raw: Tensor, results: Sequence[CallResult]) -> dict[str, float]:
-        """One function's mean and std over the samples it scored, its error and timeout counts,
+        """One function's mean and std over the samples it gave a verdict on (a failed call is none: it
+        is left out, as its row is from ``reward_mean``), its error and timeout counts,
         None counts (trl style) and the means of the extra numbers a verl-style dict returned.
 
         The keys stay the same from batch to batch (an extra key once seen is always logged),
@@ -185,7 +186,7 @@ class RewardScorer:
             f"reward_timeouts/{name}": float(sum(r.timed_out for r in results)),
         }
         if self.styles[k] == "trl":
-            out[f"reward_none/{name}"] = float(len(raw) - len(scored))
+            out[f"reward_none/{name}"] = float(sum(r.value is None and r.error is None for r in results))
         extras: dict[str, list[float]] = {}
         for r in results:
             for key, value in r.extras.items():
@@ -200,6 +201,37 @@ class RewardScorer:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+
+
+COUNTS = ("reward_errors/", "reward_timeouts/", "reward_none/")  # the scorer's keys that count calls
+
+
+def pool_score_metrics(parts: Sequence[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    """The scorer's metrics of several batches (generation rounds, processes) as one batch's: ``parts``
+    holds (rows scored, metrics) per batch.
+
+    A count (``reward_errors/``, ``reward_timeouts/``, ``reward_none/``) is the sum over the parts, as
+    ``errored/*`` counts rows. ``reward/<name>`` is a mean over the calls with a verdict, so each part
+    weighs by its verdicts, n_p - errors_p - none_p: sum_p mean_p * v_p / sum_p v_p. Any other value
+    (a std, a verl-style extra) weighs by the part's rows; a std so pooled is not the pooled std.
+    """
+    keys = list(dict.fromkeys(key for _, m in parts for key in m))
+
+    def weight(key: str, rows: int, m: Mapping[str, float]) -> float:
+        name = key.removeprefix("reward/")
+        if f"reward_errors/{name}" not in keys:
+            return float(rows)
+        return rows - m.get(f"reward_errors/{name}", 0.0) - m.get(f"reward_none/{name}", 0.0)
+
+    out = {}
+    for key in keys:
+        if key.startswith(COUNTS):
+            out[key] = sum(m.get(key, 0.0) for _, m in parts)
+            continue
+        weights = [weight(key, rows, m) for rows, m in parts]
+        total = sum(weights)
+        out[key] = sum(w * m.get(key, 0.0) for w, (_, m) in zip(weights, parts, strict=True)) / total if total else 0.0
+    return out
 
 
 def combine_rewards(
