@@ -198,6 +198,10 @@ def test_time_budget_ends_the_run_before_a_step_would_pass_it(tmp_path):
     assert (tmp_path / "run" / "checkpoints").is_dir()
     unlimited = tiny_trainer(steps=3, minutes=0).train(tmp_path / "plain")
     assert unlimited["steps"] == 3 and not unlimited["out_of_time"]
+    # the run's generation totals: 3 steps of 4 groups (4 completions of 6 tokens at most), nothing screened
+    gen = unlimited["generation"]
+    assert gen["groups"] == 12 and 0 < gen["tokens"] <= 12 * 4 * 6 and gen["screen_seconds"] == 0.0
+    assert 0.0 <= gen["wasted_frac"] <= 1.0 and gen["tokens_zero_var"] <= gen["tokens"]
 
 
 def test_token_limit_fit_by_hand():
