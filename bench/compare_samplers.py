@@ -110,6 +110,7 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
             log.write(json.dumps({"step": len(steps), **metrics}) + "\n")
     train_minutes = (time.perf_counter() - began) / 60
     end_acc = trainer.evaluate().accuracy
+    trainer.close()  # its reward workers: left open, the pool's process waits on them at exit and the run hangs
     del trainer
     gc.collect()
     if torch.cuda.is_available():
@@ -145,6 +146,7 @@ def skip_check(config: TrainConfig, steps: int) -> dict:
         setup_process(uniform)
         trainer = GRPOTrainer(uniform, progress=False)
         runs = [trainer.step(s) for s in range(1, steps + 1)]
+        trainer.close()
         out["skip" if skip else "no_skip"] = {
             "time_update_mean": statistics.fmean(m["time_update"] for m in runs),
             "skipped_tokens_frac": statistics.fmean(m["update_skipped_tokens_frac"] for m in runs),
