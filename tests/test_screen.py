@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from tiny_run import tiny_trainer
+from tiny_run import metrics_lines, tiny_trainer
 
 from grpo import screen as screen_module
 from grpo.config import ConfigError, TrainConfig
@@ -168,3 +168,18 @@ def test_screened_run_generates_fewer_zero_variance_groups_on_the_tiny_model():
     ranked = [m for m in records if "screen_predicted_mixed" in m]
     assert ranked and all(0.0 <= m["screen_predicted_mixed"] <= 1.0 for m in ranked)
     assert all(m["time_screen"] > 0.0 and 0.0 <= m["generate_wasted_frac"] <= 1.0 for m in records)
+
+
+@pytest.mark.model
+def test_screened_run_resumes_bitwise(tmp_path):
+    # the screen's fitted data and random stream are in the checkpoint: a run stopped after 2 of 4 steps and
+    # resumed draws, trains and logs exactly as the straight run
+    kw = dict(reward=even_prompts_vary, prompts_per_step=8, group_size=4, filter_groups=True, seed=2, screen=2)
+    straight = tiny_trainer(steps=4, **kw)
+    straight.train(tmp_path / "straight")
+    tiny_trainer(steps=2, **kw).train(tmp_path / "split")
+    resumed = tiny_trainer(steps=4, **kw)
+    resumed.train(tmp_path / "split", resume=True)
+    assert metrics_lines(tmp_path / "straight") == metrics_lines(tmp_path / "split")
+    assert np.array_equal(resumed.screen.predictor.y, straight.screen.predictor.y)
+    assert any("screen_predicted_mixed" in row for row in metrics_lines(tmp_path / "straight"))
