@@ -2,8 +2,9 @@
 
     python bench/compare_samplers.py --minutes 10 --seeds 0 1 2
 
-For each configuration (``uniform``; ``frontier`` + ``--filter-groups``) and
-seed it evaluates the model on the held-out prompts, trains for ``--minutes``
+For each configuration (``uniform``; ``frontier`` + ``--filter-groups``; the same
+with ``--screen 4``, grpo/screen.py; uniform draws with filter_groups, with and
+without the screen, for a ``--set data=FILE`` run) and seed it evaluates the model on the held-out prompts, trains for ``--minutes``
 of wall-clock time (evaluation not counted), evaluates again, and reports:
 
 - the fraction of trained groups with zero reward variance, and of generated ones
@@ -11,7 +12,8 @@ of wall-clock time (evaluation not counted), evaluates again, and reports:
   generated fraction is where the sampler's quality shows);
 - held-out greedy accuracy at the end, mean and spread over seeds;
 - steps and completions (generated) per minute;
-- the share of generation time spent on zero-variance groups.
+- the share of generation time spent on zero-variance groups, and with the
+  screening prefill of the candidates it skipped counted as wasted too.
 
 Then it measures what skipping the forward/backward of zero-advantage groups
 saves: ``--skip-check-steps`` uniform steps with the skip on and off, from the
@@ -46,6 +48,11 @@ from grpo.trainer import GRPOTrainer  # noqa: E402
 CONFIGS = {
     "uniform": {"sampler": "uniform", "filter_groups": False},
     "frontier+filter": {"sampler": "frontier", "filter_groups": True},
+    # screening (grpo/screen.py): 4 candidates prefilled per group generated, the likeliest to vary kept
+    "frontier+filter+screen": {"sampler": "frontier", "filter_groups": True, "screen": 4},
+    # a --data file's default (uniform draws) with and without screening: --set data=FILE
+    "uniform+filter": {"sampler": "uniform", "filter_groups": True},
+    "uniform+filter+screen": {"sampler": "uniform", "filter_groups": True, "screen": 4},
 }
 
 
@@ -53,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="training wall-clock budget per run (default: 10)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per configuration (default: 0 1 2)")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="configurations to run")
+    p.add_argument("--configs", nargs="+", default=["uniform", "frontier+filter", "frontier+filter+screen"],
+                   choices=list(CONFIGS), help="configurations to run (default: uniform, frontier+filter, frontier+filter+screen)")
     p.add_argument("--model", default="smollm2", help="model (default: the embedded smollm2)")
     p.add_argument("--task", default="arith-mix", help="built-in task (default: arith-mix)")
     p.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
@@ -102,6 +110,7 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
             log.write(json.dumps({"step": len(steps), **metrics}) + "\n")
     train_minutes = (time.perf_counter() - began) / 60
     end_acc = trainer.evaluate().accuracy
+    trainer.close()  # its reward workers: left open, the pool's process waits on them at exit and the run hangs
     del trainer
     gc.collect()
     if torch.cuda.is_available():
@@ -121,6 +130,9 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
         "generated_zero_var_frac": sum(m["zero_var_frac"] * m["generated_groups"] for m in steps) / max(generated, 1),
         "generate_time_zero_var_share": (sum(m["time_generate_zero_var"] for m in steps)
                                          / max(sum(m["time_generate"] for m in steps), 1e-9)),
+        # screening's prefill counts as generation, and as wasted for the candidates it skipped
+        "generate_time_wasted_share": (sum(m["time_generate_zero_var"] + m["time_screen_skipped"] for m in steps)
+                                       / max(sum(m["time_generate"] + m["time_screen"] for m in steps), 1e-9)),
         "gen_rounds_mean": statistics.fmean(m["gen_rounds"] for m in steps) if steps else 0.0,
         "shortfall_mean": statistics.fmean(m["shortfall"] for m in steps) if steps else 0.0,
     }
@@ -134,6 +146,7 @@ def skip_check(config: TrainConfig, steps: int) -> dict:
         setup_process(uniform)
         trainer = GRPOTrainer(uniform, progress=False)
         runs = [trainer.step(s) for s in range(1, steps + 1)]
+        trainer.close()
         out["skip" if skip else "no_skip"] = {
             "time_update_mean": statistics.fmean(m["time_update"] for m in runs),
             "skipped_tokens_frac": statistics.fmean(m["update_skipped_tokens_frac"] for m in runs),
@@ -153,7 +166,7 @@ def spread(values: list[float]) -> dict:
 def summarise(runs: list[dict]) -> dict:
     keys = ("heldout_accuracy_start", "heldout_accuracy_end", "trained_zero_var_frac", "generated_zero_var_frac",
             "steps_per_minute", "completions_per_minute", "trained_completions_per_minute",
-            "generate_time_zero_var_share", "gen_rounds_mean", "shortfall_mean")
+            "generate_time_zero_var_share", "generate_time_wasted_share", "gen_rounds_mean", "shortfall_mean")
     return {k: spread([r[k] for r in runs]) for k in keys}
 
 
@@ -163,6 +176,7 @@ def table(summary: dict) -> str:
             ("zero-variance groups, trained", "trained_zero_var_frac", "{:.1%}"),
             ("zero-variance groups, generated", "generated_zero_var_frac", "{:.1%}"),
             ("generation time on zero-var groups", "generate_time_zero_var_share", "{:.1%}"),
+            ("... and on screening skipped prompts", "generate_time_wasted_share", "{:.1%}"),
             ("steps / min", "steps_per_minute", "{:.2f}"),
             ("completions / min (generated)", "completions_per_minute", "{:.0f}"),
             ("completions / min (trained)", "trained_completions_per_minute", "{:.0f}"),

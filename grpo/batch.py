@@ -34,6 +34,7 @@ from grpo.episodes import episode_total, scored_tokens
 from grpo.parts import TrainerParts
 from grpo.rewards.combine import pool_score_metrics
 from grpo.rollout import Rollout, concat_rollouts, generate
+from grpo.screen import Screening
 from grpo.streams import stream_keys
 
 
@@ -53,6 +54,7 @@ class Round:
     explored: int  # how many prompts of the draw the sampler took by exploration
     seconds_generate: float
     first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
+    screening: Screening | None = None  # what the screen did for this round (grpo/screen.py); None: no screen
 
     def valid(self) -> Tensor:
         """(n, G) True for the rows that did not error."""
@@ -142,9 +144,12 @@ def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) 
     n = cfg.prompts_per_step
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
-        drawn = trainer.sampler.draw(n, step, exclude=drawn_before, avoid=avoid)
+        drawn, screening = draw_round(trainer, n, step, drawn_before, avoid)
         rounds.append(generate_round(trainer, drawn, step, len(rounds)))
+        rounds[-1].screening = screening
         trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
+        if trainer.screen is not None:
+            trainer.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
         if not cfg.filter_groups:
             last = rounds[-1]
             return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
@@ -155,6 +160,14 @@ def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) 
         share = have / sum(len(r.prompts) for r in rounds)
         n = min(cfg.prompts_per_step, math.ceil(missing / share) if share > 0 else cfg.prompts_per_step)
     return informative_batch(trainer, rounds)
+
+
+def draw_round(trainer: TrainerParts, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
+               ) -> tuple[list[int], Screening | None]:
+    """A round's n prompts: the sampler's draw, or, with a screen, the n of its candidates most likely to vary."""
+    if trainer.screen is None:
+        return trainer.sampler.draw(n, step, exclude=exclude, avoid=avoid), None
+    return trainer.screen.draw(trainer, n, step, exclude, avoid)
 
 
 def informative_batch(trainer: TrainerParts, rounds: list[Round]) -> Batch:

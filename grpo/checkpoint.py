@@ -150,6 +150,8 @@ def capture_parts(owner: object) -> dict[str, object]:
 
 def restore_parts(owner: object, saved: dict[str, object]) -> None:
     parts = {name: v for name, v in vars(owner).items() if _is_part(v)}
+    # a part added since the checkpoint was written, marked optional_in_checkpoint, keeps its fresh state
+    parts = {name: v for name, v in parts.items() if name in saved or not getattr(v, "optional_in_checkpoint", False)}
     if set(parts) != set(saved):
         raise CheckpointError(
             f"checkpoint holds state for {sorted(saved)} but the trainer has {sorted(parts)}"

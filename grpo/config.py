@@ -97,6 +97,8 @@ class TrainConfig:
     sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py); empty: the task's setting, uniform for a --data file, else frontier", default=""))
     explore_frac: float = field(**_doc("frontier sampler: share of each draw taken uniformly from all prompts (unseen, solved and unsolvable ones are revisited)", default=0.25))
     sampler_half_life: float = field(**_doc("frontier sampler: steps after which a prompt's old evidence counts half", default=20.0))
+    screen: int = field(**_doc("screening: each generation round prefills this many candidate prompts per group it generates, predicts each one's pass rate from the policy's hidden state at the prompt's end (a logistic regression fitted online on the groups seen) and generates the groups most likely to vary (see docs/screening.md; 0 or 1: off)", default=0))
+    screen_explore: float = field(**_doc("screening: share of each round's groups drawn uniformly from the candidates whatever their prediction, so a prompt the predictor would skip is still tried now and then", default=0.25))
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
     eval_size: int = field(**_doc("held-out prompts scored by greedy decoding at start and end", default=256))
@@ -146,7 +148,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
-                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset", "eval_train",
+                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset", "eval_train", "screen",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers", "max_turns", "max_episode_tokens", "few_shot", "async_lag")
         for name in non_negative:
@@ -192,7 +194,7 @@ class TrainConfig:
             raise ConfigError(f"eval_k must lie in 1..eval_samples ({self.eval_samples}), got {list(self.eval_k)}")
 
     def _check_fractions(self) -> None:
-        for name in ("explore_frac", "turn_discount"):
+        for name in ("explore_frac", "turn_discount", "screen_explore"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 < self.vllm_bucket_mb < math.inf:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from grpo.evaluate import EvalResult
     from grpo.rewards.combine import RewardScorer
     from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler
+    from grpo.screen import Screen
     from grpo.tasks import Task
     from grpo.vllm_engine import VLLMEngine
 
@@ -39,6 +40,7 @@ class TrainerParts(Protocol):
     optimizer: torch.optim.Optimizer
     sampler: UniformSampler | FrontierSampler
     draws: DrawCounts
+    screen: Screen | None  # which candidates get a group (grpo/screen.py); None: the sampler's draw as it is
     prompt_rng: random.Random
     order_rng: random.Random | None  # the minibatches' order when sampling runs ahead (else prompt_rng's)
     ahead: SamplingAhead | None  # the batches sampled ahead of the trainer (--async-lag > 0)

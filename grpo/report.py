@@ -27,9 +27,14 @@ PANELS = (
     ("completion length (tokens)", ("completion_len", "completion_len_max"), None),
     ("KL to the reference", ("kl",), None),
     ("policy entropy (nats/token)", ("entropy",), None),
+    ("generation wasted on zero-variance groups", ("generate_wasted_frac", "zero_var_tokens_frac"), (-0.02, 1.02)),
+    ("screen calibration: share of groups that vary", ("screen_predicted_mixed", "screen_observed_mixed"),
+     (-0.02, 1.02)),
 )
 LABELS = {"heldout_accuracy": "greedy pass@1", "heldout_subset_accuracy": "subset (alarms)", "reward_mean": "raw reward", "zero_var_frac": "zero-variance",
-          "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "entropy": "entropy"}
+          "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "entropy": "entropy",
+          "generate_wasted_frac": "seconds (screening skipped included)", "zero_var_tokens_frac": "tokens",
+          "screen_predicted_mixed": "predicted", "screen_observed_mixed": "observed"}
 COLORS = ("tab:blue", "tab:orange")
 SAMPLES_SHOWN = 5
 
@@ -134,14 +139,14 @@ def _label(key: str, run: Run, n_runs: int) -> str:
 
 
 def plot(runs: Sequence[Run], out: Path) -> None:
-    """The six panels over the whole planned run, one colour per run, alarm steps shaded; a PNG."""
+    """The panels over the whole planned run, one colour per run, alarm steps shaded; a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8), constrained_layout=True)
     last = max([int(r.config.get("steps", 0)) for r in runs] + [r.last_step for r in runs] + [1])
     for ax, (title, patterns, ylim) in zip(axes.flat, PANELS, strict=True):
         for color, run in zip(COLORS, runs, strict=False):
@@ -181,6 +186,8 @@ def _within_unit(runs: Sequence[Run], key: str) -> bool:
 def _panel_note(key: str, runs: Sequence[Run]) -> str:
     if key == "kl" and all(r.config.get("beta", 1) == 0 for r in runs):
         return "beta = 0: no KL term, no reference model"
+    if key == "screen_predicted_mixed" and not any(run.series(key)[0] for run in runs):
+        return "no screening in this run (--screen K turns it on)"
     if not any(run.series(key)[0] for run in runs):
         return "no values yet" + (" (no policy update so far)" if key == "entropy" else "")
     return ""

@@ -49,6 +49,7 @@ def step_record(trainer: TrainerParts, step: int, batch: Batch, advantages: Tens
         **first_try_metrics(trainer, batch),
         **batch.reward_means(),
         **group_metrics(trainer, batch, advantages, t_gen),
+        **screen_metrics(batch, t_gen),
         "accuracy": accuracy(trainer, batch.texts(), batch.group_rows(truncated=True), generated),
         "completion_len": batch.generated_lengths().float().mean().item(),
         "completion_len_max": batch.generated_lengths().max().item(),
@@ -113,6 +114,8 @@ def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, secon
         "mixed_frac": (~zero_var).float().mean().item(),
         "zero_var_tokens_frac": wasted,
         "time_generate_zero_var": seconds_generate * wasted,
+        "tokens_generated": float(tokens.sum()),
+        "tokens_zero_var": float(tokens[zero_var].sum()),
         "adv_mean": advantages.mean().item() if advantages.numel() else 0.0,
         "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
         "adv_nonzero": int((advantages != 0).sum()),
@@ -129,6 +132,35 @@ def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, secon
     }
     if cfg.sampler != "uniform":
         out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn
+    return out
+
+
+def screen_metrics(batch: Batch, seconds_generate: float) -> dict[str, float]:
+    """What screening (grpo/screen.py) cost and how well it predicted, and the step's wasted share of
+    generation time: the zero-variance groups' share of the decoding (by tokens) plus the prefill spent on
+    candidates then skipped, over decoding and prefill together.
+
+        generate_wasted_frac = (time_generate_zero_var + time_screen_skipped) / (time_generate + time_screen)
+
+    Calibration: the mean predicted P(mixed) of the groups generated with a prediction
+    (``screen_predicted_mixed``) against the share of them that varied (``screen_observed_mixed``)."""
+    screened = [(r, r.screening) for r in batch.rounds if r.screening is not None]
+    t_screen = sum(s.seconds for _, s in screened)
+    skipped = sum(s.skipped_seconds for _, s in screened)
+    grouped = batch.generated_rewards().view(-1, batch.rounds[0].rollout.group_size)  # (R, G)
+    valid = (batch.generated_errors() == 0).view(grouped.shape)  # (R, G)
+    zero_var = ~group_varies(grouped, valid)  # (R,)
+    tokens = batch.generated_lengths().view(grouped.shape).sum(dim=1).float()  # (R,)
+    zero_var_seconds = seconds_generate * float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
+    out = {"generate_wasted_frac": (zero_var_seconds + skipped) / max(seconds_generate + t_screen, 1e-9),
+           "time_screen": t_screen, "time_screen_skipped": skipped}
+    predicted = torch.tensor([p for _, s in screened for p in s.predicted], dtype=torch.float64)
+    observed = torch.cat([r.varies().cpu() for r, _ in screened]) if screened else torch.zeros(0, dtype=torch.bool)
+    known = ~predicted.isnan()
+    if bool(known.any()):
+        out.update({"screen_predicted_mixed": predicted[known].mean().item(),
+                    "screen_observed_mixed": observed[known].double().mean().item(),
+                    "screen_groups": float(known.sum())})
     return out
 
 
@@ -216,3 +248,49 @@ class RunLog:
             self.bar.warn(step, text)
         if self.logger is not None:
             self.logger.log(step, metrics)
+
+
+class RunTotals:
+    """The run's generation totals for summary.json, summed over its steps' records (saved with the
+    checkpoints, so a resumed run counts its steps before the stop too; a checkpoint written before the
+    totals existed resumes with them at zero)."""
+
+    optional_in_checkpoint = True  # grpo/checkpoint.py: absent from an older checkpoint, it starts afresh
+    SUMMED = ("time_generate", "time_generate_zero_var", "time_screen", "time_screen_skipped", "tokens_generated",
+              "tokens_zero_var", "generated_groups", "screen_groups")
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self.SUMMED, 0.0)
+        self.sums.update(zero_var_groups=0.0, screen_predicted=0.0, screen_observed=0.0)
+
+    def add(self, metrics: Mapping[str, float]) -> None:
+        for key in self.SUMMED:
+            self.sums[key] += float(metrics.get(key, 0.0))
+        self.sums["zero_var_groups"] += metrics["zero_var_frac"] * metrics["generated_groups"]
+        n = metrics.get("screen_groups", 0.0)
+        self.sums["screen_predicted"] += metrics.get("screen_predicted_mixed", 0.0) * n
+        self.sums["screen_observed"] += metrics.get("screen_observed_mixed", 0.0) * n
+
+    def summary(self) -> dict[str, float]:
+        """Seconds and tokens of generation and the shares wasted: on zero-variance groups, and (the
+        seconds) on screening candidates then skipped; the screen's calibration over the run."""
+        s = self.sums
+        seconds = s["time_generate"] + s["time_screen"]
+        wasted = s["time_generate_zero_var"] + s["time_screen_skipped"]
+        out = {"seconds": round(seconds, 2), "seconds_wasted": round(wasted, 2),
+               "wasted_frac": wasted / seconds if seconds else 0.0,
+               "tokens": int(s["tokens_generated"]), "tokens_zero_var": int(s["tokens_zero_var"]),
+               "zero_var_tokens_frac": s["tokens_zero_var"] / s["tokens_generated"] if s["tokens_generated"] else 0.0,
+               "groups": int(s["generated_groups"]), "zero_var_groups": round(s["zero_var_groups"]),
+               "screen_seconds": round(s["time_screen"], 2), "screen_seconds_skipped": round(s["time_screen_skipped"], 2)}
+        if s["screen_groups"]:
+            out.update(screen_groups=int(s["screen_groups"]),
+                       screen_predicted_mixed=s["screen_predicted"] / s["screen_groups"],
+                       screen_observed_mixed=s["screen_observed"] / s["screen_groups"])
+        return out
+
+    def state_dict(self) -> dict:
+        return dict(self.sums)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sums.update(state)

@@ -80,7 +80,8 @@ from grpo.rewards.styles import check_style
 from grpo.rollout import Rollout
 from grpo.run_state import RunState, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
-from grpo.step_metrics import RunLog, StepTimes, best_completions, step_record, write_samples
+from grpo.screen import make_screen
+from grpo.step_metrics import RunLog, RunTotals, StepTimes, best_completions, step_record, write_samples
 from grpo.tasks import Task
 from grpo.tools import ToolBox
 from grpo.update import StepStats, learning_rate, on_policy, reference_logprobs, update
@@ -154,6 +155,8 @@ class GRPOTrainer:
             explore_frac=config.explore_frac, half_life=config.sampler_half_life,
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
+        self.screen = make_screen(config)  # None: each round generates the sampler's draw as it is
+        self.totals = RunTotals()  # summary.json's generation totals
         self.train_prompts = run_prompts(self.tokenizer, self.task, self.config, self.task.train)
         self.heldout_prompts = run_prompts(self.tokenizer, self.task, self.config, self.task.heldout)
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
@@ -370,7 +373,7 @@ class GRPOTrainer:
             "train_seconds": round(train_seconds, 2), "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"), "alarms": log.raised, "alarm_messages": log.messages,
             "eval_every": state.eval_every, "alarm_window": state.alarm_window,
-            "preflight": preflight_summary(preflight),
+            "preflight": preflight_summary(preflight), "generation": self.totals.summary(),
         }
         self._save_final(run_dir, summary)
         return summary
@@ -386,6 +389,7 @@ class GRPOTrainer:
         trained = lambda: trained_before + time.perf_counter() - train_start  # noqa: E731
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
+            self.totals.add(metrics)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
                 if self.ahead is not None:  # the evaluation uses the checker, tools and engine the thread uses
                     self.ahead.drain()
@@ -495,6 +499,7 @@ class GRPOTrainer:
             self.sampler = make_sampler(
                 self.config.sampler, len(self.task.train), self.config.group_size, rng=self.prompt_rng,
                 seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life)
+            self.screen = make_screen(self.config)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""

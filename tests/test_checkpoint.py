@@ -202,3 +202,26 @@ def test_a_run_resumed_in_a_new_process_is_bitwise_the_straight_run(tmp_path):
               for row in metrics_lines(tmp_path / run)]
              for run in ("straight", "split")]
     assert lines[0] == lines[1]
+
+
+def test_a_checkpoint_written_before_an_optional_part_existed_restores_it_fresh():
+    """RunTotals came after checkpoints of older runs: absent from one, it starts at zero; any other part
+    missing from a checkpoint is still refused."""
+    import random as _random
+
+    from grpo.checkpoint import CheckpointError, capture_parts, restore_parts
+    from grpo.step_metrics import RunTotals
+
+    class Owner:
+        def __init__(self):
+            self.rng = _random.Random(1)
+            self.totals = RunTotals()
+
+    old = Owner()
+    saved = {k: v for k, v in capture_parts(old).items() if k != "totals"}  # as written before the totals
+    new = Owner()
+    new.totals.sums["tokens_generated"] = 5.0
+    restore_parts(new, saved)
+    assert new.totals.sums["tokens_generated"] == 5.0  # kept as it was: nothing to restore
+    with pytest.raises(CheckpointError, match="checkpoint holds state for"):
+        restore_parts(new, {"totals": capture_parts(old)["totals"]})  # the rng is not optional

@@ -217,6 +217,10 @@ def test_time_budget_ends_the_run_before_a_step_would_pass_it(tmp_path):
     assert (tmp_path / "run" / "checkpoints").is_dir()
     unlimited = tiny_trainer(steps=3, minutes=0).train(tmp_path / "plain")
     assert unlimited["steps"] == 3 and not unlimited["out_of_time"]
+    # the run's generation totals: 3 steps of 4 groups (4 completions of 6 tokens at most), nothing screened
+    gen = unlimited["generation"]
+    assert gen["groups"] == 12 and 0 < gen["tokens"] <= 12 * 4 * 6 and gen["screen_seconds"] == 0.0
+    assert 0.0 <= gen["wasted_frac"] <= 1.0 and gen["tokens_zero_var"] <= gen["tokens"]
 
 
 def test_token_limit_fit_by_hand():
@@ -233,6 +237,24 @@ def test_token_limit_fit_by_hand():
     assert fit_token_limit(lengths, cut, [n in (30, 32, 35, 38) for n in lengths], 256) == 72  # four: too few
     # correct completions longer than the p95 rule allows do not raise the limit past it; the cut one is no answer
     assert fit_token_limit(lengths, cut, [n >= 44 for n in lengths[:19]] + [True], 256) == 72
+
+
+def test_token_limit_keeps_nine_in_ten_of_the_correct_completions():
+    # the subtraction file's shape: 118 wrong completions of 12..40 tokens, 10 correct: six bare answers
+    # (4-6 tokens) and four that explain first (60-90). The median rule alone gives 1.5 x 6 -> 48 (the floor),
+    # which cuts the four explanations: 60% of the correct kept. The 9th shortest correct is 80 -> 80.
+    wrong_lengths = [12 + k % 29 for k in range(118)]
+    solved_lengths = [4, 4, 5, 5, 6, 6, 60, 70, 80, 90]
+    lengths = wrong_lengths + solved_lengths
+    cut, correct = [False] * len(lengths), [False] * 118 + [True] * 10
+    limit = fit_token_limit(lengths, cut, correct, 256)
+    assert limit == 80
+    assert sum(n <= limit for n in solved_lengths) / len(solved_lengths) >= 0.9
+    # with few correct (under 5), the reach rule's 48 is raised the same way: 2 of 3 correct need 70 and 90
+    few = [False] * 125 + [True] * 3
+    lengths = wrong_lengths + [0] * 7 + [5, 70, 90]
+    assert fit_token_limit(lengths, cut, few, 256, reach=[None] * 127 + [5]) == 96  # the 3rd of 3 (ceil 2.7)
+    assert fit_token_limit(lengths, cut, few, 64, reach=[None] * 127 + [5]) == 64  # never above the probe's
 
 
 def test_cli_preflight_reports_and_train_stops_with_one_line(tmp_path):

@@ -13,7 +13,7 @@ from grpo.process import setup_process
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
-TIMING = ("seconds_env", "seconds_tools", "time_generate", "time_generate_zero_var", "time_reward", "time_update", "time_step", "time_eval", "tokens_per_second", "time_wait_sampler", "time_wait_trainer", "time_sync")
+TIMING = ("seconds_env", "seconds_tools", "time_generate", "time_generate_zero_var", "time_screen", "time_screen_skipped", "generate_wasted_frac", "time_reward", "time_update", "time_step", "time_eval", "tokens_per_second", "time_wait_sampler", "time_wait_trainer", "time_sync")
 
 
 def count_a(completion, example):
