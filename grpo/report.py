@@ -128,7 +128,9 @@ def _line_style(key: str) -> dict:
         return {"linestyle": ":", "marker": "s", "markersize": 3}
     if key.endswith("_max"):
         return {"linestyle": "--", "alpha": 0.6}
-    return {"linestyle": "-", "marker": "o" if key == "heldout_accuracy" else None, "markersize": 4}
+    if key == "heldout_accuracy":  # drawn over the subset, which it equals where the subset is every prompt
+        return {"linestyle": "-", "marker": "o", "markersize": 6, "zorder": 3}
+    return {"linestyle": "-", "marker": None, "markersize": 4}
 
 
 def _color(key: str, run_index: int) -> str:
