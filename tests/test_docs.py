@@ -258,3 +258,26 @@ def test_every_example_command_runs(words):
     result = subprocess.run([sys.executable, *words[1:], *quick], cwd=ROOT, capture_output=True, text=True,
                             timeout=900, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path):
+    """`make train` in a fresh shell leaves the venv inactive: its last lines say to activate it, then name the
+    report, the evaluation and a run on the user's own file, for the run just written (a stand-in grpo here)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "grpo").write_text("#!/bin/sh\nmkdir -p runs/20261202-120000-add\n")
+    (fake / "grpo").chmod(0o755)
+    result = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "train", f"BIN={fake}", "STAMP="],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split("#")[0].strip() for line in result.stdout.splitlines()]
+    after = lines[lines.index("next:") + 1:]
+    assert after[0] == "source .venv/bin/activate"
+    assert "grpo report runs/20261202-120000-add" in after
+    assert any(line.startswith("grpo eval --model runs/20261202-120000-add/model") for line in after)
+    assert any(line.startswith("grpo train --data ") for line in after)
+    from grpo.cli.parser import build_parser
+
+    for line in (line for line in after if line.startswith("grpo ")):  # each one parses
+        build_parser().parse_args(shlex.split(line)[1:])
