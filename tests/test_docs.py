@@ -182,7 +182,7 @@ QUICK = {  # what keeps each kind of command to seconds
 }
 
 
-VERDICTS = {"preflight": "pre-flight", "check-reward": "gold forms scoring the maximum"}  # what each prints
+VERDICTS = {"preflight": "pre-flight", "check-reward": "scoring the maximum"}  # what each prints
 
 
 @pytest.fixture(scope="module")
