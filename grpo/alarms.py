@@ -20,7 +20,7 @@ of the planned steps: grpo/run_state.py). The thresholds were set on the
 simulation in tests/test_alarms.py, calibrated on measured runs (held-out
 subsets of 96 prompts with binomial noise and dips of 15 points between
 evaluations; slow learners that gain 10 to 15 points; fast learners that
-plateau); README states the error rates it measures.
+plateau); bench/README.md states the error rates it measures.
 
 ``STOPPING`` alarms end the run early when ``early_stop`` is on: they say
 that further steps will not raise held-out accuracy.

@@ -35,7 +35,10 @@ LABELS = {"heldout_accuracy": "greedy pass@1", "heldout_subset_accuracy": "subse
           "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "entropy": "entropy",
           "generate_wasted_frac": "seconds (screening skipped included)", "zero_var_tokens_frac": "tokens",
           "screen_predicted_mixed": "predicted", "screen_observed_mixed": "observed"}
-COLORS = ("tab:blue", "tab:orange")
+COLORS = ("tab:blue", "tab:orange")  # one per run, side by side
+# The alarms' subset is a second greedy series on the held-out panel: a colour (per run) and marker of its own,
+# so it is never mistaken for the full evaluation.
+SUBSET_COLORS = ("tab:green", "tab:purple")
 SAMPLES_SHOWN = 5
 
 
@@ -122,17 +125,43 @@ def status(run: Run) -> str:
 # ---- the PNG ----
 
 def _line_style(key: str) -> dict:
+    if key == "heldout_subset_accuracy":
+        return {"linestyle": "-", "marker": "s", "markersize": 4}
     if "pass@" in key:
         return {"linestyle": "--", "marker": "^", "markersize": 4}
     if "maj@" in key:
         return {"linestyle": ":", "marker": "s", "markersize": 3}
     if key.endswith("_max"):
         return {"linestyle": "--", "alpha": 0.6}
-    return {"linestyle": "-", "marker": "o" if key == "heldout_accuracy" else None, "markersize": 4}
+    if key == "heldout_accuracy":  # drawn over the subset, which it equals where the subset is every prompt
+        return {"linestyle": "-", "marker": "o", "markersize": 6, "zorder": 3}
+    return {"linestyle": "-", "marker": None, "markersize": 4}
+
+
+def _color(key: str, run_index: int) -> str:
+    return (SUBSET_COLORS if key == "heldout_subset_accuracy" else COLORS)[run_index]
+
+
+def scored_prompts(run: Run, key: str) -> int | None:
+    """How many held-out prompts a greedy series scores: the full evaluation all of them (summary.json's
+    heldout_size, else config.json's eval_size), the alarms' subset eval_subset - eval_train of them
+    (all when eval_subset is 0), as grpo/heldout.py draws it. None where the config does not say."""
+    config = run.config
+    full = (run.summary or {}).get("heldout_size") or config.get("eval_size")
+    if key == "heldout_accuracy" or not full:
+        return full
+    if key != "heldout_subset_accuracy" or "eval_subset" not in config:
+        return None
+    if not config["eval_subset"]:
+        return full
+    return min(max(config["eval_subset"] - config.get("eval_train", 0), 1), full)
 
 
 def _label(key: str, run: Run, n_runs: int) -> str:
     label = LABELS.get(key) or key.removeprefix("heldout_")
+    n = scored_prompts(run, key) if key in ("heldout_accuracy", "heldout_subset_accuracy") else None
+    if n:
+        label += f", {n} prompts"
     if "@" in key:
         label += f" ({run.config.get('eval_samples', '?')} samples)"
     return label if n_runs == 1 else f"{run.name}: {label}"
@@ -140,6 +169,15 @@ def _label(key: str, run: Run, n_runs: int) -> str:
 
 def plot(runs: Sequence[Run], out: Path) -> None:
     """The panels over the whole planned run, one colour per run, alarm steps shaded; a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def figure(runs: Sequence[Run]):  # -> matplotlib.figure.Figure
+    """The report's figure: panels, one colour per run (the held-out subset its own), alarm steps shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,11 +187,12 @@ def plot(runs: Sequence[Run], out: Path) -> None:
     fig, axes = plt.subplots(2, 4, figsize=(20, 8), constrained_layout=True)
     last = max([int(r.config.get("steps", 0)) for r in runs] + [r.last_step for r in runs] + [1])
     for ax, (title, patterns, ylim) in zip(axes.flat, PANELS, strict=True):
-        for color, run in zip(COLORS, runs, strict=False):
+        for index, (color, run) in enumerate(zip(COLORS, runs, strict=False)):
             for key in (k for p in patterns for k in run.keys(p)):
                 steps, values = run.series(key)
                 if steps:
-                    ax.plot(steps, values, color=color, label=_label(key, run, len(runs)), **_line_style(key))
+                    ax.plot(steps, values, color=_color(key, index), label=_label(key, run, len(runs)),
+                            **_line_style(key))
             for step in _alarm_steps(run):
                 ax.axvspan(step - 0.5, step + 0.5, color=color, alpha=0.12, linewidth=0)
         ax.set_title(title, fontsize=11)
@@ -174,8 +213,7 @@ def plot(runs: Sequence[Run], out: Path) -> None:
             ax.legend(fontsize=7, loc="best")
     heading = "   vs   ".join(f"{r.name} ({status(r)})" for r in runs)
     fig.suptitle(f"{heading}\nshaded: steps with an alarm on", fontsize=11)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def _within_unit(runs: Sequence[Run], key: str) -> bool:

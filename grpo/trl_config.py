@@ -13,7 +13,7 @@ TRL would make. Then:
   returned so the caller lists it once in a warning;
 - a key in neither vocabulary is an error suggesting the nearest key of both.
 
-The table in the README ("Coming from TRL / verl") is this module in prose.
+The table in docs/from-trl-verl.md is this module in prose.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _no_bomb_files_left_behind():
 # ---- test layers: every test belongs to one (its file's, unless it is marked with another), and
 # ``slow`` (the real embedded model) is counted beside them; the run ends with how many ran in each
 
-LAYERS = ("unit", "equivalence", "model", "vllm", "attack")
+LAYERS = ("unit", "equivalence", "model", "vllm", "attack", "docs")
 FILE_LAYERS = {
     "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams"),
     "model": ("test_trainer", "test_preflight", "test_filter_groups", "test_agent_training", "test_run_metrics",
@@ -81,28 +81,33 @@ FILE_LAYERS = {
               "test_adapter_runs"),
     "vllm": ("test_vllm_engine", "test_vllm_sleep", "test_vllm_acceptance"),
     "attack": ("test_sandbox", "test_code_audit"),
+    "docs": ("test_docs",),
 }  # any other file: unit
+
+
+_COUNTED: dict[str, tuple[str, ...]] = {}  # test id -> the layers it counts in: its own, and slow if marked
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.get_closest_marker(layer) for layer in LAYERS):
-            continue
-        module = item.path.stem
-        layer = next((name for name, files in FILE_LAYERS.items() if module in files), "unit")
-        item.add_marker(getattr(pytest.mark, layer))
+        layer = next((name for name in LAYERS if item.get_closest_marker(name)), None)
+        if layer is None:
+            module = item.path.stem
+            layer = next((name for name, files in FILE_LAYERS.items() if module in files), "unit")
+            item.add_marker(getattr(pytest.mark, layer))
+        _COUNTED[item.nodeid] = (layer, "slow") if item.get_closest_marker("slow") else (layer,)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # counted by the markers given at collection, not by the report's keywords, which also hold the names of
+    # the folders above the test (a checkout in a folder named "docs" would count every test as docs)
     counts = {layer: {} for layer in (*LAYERS, "slow")}
     for outcome in ("passed", "failed", "skipped", "error"):
         for report in terminalreporter.stats.get(outcome, []):
             if getattr(report, "when", "call") != "call" and outcome in ("passed", "failed"):
                 continue
-            keywords = getattr(report, "keywords", {})
-            for layer in counts:
-                if layer in keywords:
-                    counts[layer][outcome] = counts[layer].get(outcome, 0) + 1
+            for layer in _COUNTED.get(getattr(report, "nodeid", ""), ()):
+                counts[layer][outcome] = counts[layer].get(outcome, 0) + 1
     parts = [f"{layer} {counts[layer].get('passed', 0)}"
              + "".join(f" ({n} {outcome})" for outcome, n in counts[layer].items() if outcome != "passed")
              for layer in counts]

@@ -123,15 +123,16 @@ def test_tools_make_episodes_with_the_tools_described(tmp_path):
 
 
 def _readme_block(after: str) -> str:
+    """The first python block after the words ``after`` in docs/tools.md (README's journey pages)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tools.md").read_text()
     start = text.index("```python\n", text.index(after)) + len("```python\n")
     return text[start : text.index("```", start)]
 
 
 def test_readme_examples_run(monkeypatch, tmp_path):
-    """The README's tool and environment examples, with grpo.train pointed at the tiny model and task."""
+    """docs/tools.md's tool and environment examples, with grpo.train pointed at the tiny model and task."""
     import grpo
 
     def tiny_train(config, **kw):

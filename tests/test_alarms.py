@@ -1,6 +1,6 @@
 """Each alarm on synthetic metric streams that should, and should not, trigger it; the verdicts on
 learning (stall, checker suspected, memorising) on simulated runs calibrated on measured ones
-(tests/alarm_simulation.py), at the error rates README states."""
+(tests/alarm_simulation.py), at the error rates bench/README.md states."""
 
 import alarm_simulation as sim
 import numpy as np
@@ -125,7 +125,7 @@ def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch
 
 
 # Of 40 simulated runs of each kind (seed 0): learners, runs warned by any alarm and runs stopped;
-# failures, runs caught by their alarm and runs stopped. README states these numbers.
+# failures, runs caught by their alarm and runs stopped. bench/README.md states these numbers.
 RATES = {"slow": (1, 0), "fast": (0, 0), "slow_budget": (1, 0), "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40),
          "memorising": (36, 0)}
 TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, failures at least
@@ -133,7 +133,7 @@ TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, f
 
 def test_the_simulated_error_rates_are_those_readme_states():
     assert sim.rates(seed=0) == RATES
-    for kind in sim.LEARNERS:  # the targets hold on this seed (over 200 runs they do not all: README)
+    for kind in sim.LEARNERS:  # the targets hold on this seed (over 200 runs they do not all: bench/README.md)
         assert RATES[kind][0] <= TARGET["warned"] and RATES[kind][1] <= TARGET["stopped"]
     for kind in sim.FAILURES:
         assert RATES[kind][0] >= TARGET["caught"]

@@ -1,4 +1,4 @@
-"""The README's "Coming from TRL / verl" commands, end to end on a tiny model: TRL's quick start (its
+"""docs/from-trl-verl.md's commands, end to end on a tiny model: TRL's quick start (its
 config values, its length reward unedited) as ``grpo train``, a separate evaluation file, and ``grpo eval``
 scoring a held-out file with the reward a run trained on."""
 

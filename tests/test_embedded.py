@@ -166,7 +166,7 @@ def test_the_embedded_model_resumed_in_a_new_process_is_bitwise_the_straight_run
 
 
 def test_one_and_two_processes_sample_the_embedded_models_first_step_alike(tmp_path):
-    """What README's "Scaling out" states of 1 against N processes on a real model (issue 25, defect 11):
+    """What docs/gpu.md and bench/README.md state of 1 against N processes on a real model (issue 25, defect 11):
     every completion draws from its own stream, so both runs ask the same prompts and draw the same
     uniforms; but a process's batch has another shape, the matmuls another summation order, and a logit
     a rounding apart can move a draw across a token boundary. Before any update (step 1) nearly every
@@ -187,5 +187,5 @@ def test_one_and_two_processes_sample_the_embedded_models_first_step_alike(tmp_p
     first = [a["completion"] == b["completion"] for a, b in zip(one[:32], two[:32], strict=True)]
     later = [a["completion"] == b["completion"] for a, b in zip(one[32:], two[32:], strict=True)]
     print(f"identical completions: step 1 {sum(first)} of 32, step 2 {sum(later)} of 32")
-    assert sum(first) >= 28  # measured: 32 of 32 (README); streams keyed by the process would share almost none
+    assert sum(first) >= 28  # measured: 32 of 32 (bench/README.md); streams keyed by the process would share almost none
     assert all(a["reward"] == b["reward"] for a, b, same in zip(one, two, first, strict=False) if same)

@@ -116,3 +116,24 @@ def test_the_seconds_per_step_show_each_side_s_wait_when_sampling_ahead(tmp_path
     assert "<td>time_wait_sampler</td><td>1.25</td>" in text and "<td>time_wait_trainer</td><td>1.50</td>" in text
     assert "time_sync" not in text
     assert "<td>async_lag (updates)</td><td>1.00</td>" in text
+
+
+def test_the_held_out_panel_tells_the_full_evaluation_from_the_alarms_subset(tmp_path):
+    run_dir = make_run(tmp_path / "r", finished=True, steps=20)
+    (run_dir / "config.json").write_text(json.dumps({"steps": 20, "eval_size": 256, "eval_subset": 128,
+                                                     "eval_train": 32}))
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    with_subset = [json.dumps({**json.loads(line), "heldout_subset_accuracy": 0.2})
+                   if json.loads(line)["step"] % 4 == 0 else line for line in lines]
+    (run_dir / "metrics.jsonl").write_text("\n".join(with_subset) + "\n")
+    from grpo.report import PANELS, figure
+
+    fig = figure([load_run(run_dir)])
+    held_out = fig.axes[[title for title, _, _ in PANELS].index("held-out accuracy")]
+    lines = {line.get_label(): line for line in held_out.get_lines()}
+    # 256 scored at the start and end; the alarms' subset is 128 - 32 training prompts = 96 held-out ones
+    full, subset = lines["greedy pass@1, 256 prompts"], lines["subset (alarms), 96 prompts"]
+    assert full.get_color() != subset.get_color()
+    assert full.get_marker() != subset.get_marker()
+    legend = [text.get_text() for text in held_out.get_legend().get_texts()]
+    assert "greedy pass@1, 256 prompts" in legend and "subset (alarms), 96 prompts" in legend

@@ -187,7 +187,7 @@ def test_switching_off_the_in_process_guard_defeats_weak_but_not_strict(tmp_path
     attack = (f"import __main__\n__main__.root = '/'\n__main__.inside = lambda p: True\n"
               f"try:\n    open({str(target)!r}, 'w').write('x')\nexcept Exception as e:\n    print(e)\n")
     run_python(attack, FAST, mode="weak")
-    assert target.exists()  # the known hole of --sandbox weak, said in the README
+    assert target.exists()  # the known hole of --sandbox weak, said in docs/rewards.md
     target.unlink()
     run_python(attack, FAST, mode="strict")
     assert not target.exists()

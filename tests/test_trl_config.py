@@ -79,7 +79,7 @@ def test_the_readme_trl_config_reads_with_its_warning():
 
     import yaml
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "from-trl-verl.md").read_text()
     block = re.search(r"```yaml\n(# trl_grpo\.yaml.*?)```", readme, re.DOTALL).group(1)
     cfg, ignored = config(yaml.safe_load(block))
     assert (cfg.output, cfg.steps, cfg.batch_size, cfg.group_size, cfg.lr) == ("Qwen2-0.5B-GRPO", 100, 8, 8, 1e-6)

@@ -1,0 +1,283 @@
+"""The docs say what the code does: every command in a code block of README.md and docs/*.md runs or, where
+it needs what this machine lacks (a GPU, vLLM, a hub download, a file of the reader's own), at least parses
+with `grpo`'s own parser; every `make` target named exists; every option, metric or alarm named in backticks
+exists in the code.
+
+Pages are found at run time (docs/*.md), so a page added later is checked the same way. Commands run in this
+process on a tiny random model, with small overrides (one step, a few held-out prompts, a fresh output
+folder) that keep the layer to a few minutes; `python examples/...` runs the embedded model (slow).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
+SHELL = ("", "bash", "sh", "shell", "console")  # a code block in these is typed; text, python, yaml are not
+PLACEHOLDER = re.compile(r"<[^<>\s][^<>]*>")
+SNAKE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+# backticked snake_case words that name something outside this package
+NOT_OURS = {"reward_len"}  # TRL's quick-start reward function, quoted from its docs
+RUN_COMMANDS = ("train", "preflight", "eval", "report", "tasks", "check-reward")
+NEEDS_MORE = ("--engine", "--nproc", "--fsdp", "--device", "--async-lag", "--config", "--help")  # GPU, vLLM, ...
+PATH_OPTIONS = ("--data", "--eval-data", "--model", "--chat-template")
+CODE_OPTIONS = ("--rewards", "--reward", "--tools", "--env")  # file.py:name, or a built-in name
+
+
+def page_name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def blocks(page: Path) -> list[str]:
+    """The page's shell code blocks (output shown as ```text is not a command)."""
+    return [body for lang, body in FENCE.findall(page.read_text(encoding="utf-8")) if lang.strip() in SHELL]
+
+
+def prose(page: Path) -> str:
+    return FENCE.sub("", page.read_text(encoding="utf-8"))
+
+
+def commands(page: Path) -> list[list[str]]:
+    """The shell commands of a page's code blocks that are grpo's, python scripts', torchrun's or make's, as
+    argv lists: continuation lines joined, comments and a leading '$ ' dropped, <placeholders> kept as one word."""
+    found = []
+    for block in blocks(page):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            if not line.startswith(("grpo ", "python ", "torchrun ", "make")):
+                continue
+            for part in line.split("&&"):
+                words = shlex.split(PLACEHOLDER.sub(lambda m: m.group(0).replace(" ", "_"), part), comments=True)
+                if words:
+                    found.append(words)
+    return found
+
+
+def grpo_argv(words: list[str]) -> list[str] | None:
+    """The arguments `grpo` gets: after `grpo`, or after `-m grpo` in a torchrun line; None for other tools."""
+    if words[0] == "grpo":
+        return words[1:]
+    if words[0] == "torchrun" and "-m" in words and words[words.index("-m") + 1] == "grpo":
+        return words[words.index("-m") + 2:]
+    return None
+
+
+ALL_COMMANDS = [(page_name(p), words) for p in PAGES for words in commands(p)]
+GRPO_COMMANDS = [(name, argv) for name, words in ALL_COMMANDS if (argv := grpo_argv(words)) is not None]
+TYPED = [(name, words[1:]) for name, words in ALL_COMMANDS if words[0] == "grpo"]  # torchrun's lines need torchrun
+
+
+def option_strings() -> set[str]:
+    """Every option of every grpo subcommand."""
+    import argparse
+
+    from grpo.cli.parser import build_parser
+
+    parser = build_parser()
+    found = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= set(sub._option_string_actions)
+    return found
+
+
+def source_text() -> str:
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "grpo").rglob("*.py")))
+
+
+def test_the_pages_have_commands_and_the_readme_stays_short():
+    assert ROOT / "docs" / "alarms.md" in PAGES
+    assert len(GRPO_COMMANDS) >= 30, GRPO_COMMANDS
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 200, f"README.md has {lines} lines; a newcomer's first five minutes fit in 200"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "source .venv/bin/activate" in readme.split("grpo tasks")[0]  # said before the first grpo command
+
+
+@pytest.mark.parametrize(("page", "argv"), GRPO_COMMANDS, ids=[f"{p}: grpo {' '.join(a)[:60]}" for p, a in GRPO_COMMANDS])
+def test_every_grpo_command_in_the_docs_parses(page, argv):
+    from grpo.cli.parser import build_parser
+
+    if "--help" in argv:
+        with pytest.raises(SystemExit) as stopped:
+            build_parser().parse_args(argv)
+        assert stopped.value.code == 0
+        return
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as err:
+        raise AssertionError(f"{page}: `grpo {' '.join(argv)}` does not parse") from err
+
+
+def makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z][\w-]*):", text, re.M))
+
+
+def test_every_make_target_and_script_named_exists():
+    targets = makefile_targets()
+    spans = [s.split() for p in PAGES for s in re.findall(r"`([^`\n]+)`", prose(p))]
+    named = [words for _, words in ALL_COMMANDS] + [w for w in spans if w and w[0] in ("make", "python")]
+    for words in named:
+        if words[0] == "make":
+            wanted = [w for w in words[1:] if "=" not in w][:1]
+            assert all(w in targets for w in wanted), f"`{' '.join(words)}`: no such make target"
+        elif words[0] == "python" and words[1:] and words[1].endswith(".py"):
+            assert (ROOT / words[1]).is_file(), f"`{' '.join(words)}`: no such script"
+
+
+def test_every_backticked_option_metric_and_alarm_exists():
+    options, source = option_strings(), source_text()
+    stale = []
+    for page in PAGES:
+        for span in re.findall(r"`([^`\n]+)`", prose(page)):
+            if span.split()[0] in ("torchrun", "pip", "python", "make", "apt-get"):
+                continue  # another tool's options (scripts are checked above)
+            stale += [f"{page_name(page)}: {o}" for o in OPTION.findall(span) if o not in options]
+            if SNAKE.fullmatch(span) and span not in NOT_OURS and not re.search(rf"\b{span}\b", source):
+                stale.append(f"{page_name(page)}: {span}")
+    assert not stale, "names in the docs that the code does not have: " + ", ".join(stale)
+
+
+# ---- running the commands that this machine can run ----
+
+def runnable(argv: list[str]) -> bool:
+    """A command runs when it needs nothing this machine lacks: no GPU, vLLM or second process, and every file,
+    model folder and code file it names exists (a run directory `runs/<run>` is the test's own run)."""
+    if not argv or argv[0] not in RUN_COMMANDS or any(o in argv for o in NEEDS_MORE):
+        return False
+    for option, value in zip(argv, argv[1:], strict=False):
+        if "runs/<run>" in value:
+            continue
+        if option in PATH_OPTIONS and value != "smollm2" and not (ROOT / value).exists() and "<run>" not in value:
+            return False
+        if option in CODE_OPTIONS and ".py:" in value and not (ROOT / value.split(":")[0]).exists():
+            return False
+        if "<" in value:
+            return False
+    return True
+
+
+RUNNABLE = sorted({tuple(argv) for _, argv in TYPED if runnable(argv)})
+QUICK = {  # what keeps each kind of command to seconds
+    "train": ["--steps", "1", "--eval-size", "4", "--eval-subset", "0", "--prompts-per-step", "2", "--group-size", "2",
+              "--max-gen-rounds", "1", "--preflight-prompts", "2", "--preflight", "warn", "--max-new-tokens", "6",
+              "--reward-workers", "0", "--threads", "1", "--device", "cpu", "--no-progress", "--save-model"],
+    "preflight": ["--eval-size", "4", "--group-size", "2", "--max-gen-rounds", "1", "--preflight-prompts", "2",
+                  "--max-new-tokens", "6", "--reward-workers", "0", "--threads", "1", "--device", "cpu"],
+    "eval": ["--eval-size", "4", "--samples", "0", "--max-new-tokens", "6", "--device", "cpu"],
+    "check-reward": ["--limit", "3"],
+}
+
+
+VERDICTS = {"preflight": "pre-flight", "check-reward": "scoring the maximum"}  # what each prints
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random model folder, and a finished one-step run of it for the commands that read a run."""
+    from conftest import make_model
+
+    from grpo.cli import main
+
+    place = tmp_path_factory.mktemp("docs")
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=5).save_pretrained(place / "model")
+    tokenizer.save_pretrained(place / "model")
+    run = place / "run"
+    assert main(["train", *QUICK["train"], "--model", str(place / "model"), "--output", str(run),
+                 "--save-every", "1"]) == 0
+    return place
+
+
+def as_quick(argv: list[str], tiny: Path, place: Path) -> list[str]:
+    """The command with the test's model, run and output folder, and QUICK's overrides after it."""
+    run = place / "run"
+    shutil.copytree(tiny / "run", run)
+    words = [w.replace("runs/<run>", str(run)) for w in argv]
+    command = words[0]
+    if command in ("train", "preflight") and "--resume" not in words:
+        words += [*QUICK[command], "--output", str(place / "out")]
+        if "--model" not in words:
+            words += ["--model", str(tiny / "model")]
+    elif "--resume" in words:
+        words = [w for i, w in enumerate(words) if w != "--steps" and (i == 0 or words[i - 1] != "--steps")]
+        words += ["--steps", "2", "--no-progress"]
+    else:
+        words += QUICK.get(command, [])
+    return words
+
+
+@pytest.mark.parametrize("argv", RUNNABLE, ids=[f"grpo {' '.join(a)[:70]}" for a in RUNNABLE])
+def test_every_grpo_command_this_machine_can_run_runs(argv, tiny, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from grpo.cli import main
+
+    monkeypatch.chdir(ROOT)  # the docs' paths are the repository's
+    threads = torch.get_num_threads()
+    try:
+        code = main(as_quick(list(argv), tiny, tmp_path))
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr()
+    if argv[0] in VERDICTS:  # exit 1 is the check's verdict (on a random model, on a strict reward), not a failure
+        assert code in (0, 1) and VERDICTS[argv[0]] in out.out + out.err, out.err[-2000:]
+    else:
+        assert code == 0, out.err[-2000:]
+
+
+def test_the_runs_cover_the_readme_journeys():
+    """The README's own commands are among those run, not only parsed."""
+    readme = {tuple(a) for p, a in TYPED if p == "README.md"}
+    ran = set(RUNNABLE) & readme
+    assert ("tasks",) in ran
+    assert any(a[0] == "train" and "--data" in a and "--rewards" in a for a in ran)
+    assert any(a[0] == "eval" for a in ran) and any(a[0] == "report" for a in ran)
+
+
+EXAMPLES = [words for _, words in ALL_COMMANDS if words[0] == "python" and words[1].startswith("examples/")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("words", EXAMPLES, ids=[" ".join(w) for w in EXAMPLES])
+def test_every_example_command_runs(words):
+    quick = ["--steps", "1", "--eval-size", "2", "--prompts", "2", "--group", "2"]
+    result = subprocess.run([sys.executable, *words[1:], *quick], cwd=ROOT, capture_output=True, text=True,
+                            timeout=900, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path):
+    """`make train` in a fresh shell leaves the venv inactive: its last lines say to activate it, then name the
+    report, the evaluation and a run on the user's own file, for the run just written (a stand-in grpo here)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "grpo").write_text("#!/bin/sh\nmkdir -p runs/20261202-120000-add\n")
+    (fake / "grpo").chmod(0o755)
+    result = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "train", f"BIN={fake}", "STAMP="],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split("#")[0].strip() for line in result.stdout.splitlines()]
+    after = lines[lines.index("next:") + 1:]
+    assert after[0] == "source .venv/bin/activate"
+    assert "grpo report runs/20261202-120000-add" in after
+    assert any(line.startswith("grpo eval --model runs/20261202-120000-add/model") for line in after)
+    assert any(line.startswith("grpo train --data ") for line in after)
+    from grpo.cli.parser import build_parser
+
+    for line in (line for line in after if line.startswith("grpo ")):  # each one parses
+        build_parser().parse_args(shlex.split(line)[1:])
