@@ -31,6 +31,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from grpo.config import RECOMMENDED as RECOMMENDED  # each objective's settings when the user gives none
+
 Objective = Literal["ppo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl"]
 LOG_RATIO_BOUND = 20.0  # verl clamps log(rho) to [-20, 20] before exp in CISPO, SAPO and DPPO
 
@@ -53,15 +55,6 @@ class Surrogate:
     loss: Tensor  # (N, T) per-token loss to minimise
     ratio: Tensor  # (N, T) rho_t, detached
     clipped: Tensor  # (N, T) bool: the objective's clip or mask acted on the token
-
-
-@dataclass(frozen=True)
-class Recommended:
-    """An objective's settings when the user gives none: the clip values and the aggregation."""
-
-    clip_low: float
-    clip_high: float
-    aggregate: str
 
 
 def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, bound: float | None = None) -> Tensor:
@@ -184,20 +177,6 @@ def dppo_kl(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, p: Params
 SURROGATES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor, Params], Surrogate]] = {
     "ppo": ppo, "cispo": cispo, "sapo": sapo, "gmpo": gmpo, "dppo_tv": dppo_tv, "dppo_kl": dppo_kl,
 }
-
-# The settings each objective's paper or reference recipe trains with (docs/objectives.md):
-# PPO: DAPO's clip-higher; CISPO: no lower bound, ScaleRL's cap of 5 on the weight (arXiv:2510.13786);
-# SAPO and GMPO: per-sequence averaging as in verl (SAPO's clips are unused); GMPO: (e^-0.4, e^0.4);
-# DPPO: verl's recipe thresholds (TV 0.15, binary KL 0.05).
-RECOMMENDED: dict[str, Recommended] = {
-    "ppo": Recommended(0.2, 0.28, "token"),
-    "cispo": Recommended(1.0, 4.0, "token"),
-    "sapo": Recommended(0.2, 0.28, "sequence"),
-    "gmpo": Recommended(0.4, 0.4, "sequence"),
-    "dppo_tv": Recommended(0.15, 0.15, "token"),
-    "dppo_kl": Recommended(0.05, 0.05, "token"),
-}
-
 
 def surrogate(objective: str) -> Callable[[Tensor, Tensor, Tensor, Tensor, Params], Surrogate]:
     """The named objective's surrogate; a ValueError naming the choices for another name."""

@@ -354,9 +354,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     for first in range(0, len(order), cfg.preflight_prompts):
         _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
         grouped = samples.grouped(g)
-        if group_varies(grouped).any():
+        if group_varies(grouped, estimator=cfg.advantage_estimator).any():
             break
-    same = ~group_varies(grouped)  # (B,)
+    same = ~group_varies(grouped, estimator=cfg.advantage_estimator)  # (B,)
     names = trainer.score.names
     total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
     report = PreflightReport(

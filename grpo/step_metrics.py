@@ -97,12 +97,13 @@ def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, secon
     cfg, g = trainer.config, trainer.config.group_size
     grouped = batch.generated_rewards().view(-1, g)  # (R, G) every generated group
     valid = (batch.generated_errors() == 0).view(-1, g)  # (R, G) rows that did not error
-    zero_var = ~group_varies(grouped, valid)  # (R,)
+    estimator = cfg.advantage_estimator  # what "the group teaches" means follows it
+    zero_var = ~group_varies(grouped, valid, estimator=estimator)  # (R,)
     top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (R,) a constant group's one value
     tokens = batch.generated_lengths().view(-1, g).sum(dim=1).float()  # (R,)
     wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
     trained = batch.rewards.view(-1, g)  # (B', G)
-    trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g))  # (B',)
+    trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g), estimator=estimator)  # (B',)
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
     skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # the update skips these groups' passes
     drawn = sum(len(r.prompts) for r in batch.rounds)

@@ -142,6 +142,7 @@ class GRPOTrainer:
         self.sampler = make_sampler(
             config.sampler, len(self.task.train), config.group_size, rng=self.prompt_rng, seed=config.seed,
             explore_frac=config.explore_frac, half_life=config.sampler_half_life,
+            estimator=config.advantage_estimator,
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
         self.train_prompts = encode_prompts(self.tokenizer, [self.task.messages(r) for r in self.task.train],
@@ -277,7 +278,8 @@ class GRPOTrainer:
         advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
         stats = StepStats()
         if batch.rewards.numel():
-            advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale, valid=valid)  # (N,)
+            advantages = group_advantages(batch.rewards, cfg.group_size, estimator=cfg.advantage_estimator,
+                                          scale=cfg.scale, valid=valid, mask=batch.lengths)  # (N,)
             ref_logp = reference_logprobs(self, batch.rollout)
             self.model.train()
             for group in self.optimizer.param_groups:
@@ -491,7 +493,8 @@ class GRPOTrainer:
             self.prompt_rng = random.Random(self.config.seed)
             self.sampler = make_sampler(
                 self.config.sampler, len(self.task.train), self.config.group_size, rng=self.prompt_rng,
-                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life)
+                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life,
+                estimator=self.config.advantage_estimator)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""
