@@ -118,6 +118,11 @@ CASES = {
                                   "engine vllm with LoRA under FSDP is not built: drop --fsdp"),
     "tis cap at 1": (["--tis-cap", "1.0"], "tis_cap must be above 1 (or 0: off), got 1.0"),
     "unknown tis level": (["--tis-level", "batch"], "tis_level must be one of token, sequence, sequence_ratio, got 'batch'"),
+    "unknown objective": (["--objective", "vespo"], "objective must be one of ppo, cispo, sapo, gmpo, dppo_tv, dppo_kl, got 'vespo'"),
+    "unknown estimator": (["--advantage-estimator", "opo"], "advantage_estimator must be one of grpo, rloo, reinforce_pp, "
+                                                             "reinforce_pp_baseline, passk, got 'opo'"),
+    "tis low under truncation": (["--tis-low", "0.5"], "tis_low is the lower bound of tis_mode mask"),
+    "gspo ratio with cispo": (["--objective", "cispo", "--ratio-level", "sequence"], "ratio_level sequence is ppo's (GSPO)"),
 }
 
 
