@@ -53,6 +53,14 @@ def test_reinforce_pp_trains_a_step_with_a_batch_baseline():
     assert abs(float((adv * weight).sum() / weight.sum())) < 1e-5  # whitened over the batch's tokens
 
 
+def test_a_step_reports_the_shares_of_tokens_and_completions_masked():
+    # the own sampler's ratio is 1 up to rounding: a geometric mask on [1.5, 2] leaves every completion out
+    m = tiny_trainer(tis_mode="mask", tis_level="sequence", tis_low=1.5, tis_cap=2.0, steps=1).step(1)
+    assert (m["tis_masked_tokens"], m["tis_masked_sequences"]) == (1.0, 1.0)
+    m = tiny_trainer(tis_mode="mask", tis_level="token", tis_low=0.5, tis_cap=2.0, steps=1).step(1)
+    assert (m["tis_masked_tokens"], m["tis_masked_sequences"]) == (0.0, 0.0)
+
+
 ADD_STEPS, ADD_EVAL = 10, 64
 
 
