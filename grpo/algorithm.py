@@ -83,32 +83,74 @@ def group_advantages(
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
     grouped = rewards.float().view(-1, group_size)  # (B, G)
-    if estimator == "grpo":  # the default keeps its own two paths, unchanged to the bit
-        if valid is not None and not bool(valid.all()):
-            return _partial_group_advantages(grouped, valid.view(-1, group_size), scale, eps)
-        return _grpo_advantages(grouped, scale, eps)
-    full = torch.ones_like(grouped, dtype=torch.bool) if valid is None else valid.view(-1, group_size)
-    kept = full & (full.sum(dim=1, keepdim=True) >= members_needed(estimator))  # (B, G)
-    values = torch.where(kept, grouped, 0.0)  # (B, G) invalid rows' values (NaN included) never enter a sum
-    if estimator == "rloo":
-        return _rloo(values, kept).reshape(-1)
-    if estimator == "passk":
-        return _passk(values, kept, scale, eps).reshape(-1)
-    if mask is None:
-        raise ValueError(f"estimator {estimator!r} whitens over the batch's tokens: pass mask")
-    tokens = (mask.sum(dim=1) if mask.dim() == 2 else mask).float().to(grouped.device).view_as(grouped)
-    if estimator == "reinforce_pp_baseline":
-        values = torch.where(kept, values - _masked_mean(values, kept), 0.0)
-    return _whiten(values, tokens * kept).reshape(-1)
-
-
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "passk")
+    valid = None if valid is None else valid.view(-1, group_size)  # (B, G)
+    tokens = None if mask is None else (mask.sum(dim=1) if mask.dim() == 2 else mask).float().to(grouped.device)
+    return ESTIMATORS[estimator](grouped, valid, scale, eps, tokens)  # (N,)
 
 
 def members_needed(estimator: str) -> int:
     """Valid members a group needs for its rows to get an advantage: two to compare, except under
     REINFORCE++, whose baseline is the batch's (the errored-row policy reads this too)."""
     return 1 if estimator == "reinforce_pp" else 2
+
+
+def _kept(grouped: Tensor, valid: Tensor | None, estimator: str) -> tuple[Tensor, Tensor]:
+    """The rows (B, G) that get an advantage (valid, in a group with enough valid members) and the
+    rewards with the others' values (NaN included) set to 0, so that they never enter a sum."""
+    full = torch.ones_like(grouped, dtype=torch.bool) if valid is None else valid
+    kept = full & (full.sum(dim=1, keepdim=True) >= members_needed(estimator))  # (B, G)
+    return kept, torch.where(kept, grouped, 0.0)
+
+
+def _grpo(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """GRPO's advantages, (N,); the whole-group path unchanged to the bit."""
+    if valid is not None and not bool(valid.all()):
+        return _partial_group_advantages(grouped, valid, scale, eps)
+    return _grpo_advantages(grouped, scale, eps)
+
+
+def _rloo(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """A_i = r_i - mean of the other kept members = n / (n - 1) (r_i - mean), n kept per group; (N,)."""
+    kept, values = _kept(grouped, valid, "rloo")
+    count = kept.sum(dim=1, keepdim=True).float()  # (B, 1)
+    centred = (values - _masked_mean(values, kept)) * count / (count - 1).clamp(min=1)
+    return torch.where(kept, centred, 0.0).reshape(-1)
+
+
+def _passk(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """r_max - r_second_max on each group's best kept member, 0 elsewhere; scaled as ``scale``; (N,)."""
+    kept, values = _kept(grouped, valid, "passk")
+    top, where = torch.where(kept, values, float("-inf")).topk(2, dim=1)  # (B, 2)
+    gap = torch.where(kept.any(dim=1), top[:, 0] - top[:, 1], 0.0)  # (B,)
+    if scale == "group":
+        count = kept.sum(dim=1).clamp(min=2).float()
+        centred = torch.where(kept, values - _masked_mean(values, kept), 0.0)
+        gap = gap / (((centred**2).sum(dim=1) / (count - 1)).sqrt() + eps)
+    elif scale == "batch":
+        chosen = values[kept]
+        gap = gap / ((chosen.std() if chosen.numel() > 1 else chosen.new_zeros(())) + eps)
+    return torch.zeros_like(values).scatter(1, where[:, :1], gap.unsqueeze(1)).reshape(-1)
+
+
+def _reinforce_pp(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """REINFORCE++: the rewards whitened over the batch's tokens, no group baseline; (N,)."""
+    kept, values = _kept(grouped, valid, "reinforce_pp")
+    return _whiten(values, _token_weight(tokens, kept)).reshape(-1)
+
+
+def _reinforce_pp_baseline(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None
+                           ) -> Tensor:
+    """REINFORCE++ with the group mean subtracted before the whitening; (N,)."""
+    kept, values = _kept(grouped, valid, "reinforce_pp_baseline")
+    centred = torch.where(kept, values - _masked_mean(values, kept), 0.0)
+    return _whiten(centred, _token_weight(tokens, kept)).reshape(-1)
+
+
+def _token_weight(tokens: Tensor | None, kept: Tensor) -> Tensor:
+    """(B, G) each kept row's token count, 0 for the others: REINFORCE++'s whitening weights."""
+    if tokens is None:
+        raise ValueError("REINFORCE++ whitens over the batch's tokens: pass mask")
+    return tokens.view_as(kept) * kept
 
 
 def _grpo_advantages(grouped: Tensor, scale: str, eps: float) -> Tensor:
@@ -126,28 +168,6 @@ def _masked_mean(values: Tensor, kept: Tensor) -> Tensor:
     return values.sum(dim=1, keepdim=True) / kept.sum(dim=1, keepdim=True).clamp(min=1)
 
 
-def _rloo(values: Tensor, kept: Tensor) -> Tensor:
-    """A_i = r_i - mean of the other kept members = n / (n - 1) (r_i - mean), n kept per group; (B, G)."""
-    count = kept.sum(dim=1, keepdim=True).float()  # (B, 1)
-    centred = (values - _masked_mean(values, kept)) * count / (count - 1).clamp(min=1)
-    return torch.where(kept, centred, 0.0)
-
-
-def _passk(values: Tensor, kept: Tensor, scale: str, eps: float) -> Tensor:
-    """r_max - r_second_max on each group's best kept member, 0 elsewhere; scaled as ``scale``; (B, G)."""
-    top, where = torch.where(kept, values, float("-inf")).topk(2, dim=1)  # (B, 2)
-    gap = torch.where(kept.any(dim=1), top[:, 0] - top[:, 1], 0.0)  # (B,)
-    if scale == "group":
-        count = kept.sum(dim=1).clamp(min=2).float()
-        centred = torch.where(kept, values - _masked_mean(values, kept), 0.0)
-        gap = gap / (((centred**2).sum(dim=1) / (count - 1)).sqrt() + eps)
-    elif scale == "batch":
-        chosen = values[kept]
-        gap = gap / ((chosen.std() if chosen.numel() > 1 else chosen.new_zeros(())) + eps)
-    out = torch.zeros_like(values)
-    return out.scatter(1, where[:, :1], gap.unsqueeze(1))
-
-
 def _whiten(values: Tensor, weight: Tensor) -> Tensor:
     """(x - mu) / sqrt(var + 1e-8) where weight > 0, 0 elsewhere; mu and the unbiased var over the
     tokens (each row counted ``weight`` times); (B, G)."""
@@ -155,6 +175,10 @@ def _whiten(values: Tensor, weight: Tensor) -> Tensor:
     mu = (values * weight).sum() / n.clamp(min=1)
     var = ((values - mu) ** 2 * weight).sum() / n.clamp(min=1) * n / (n - 1).clamp(min=1)
     return torch.where(weight > 0, (values - mu) * torch.rsqrt(var + 1e-8), 0.0)
+
+
+ESTIMATORS = {"grpo": _grpo, "rloo": _rloo, "reinforce_pp": _reinforce_pp,
+              "reinforce_pp_baseline": _reinforce_pp_baseline, "passk": _passk}
 
 
 def _partial_group_advantages(grouped: Tensor, valid: Tensor, scale: str, eps: float) -> Tensor:

@@ -191,7 +191,7 @@ def test_reinforce_pp_whitens_over_the_batch_s_tokens():
     # the all-equal group [1, 1] gets a non-zero advantage: it teaches, against the batch
     assert group_varies(r.view(2, 2), estimator="reinforce_pp").tolist() == [True, True]
     assert group_varies(torch.ones(2, 2), estimator="reinforce_pp").tolist() == [False, False]  # batch constant
-    with pytest.raises(ValueError, match="pass mask"):
+    with pytest.raises(ValueError, match="whitens over the batch.s tokens: pass mask"):
         group_advantages(r, 2, estimator="reinforce_pp")
 
 
