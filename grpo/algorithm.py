@@ -31,28 +31,46 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from grpo.objectives import RECOMMENDED, Objective, Params, Surrogate, surrogate
+from grpo.objectives import clipped_surrogate as clipped_surrogate  # re-exported: part of the math's API
+from grpo.objectives import importance_ratio as importance_ratio
+
 AdvantageScale = Literal["group", "batch", "none"]
+Estimator = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "passk"]
 RatioLevel = Literal["token", "sequence"]
 TisLevel = Literal["token", "sequence", "sequence_ratio"]
+TisMode = Literal["truncate", "mask"]
 Aggregate = Literal["token", "sequence", "fixed"]
 
 
 def group_advantages(
-    rewards: Tensor, group_size: int, *, scale: AdvantageScale = "group", eps: float = 1e-6,
-    valid: Tensor | None = None,
+    rewards: Tensor, group_size: int, *, estimator: Estimator = "grpo", scale: AdvantageScale = "group",
+    eps: float = 1e-6, valid: Tensor | None = None, mask: Tensor | None = None,
 ) -> Tensor:
-    """A_i = (r_i - mean(r_group)) / (std(r_group) + eps), groups of G consecutive rewards.
+    """The advantages A_i (N,) of rewards r_i (N,) in groups of G consecutive completions.
 
-    ``scale="group"`` is DeepSeekMath's GRPO; ``"batch"`` divides by the std of
-    the whole batch instead (more robust when a group's std is tiny);
-    ``"none"`` keeps only the centring, as Dr. GRPO recommends. The std is the
-    unbiased one (as ``torch.std``). A group whose rewards are all equal gets
-    A_i = 0 under every scale: it carries no learning signal.
+    - ``"grpo"`` (DeepSeekMath, arXiv:2402.03300): A_i = (r_i - mean(r_group)) / (std(r_group) + eps).
+      ``scale="group"`` is that; ``"batch"`` divides by the std of the whole batch instead (more
+      robust when a group's std is tiny); ``"none"`` keeps only the centring, as Dr. GRPO
+      (arXiv:2503.20783) recommends. The std is the unbiased one (as ``torch.std``).
+    - ``"rloo"`` (Ahmadian et al., arXiv:2402.14740): A_i = r_i - mean_{j != i} r_j
+      = G / (G - 1) (r_i - mean(r_group)); no scaling.
+    - ``"passk"`` (Chen et al., arXiv:2503.19595): only the group's best completion gets an
+      advantage, r_max - r_second_max (divided as ``scale`` says, by the group's std by default);
+      the others get 0.
+    - ``"reinforce_pp"`` (REINFORCE++, Hu et al., arXiv:2501.03262): r_i whitened over the batch's
+      tokens, A_i = (r_i - mu) / sqrt(var + 1e-8), mu and the unbiased var over every token in the
+      loss (each completion counts its length; 1e-8 under the root as verl has it); no group baseline.
+    - ``"reinforce_pp_baseline"``: the group mean subtracted first, then whitened as reinforce_pp.
+
+    ``scale`` is read by grpo and passk only. ``mask`` (N, T), or its row sums (N,), gives the
+    token counts REINFORCE++ weighs by (required for those two). A group whose rewards are all equal
+    gets A_i = 0 under grpo, rloo and passk; see :func:`group_varies` for what teaches under each.
 
     ``valid`` (N,) bool leaves rows out (a row that errored: its reward is no
-    verdict on the completion): the mean and std are over a group's valid
-    members, an invalid row gets A_i = 0, and so does every row of a group
-    with fewer than two valid members (nothing to compare it with).
+    verdict on the completion): the statistics are over the valid members,
+    an invalid row gets A_i = 0, and so does every row of a group with fewer
+    valid members than the estimator compares (two; one for reinforce_pp).
     """
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
         raise ValueError(
@@ -63,15 +81,105 @@ def group_advantages(
         raise ValueError(f"group_size must be at least 2, got {group_size}")
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
     grouped = rewards.float().view(-1, group_size)  # (B, G)
+    valid = None if valid is None else valid.view(-1, group_size)  # (B, G)
+    tokens = None if mask is None else (mask.sum(dim=1) if mask.dim() == 2 else mask).float().to(grouped.device)
+    return ESTIMATORS[estimator](grouped, valid, scale, eps, tokens)  # (N,)
+
+
+def members_needed(estimator: str) -> int:
+    """Valid members a group needs for its rows to get an advantage: two to compare, except under
+    REINFORCE++, whose baseline is the batch's (the errored-row policy reads this too)."""
+    return 1 if estimator == "reinforce_pp" else 2
+
+
+def _kept(grouped: Tensor, valid: Tensor | None, estimator: str) -> tuple[Tensor, Tensor]:
+    """The rows (B, G) that get an advantage (valid, in a group with enough valid members) and the
+    rewards with the others' values (NaN included) set to 0, so that they never enter a sum."""
+    full = torch.ones_like(grouped, dtype=torch.bool) if valid is None else valid
+    kept = full & (full.sum(dim=1, keepdim=True) >= members_needed(estimator))  # (B, G)
+    return kept, torch.where(kept, grouped, 0.0)
+
+
+def _grpo(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """GRPO's advantages, (N,); the whole-group path unchanged to the bit."""
     if valid is not None and not bool(valid.all()):
-        return _partial_group_advantages(grouped, valid.view(-1, group_size), scale, eps)
+        return _partial_group_advantages(grouped, valid, scale, eps)
+    return _grpo_advantages(grouped, scale, eps)
+
+
+def _rloo(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """A_i = r_i - mean of the other kept members = n / (n - 1) (r_i - mean), n kept per group; (N,)."""
+    kept, values = _kept(grouped, valid, "rloo")
+    count = kept.sum(dim=1, keepdim=True).float()  # (B, 1)
+    centred = (values - _masked_mean(values, kept)) * count / (count - 1).clamp(min=1)
+    return torch.where(kept, centred, 0.0).reshape(-1)
+
+
+def _passk(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """r_max - r_second_max on each group's best kept member, 0 elsewhere; scaled as ``scale``; (N,)."""
+    kept, values = _kept(grouped, valid, "passk")
+    top, where = torch.where(kept, values, float("-inf")).topk(2, dim=1)  # (B, 2)
+    gap = torch.where(kept.any(dim=1), top[:, 0] - top[:, 1], 0.0)  # (B,)
+    if scale == "group":
+        count = kept.sum(dim=1).clamp(min=2).float()
+        centred = torch.where(kept, values - _masked_mean(values, kept), 0.0)
+        gap = gap / (((centred**2).sum(dim=1) / (count - 1)).sqrt() + eps)
+    elif scale == "batch":
+        chosen = values[kept]
+        gap = gap / ((chosen.std() if chosen.numel() > 1 else chosen.new_zeros(())) + eps)
+    return torch.zeros_like(values).scatter(1, where[:, :1], gap.unsqueeze(1)).reshape(-1)
+
+
+def _reinforce_pp(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None) -> Tensor:
+    """REINFORCE++: the rewards whitened over the batch's tokens, no group baseline; (N,)."""
+    kept, values = _kept(grouped, valid, "reinforce_pp")
+    return _whiten(values, _token_weight(tokens, kept)).reshape(-1)
+
+
+def _reinforce_pp_baseline(grouped: Tensor, valid: Tensor | None, scale: str, eps: float, tokens: Tensor | None
+                           ) -> Tensor:
+    """REINFORCE++ with the group mean subtracted before the whitening; (N,)."""
+    kept, values = _kept(grouped, valid, "reinforce_pp_baseline")
+    centred = torch.where(kept, values - _masked_mean(values, kept), 0.0)
+    return _whiten(centred, _token_weight(tokens, kept)).reshape(-1)
+
+
+def _token_weight(tokens: Tensor | None, kept: Tensor) -> Tensor:
+    """(B, G) each kept row's token count, 0 for the others: REINFORCE++'s whitening weights."""
+    if tokens is None:
+        raise ValueError("REINFORCE++ whitens over the batch's tokens: pass mask")
+    return tokens.view_as(kept) * kept
+
+
+def _grpo_advantages(grouped: Tensor, scale: str, eps: float) -> Tensor:
+    """GRPO's (r - mean) / (std + eps) over whole groups (B, G), as ``scale`` says; (N,)."""
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # (B, G)
     if scale == "group":
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
     elif scale == "batch":
-        centred = centred / (rewards.float().std() + eps)
+        centred = centred / (grouped.reshape(-1).std() + eps)
     return centred.reshape(-1)  # (N,)
+
+
+def _masked_mean(values: Tensor, kept: Tensor) -> Tensor:
+    """(B, 1) each group's mean over its kept members."""
+    return values.sum(dim=1, keepdim=True) / kept.sum(dim=1, keepdim=True).clamp(min=1)
+
+
+def _whiten(values: Tensor, weight: Tensor) -> Tensor:
+    """(x - mu) / sqrt(var + 1e-8) where weight > 0, 0 elsewhere; mu and the unbiased var over the
+    tokens (each row counted ``weight`` times); (B, G)."""
+    n = weight.sum()
+    mu = (values * weight).sum() / n.clamp(min=1)
+    var = ((values - mu) ** 2 * weight).sum() / n.clamp(min=1) * n / (n - 1).clamp(min=1)
+    return torch.where(weight > 0, (values - mu) * torch.rsqrt(var + 1e-8), 0.0)
+
+
+ESTIMATORS = {"grpo": _grpo, "rloo": _rloo, "reinforce_pp": _reinforce_pp,
+              "reinforce_pp_baseline": _reinforce_pp_baseline, "passk": _passk}
 
 
 def _partial_group_advantages(grouped: Tensor, valid: Tensor, scale: str, eps: float) -> Tensor:
@@ -92,53 +200,33 @@ def _partial_group_advantages(grouped: Tensor, valid: Tensor, scale: str, eps: f
     return centred.reshape(-1)  # (N,)
 
 
-def group_varies(grouped: Tensor, valid: Tensor | None = None) -> Tensor:
-    """(B,) True where a group's rewards (B, G) are not all equal: the groups with a learning signal.
+def group_varies(grouped: Tensor, valid: Tensor | None = None, *, estimator: str = "grpo") -> Tensor:
+    """(B,) True where a group's rewards (B, G) teach something under ``estimator``: its advantages
+    are not all zero.
 
     The one definition used everywhere (dynamic sampling, the frontier sampler,
-    the step's metrics, pre-flight), on the raw rewards whatever their scale: a
-    reward in [-1, 1], a weighted sum or a format penalty varies when its values
+    the step's metrics, the errored-row policy, pre-flight), on the raw rewards whatever their scale:
+    a reward in [-1, 1], a weighted sum or a format penalty varies when its values
     differ, not when their clamp to [0, 1] does. With ``valid`` (B, G), over the
-    valid members only (rows that errored are no verdict): a group with fewer
-    than two of them does not vary.
+    valid members only (rows that errored are no verdict).
+
+    - grpo, rloo, reinforce_pp_baseline: the group's valid rewards are not all equal (REINFORCE++'s
+      whitening shifts an all-equal group by the batch's token mean, the same for all such groups:
+      no signal of their own);
+    - passk: its two best valid rewards differ (only the best member gets an advantage);
+    - reinforce_pp: the group has a valid member and the batch's valid rewards are not all equal
+      (its baseline is the batch's).
     """
-    if valid is None:
-        return grouped.max(dim=1).values > grouped.min(dim=1).values
-    high = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,)
-    low = torch.where(valid, grouped, float("inf")).min(dim=1).values  # (B,)
-    return high > low
-
-
-def importance_ratio(
-    logp: Tensor, old_logp: Tensor, mask: Tensor, *, level: RatioLevel = "token"
-) -> Tensor:
-    """rho_t = pi_theta(o_t) / pi_old(o_t) per token, or GSPO's per-sequence ratio.
-
-    GSPO's s_i = exp(mean_t (log pi_theta - log pi_old)) over the valid tokens
-    of completion i is broadcast over its tokens, so the clipping below acts
-    on whole sequences. Returns (N, T).
-    """
-    log_ratio = (logp - old_logp) * mask  # (N, T)
-    if level == "token":
-        return torch.exp(log_ratio)
-    if level == "sequence":
-        lengths = mask.sum(dim=1).clamp(min=1)  # (N,)
-        seq_log_ratio = log_ratio.sum(dim=1) / lengths  # (N,)
-        return torch.exp(seq_log_ratio).unsqueeze(1).expand_as(logp)
-    raise ValueError(f"ratio_level must be 'token' or 'sequence', got {level!r}")
-
-
-def clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float
-) -> Tensor:
-    """PPO's per-token loss -min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A), (N, T).
-
-    ``clip_high > clip_low`` is DAPO's clip-higher: it leaves more room to
-    raise the probability of unlikely tokens that earned a positive advantage.
-    """
-    adv = advantages.unsqueeze(1)  # (N, 1)
-    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return -torch.minimum(ratio * adv, clipped_ratio * adv)
+    valid = torch.ones_like(grouped, dtype=torch.bool) if valid is None else valid
+    high = torch.where(valid, grouped, float("-inf"))  # (B, G)
+    low = torch.where(valid, grouped, float("inf"))
+    if estimator == "reinforce_pp":
+        batch_varies = bool(high.max() > low.min())
+        return valid.any(dim=1) & batch_varies
+    if estimator == "passk":
+        top = high.topk(2, dim=1).values  # (B, 2)
+        return (top[:, 0] > top[:, 1]) & (valid.sum(dim=1) >= 2)
+    return high.max(dim=1).values > low.min(dim=1).values
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -152,20 +240,24 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 
 def tis_weights(
-    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, cap: float, level: TisLevel = "token"
+    trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, cap: float, level: TisLevel = "token",
+    mode: TisMode = "truncate", low: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Importance weights for tokens sampled by another engine than the trainer's, (N, T), detached.
 
     The sampler (vLLM, or any engine whose numerics differ) draws o_t from
     pi_sampler, while the loss assumes pi_trainer, the same weights computed
-    by the training pass. With delta_t = log pi_trainer(o_t) - log pi_sampler(o_t):
+    by the training pass. With delta_t = log pi_trainer(o_t) - log pi_sampler(o_t),
+    C = ``cap`` and L = ``low``, ``mode="truncate"`` (the default):
 
-    - ``"token"`` (TIS): w_t = min(exp(delta_t), C), C = ``cap``;
-    - ``"sequence"`` (masking): w_i = 1 for a completion whose geometric-mean
-      ratio exp(mean_t delta_t) lies in [1/C, C], else 0 for all its tokens;
+    - ``"token"`` (TIS): w_t = min(exp(delta_t), C);
+    - ``"sequence"`` (the geometric mask): w_i = 1 for a completion whose geometric-mean
+      ratio exp(mean_t delta_t) lies in [1/C, C], else 0 for all its tokens (the geometric mean
+      is a divergence test, not an importance weight: this level only ever masks);
     - ``"sequence_ratio"``: every token of completion i weighted by
       w_i = min(exp(sum_t delta_t), C), the whole completion's importance ratio
-      prod_t pi_trainer(o_t | h_t) / pi_sampler(o_t | h_t), truncated. Token
+      prod_t pi_trainer(o_t | h_t) / pi_sampler(o_t | h_t), truncated (TRL's
+      sequence_truncate). Token
       weights are biased when A_i depends on the whole completion (the prefix
       h_t is the sampler's draw too). What this one corrects, exactly: the law
       each completion was drawn from. For a per-completion term f(o) that is
@@ -185,11 +277,17 @@ def tis_weights(
       variance grows with the length and the mismatch (a sampler K updates
       behind, asynchronous GRPO).
 
+    ``mode="mask"`` keeps a weight inside [L, C] and sets one outside to 0 (L = 0: no lower bound):
+    token level w_t = rho_t 1[L <= rho_t <= C] (IcePop, arXiv:2510.18855, with [0.5, 5]; TRL's
+    token_mask), sequence level 1[L <= exp(mean_t delta_t) <= C] (the geometric mask; SkyRL's
+    off-policy recipe uses [0.99, 1.01]), sequence_ratio level w_i 1[L <= w_i <= C] on the
+    product ratio (TRL's sequence_mask).
+
     Metrics, means over valid tokens: ``sampler_logp_diff`` mean |delta_t|,
     ``sampler_kl`` the k3 estimate of KL(pi_sampler || pi_trainer) (the tokens
-    are the sampler's draws), ``tis_capped_frac`` the share of tokens capped
-    (token level), masked (sequence level) or in a capped completion
-    (sequence_ratio level); and ``sampler_logp_diff_max``,
+    are the sampler's draws), ``tis_capped_frac`` the share of tokens capped or masked,
+    ``tis_masked_tokens`` the share masked (weight 0), ``tis_masked_sequences`` the share of
+    completions (with a token in the loss) that have a masked token, and ``sampler_logp_diff_max``,
     max |delta_t| over the valid tokens (0 without any): a mean hides the few
     tokens whose probabilities the two disagree on, which is where a bf16
     output layer shows (see grpo/forward.py, ``head_logits``).
@@ -197,29 +295,46 @@ def tis_weights(
     with torch.no_grad():
         mask = mask.to(trainer_logp.dtype)
         delta = (trainer_logp - sampler_logp) * mask  # (N, T)
-        if level == "token":
-            ratio = torch.exp(delta)
-            capped = (ratio > cap).to(mask.dtype)
-            weights = ratio.clamp(max=cap)
-        elif level == "sequence":
-            seq = delta.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,) mean log-ratio
-            inside = (seq.abs() <= math.log(cap)).to(mask.dtype).unsqueeze(1)  # (N, 1)
-            weights = inside.expand_as(delta)
-            capped = 1.0 - weights
-        elif level == "sequence_ratio":
-            ratio = torch.exp(delta.sum(dim=1, keepdim=True))  # (N, 1) prod_t rho_t; inf past float range
-            capped = (ratio > cap).to(mask.dtype).expand_as(delta)
-            weights = ratio.clamp(max=cap).expand_as(delta)
-        else:
-            raise ValueError(f"tis_level must be 'token', 'sequence' or 'sequence_ratio', got {level!r}")
+        weights, capped, masked = _mismatch_weights(delta, mask, cap=cap, level=level, mode=mode, low=low)
         n_valid = mask.sum().clamp(min=1)
+        has_tokens = mask.sum(dim=1) > 0  # (N,)
+        masked_rows = ((masked * mask).sum(dim=1) > 0) & has_tokens
         metrics = {
             "sampler_logp_diff": delta.abs().sum() / n_valid,
             "sampler_logp_diff_max": delta.abs().amax() if delta.numel() else delta.new_zeros(()),
             "sampler_kl": (k3_kl(sampler_logp, trainer_logp) * mask).sum() / n_valid,
             "tis_capped_frac": (capped * mask).sum() / n_valid,
+            "tis_masked_tokens": (masked * mask).sum() / n_valid,
+            "tis_masked_sequences": masked_rows.sum().to(mask.dtype) / has_tokens.sum().clamp(min=1),
         }
     return weights * mask, metrics
+
+
+def _mismatch_weights(delta: Tensor, mask: Tensor, *, cap: float, level: str, mode: str, low: float
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """tis_weights' weights (N, T), and which tokens were capped or masked, and masked alone (N, T)."""
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"tis_mode must be 'truncate' or 'mask', got {mode!r}")
+    if level == "sequence":
+        seq = delta.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,) mean log-ratio
+        if mode == "truncate":
+            inside = seq.abs() <= math.log(cap)
+        else:
+            inside = (seq >= (math.log(low) if low > 0 else -math.inf)) & (seq <= math.log(cap))
+        weights = inside.to(mask.dtype).unsqueeze(1).expand_as(delta)  # (N, T)
+        return weights, 1.0 - weights, 1.0 - weights
+    if level == "token":
+        ratio = torch.exp(delta)  # (N, T)
+    elif level == "sequence_ratio":
+        ratio = torch.exp(delta.sum(dim=1, keepdim=True)).expand_as(delta)  # prod_t rho_t; inf past float range
+    else:
+        raise ValueError(f"tis_level must be 'token', 'sequence' or 'sequence_ratio', got {level!r}")
+    if mode == "truncate":
+        capped = (ratio > cap).to(mask.dtype)
+        return ratio.clamp(max=cap), capped, torch.zeros_like(capped)
+    inside = (ratio >= low) & (ratio <= cap)
+    masked = (~inside).to(mask.dtype)
+    return torch.where(inside, ratio, 0.0), masked, masked
 
 
 def aggregate_loss(
@@ -267,32 +382,47 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
+    objective: Objective = "ppo",
     ref_logp: Tensor | None = None,
     beta: float = 0.0,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    ratio_cap: float = 20.0,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
     ratio_level: RatioLevel = "token",
-    aggregate: Aggregate = "token",
+    aggregate: Aggregate | None = None,
     max_tokens: int | None = None,
     total_tokens: float | None = None,
     total_sequences: float | None = None,
     tis_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GRPO objective, to minimise: clipped surrogate plus beta * KL(pi_theta || pi_ref).
+    """The GRPO objective, to minimise: the objective's surrogate plus beta * KL(pi_theta || pi_ref).
 
     logp, old_logp, ref_logp, mask: (N, T) log-probs of the sampled tokens under
     the current, sampling-time and reference policies, and the completion mask.
-    advantages: (N,). Returns the scalar loss and detached metrics:
-    ``ratio_mean``, ``clip_frac_low`` (rho < 1-eps_low with A < 0: the clip
-    stops a decrease), ``clip_frac_high`` (rho > 1+eps_high with A > 0), and
-    ``kl`` when beta > 0. See :func:`aggregate_loss` for the totals.
+    advantages: (N,). ``objective`` picks the surrogate (grpo/objectives.py: ppo, cispo,
+    sapo, gmpo, dppo_tv, dppo_kl), each reading clip_low / clip_high its own way (PPO's and
+    CISPO's ratio bounds 1 - eps_low, 1 + eps_high; GMPO's log-ratio bounds; DPPO's divergence
+    thresholds), ``ratio_cap`` (DPPO's truncation C of its weight) and SAPO's temperatures;
+    ``ratio_level="sequence"`` (GSPO) is PPO's only. ``aggregate`` None takes the
+    objective's own (token; sequence for sapo and gmpo).
+    Returns the scalar loss and detached metrics:
+    ``ratio_mean``, ``clip_frac_low`` (tokens with A < 0 the objective's clip or mask acted on:
+    for PPO rho < 1-eps_low, where the clip stops a decrease), ``clip_frac_high`` (the same with
+    A > 0), and ``kl`` when beta > 0. See :func:`aggregate_loss` for the totals.
     ``tis_weight`` (N, T), from :func:`tis_weights`, multiplies each token's
     surrogate (not the KL term): old_logp is then the trainer's own log-probs
     and the weight carries the sampler's.
     """
+    chosen = surrogate(objective)
+    if ratio_level != "token" and objective != "ppo":
+        raise ValueError(f"ratio_level {ratio_level!r} is PPO's (GSPO); objective {objective!r} works per token")
     mask = mask.to(logp.dtype)
-    ratio = importance_ratio(logp, old_logp, mask, level=ratio_level)  # (N, T)
-    per_token = clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high)
+    params = Params(clip_low, clip_high, ratio_cap, sapo_tau_pos, sapo_tau_neg, ratio_level)
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
+    out = chosen(logp, old_logp, adv, mask, params)
+    per_token = out.loss  # (N, T)
     if tis_weight is not None:
         per_token = per_token * tis_weight
     kl = None
@@ -301,22 +431,20 @@ def policy_loss(
             raise ValueError("beta > 0 needs ref_logp")
         kl = k3_kl(logp, ref_logp)  # (N, T)
         per_token = per_token + beta * kl
-    loss = aggregate_loss(per_token, mask, mode=aggregate, max_tokens=max_tokens, total_tokens=total_tokens,
-                          total_sequences=total_sequences)
-    return loss, loss_metrics(ratio, advantages, mask, kl, clip_low=clip_low, clip_high=clip_high)
+    loss = aggregate_loss(per_token, mask, mode=aggregate or RECOMMENDED[objective].aggregate,
+                          max_tokens=max_tokens, total_tokens=total_tokens, total_sequences=total_sequences)
+    return loss, loss_metrics(out, adv, mask, kl)
 
 
 @torch.no_grad()
-def loss_metrics(ratio: Tensor, advantages: Tensor, mask: Tensor, kl: Tensor | None, *, clip_low: float,
-                 clip_high: float) -> dict[str, Tensor]:
-    """Token means over the mask: ``ratio_mean``, ``clip_frac_low`` (rho < 1-eps_low with A < 0),
-    ``clip_frac_high`` (rho > 1+eps_high with A > 0), and ``kl`` when there is a KL term."""
+def loss_metrics(out: Surrogate, adv: Tensor, mask: Tensor, kl: Tensor | None) -> dict[str, Tensor]:
+    """Token means over the mask: ``ratio_mean``, ``clip_frac_low`` (clipped or masked tokens with
+    A < 0), ``clip_frac_high`` (with A > 0), and ``kl`` when there is a KL term; adv (N, 1)."""
     n_valid = mask.sum().clamp(min=1)
-    adv = advantages.unsqueeze(1)  # (N, 1)
-    low = (ratio < 1.0 - clip_low) & (adv < 0)  # (N, T)
-    high = (ratio > 1.0 + clip_high) & (adv > 0)
+    low = out.clipped & (adv < 0)  # (N, T)
+    high = out.clipped & (adv > 0)
     metrics = {
-        "ratio_mean": (ratio * mask).sum() / n_valid,
+        "ratio_mean": (out.ratio * mask).sum() / n_valid,
         "clip_frac_low": (low.to(mask.dtype) * mask).sum() / n_valid,
         "clip_frac_high": (high.to(mask.dtype) * mask).sum() / n_valid,
     }

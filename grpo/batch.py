@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from grpo.algorithm import group_varies
+from grpo.algorithm import group_varies, members_needed
 from grpo.episodes import episode_total, scored_tokens
 from grpo.parts import TrainerParts
 from grpo.rewards.combine import pool_score_metrics
@@ -55,14 +55,17 @@ class Round:
     seconds_generate: float
     first_try: list[bool]  # (n,) the draw's prompts never drawn before this round
     screening: Screening | None = None  # what the screen did for this round (grpo/screen.py); None: no screen
+    estimator: str = "grpo"  # the advantage estimator, which says which groups teach
 
     def valid(self) -> Tensor:
         """(n, G) True for the rows that did not error."""
         return (self.errors == 0).view(len(self.prompts), -1)
 
     def varies(self) -> Tensor:
-        """(n,) True where a group's valid rewards are not all equal: its advantages are not all zero."""
-        return group_varies(self.rewards.view(len(self.prompts), -1), self.valid())  # (n, G) -> (n,)
+        """(n,) True where a group teaches under the estimator (for grpo: its valid rewards are not all
+        equal): its advantages are not all zero."""
+        grouped = self.rewards.view(len(self.prompts), -1)  # (n, G)
+        return group_varies(grouped, self.valid(), estimator=self.estimator)  # (n,)
 
 
 @dataclass
@@ -227,7 +230,7 @@ def generate_round(trainer: TrainerParts, drawn: list[int], step: int, index: in
         errors=world.gather(errors.to(trainer.device)),
         reward_means=whole_draw_means(trainer, len(rows_idx) * g, reward_means),
         explored=getattr(trainer.sampler, "explored", 0), seconds_generate=seconds,
-        first_try=trainer.draws.first_tries(drawn),
+        first_try=trainer.draws.first_tries(drawn), estimator=trainer.config.advantage_estimator,
     )
 
 
@@ -252,11 +255,13 @@ def row_errors(rewards: Tensor, rollout: Rollout, *, mask_truncated: bool) -> Te
 
 def leave_out_errored(trainer: TrainerParts, batch: Batch) -> Tensor:
     """(N,) True for the batch's rows that keep their place in the update: rows that did not error, in
-    groups with at least two of them. The others leave the loss (this process's rows' masks) and its
+    groups with at least as many of them as the estimator compares (two; one for reinforce_pp, whose
+    baseline is the batch's: grpo.algorithm.members_needed). The others leave the loss (this process's rows' masks) and its
     normaliser (``batch.lengths`` set to 0), and their advantages are 0 (group_advantages ``valid``)."""
     g = trainer.config.group_size
     valid = (batch.errors == 0).view(-1, g)  # (B', G)
-    valid = (valid & (valid.sum(dim=1, keepdim=True) >= 2)).reshape(-1)  # (N,)
+    needed = members_needed(trainer.config.advantage_estimator)
+    valid = (valid & (valid.sum(dim=1, keepdim=True) >= needed)).reshape(-1)  # (N,)
     if not bool(valid.all()):
         first = trainer.world.split(valid.numel() // g).start * g  # this process's first row of the batch
         mine = valid[first : first + batch.rollout.mask.shape[0]]  # (n,)

@@ -25,6 +25,29 @@ DEFAULT_STEPS = 20  # steps for a task that sets none
 PROMPT_FORMATS = ("auto", "chat", "plain", "r1-zero")  # grpo/prompts.py
 
 
+@dataclass(frozen=True)
+class Recommended:
+    """An objective's settings when the user gives none: the clip values and the aggregation."""
+
+    clip_low: float
+    clip_high: float
+    aggregate: str
+
+
+# The settings each objective's paper or reference recipe trains with (docs/objectives.md):
+# PPO: DAPO's clip-higher; CISPO: no lower bound, ScaleRL's cap of 5 on the weight (arXiv:2510.13786);
+# SAPO and GMPO: per-sequence averaging as in verl (SAPO's clips are unused); GMPO: (e^-0.4, e^0.4);
+# DPPO: verl's recipe thresholds (TV 0.15, binary KL 0.05).
+RECOMMENDED: dict[str, Recommended] = {
+    "ppo": Recommended(0.2, 0.28, "token"),
+    "cispo": Recommended(1.0, 4.0, "token"),
+    "sapo": Recommended(0.2, 0.28, "sequence"),
+    "gmpo": Recommended(0.4, 0.4, "sequence"),
+    "dppo_tv": Recommended(0.15, 0.15, "token"),
+    "dppo_kl": Recommended(0.05, 0.05, "token"),
+}
+
+
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the field."""
 
@@ -79,13 +102,20 @@ class TrainConfig:
     weight_decay: float = field(**_doc("AdamW weight decay", default=0.0))
     max_grad_norm: float = field(**_doc("clip the gradient's global norm to this (0: off)", default=1.0))
     beta: float = field(**_doc("KL penalty weight towards the frozen reference (0: no reference model is loaded)", default=0.0))
-    clip_low: float = field(**_doc("epsilon_low: the ratio is clipped below at 1 - clip_low", default=0.2))
-    clip_high: float = field(**_doc("epsilon_high: clipped above at 1 + clip_high (> clip_low is DAPO's clip-higher)", default=0.28))
-    scale: str = field(**_doc("advantage scaling: group (GRPO), batch, none (Dr. GRPO)", default="group"))
-    ratio_level: str = field(**_doc("importance ratio per token, or per sequence (GSPO)", default="token"))
-    aggregate: str = field(**_doc("loss aggregation: token (DAPO), sequence (GRPO), fixed (Dr. GRPO)", default="token"))
-    tis_cap: float = field(**_doc("truncated importance sampling: each token's loss is weighted by min(pi_trainer / pi_sampler, tis_cap), the ratio between the trainer's log-probs and the sampling engine's (0: off, the sampler's log-probs are the old policy's)", default=2.0))
-    tis_level: str = field(**_doc("token (truncate each token's weight at tis_cap) sequence (mask a whole completion whose geometric-mean ratio lies outside [1/tis_cap, tis_cap]) or sequence_ratio (weight every token of a completion by its whole ratio prod_t pi_trainer / pi_sampler, truncated at tis_cap: corrects the law each completion was drawn from, short of the cap, at a higher variance; the group-normalised advantages, the token normaliser of --aggregate token and the KL term stay the lagged sampler's, uncorrected: see grpo/algorithm.py tis_weights)", default="token"))
+    objective: str = field(**_doc("the policy loss: ppo (clipped ratio), cispo (clipped stop-gradient weight on log pi), sapo (soft sigmoid gate), gmpo (geometric mean of the token ratios), dppo_tv or dppo_kl (tokens leave the loss past a divergence threshold); see docs/objectives.md", default="ppo"))
+    clip_low: float = field(**_doc("epsilon_low, read by each objective its own way: ppo and cispo bound the ratio below at 1 - clip_low, gmpo bounds log rho at -clip_low, dppo_tv/dppo_kl take it as the divergence threshold for A < 0 (unset: the objective's recommended value; ppo's 0.2)", default=0.2))
+    clip_high: float = field(**_doc("epsilon_high: ppo and cispo bound the ratio above at 1 + clip_high (> clip_low is DAPO's clip-higher), gmpo bounds log rho at clip_high, dppo_tv/dppo_kl take it as the threshold for A > 0 (unset: the objective's recommended value; ppo's 0.28)", default=0.28))
+    ratio_cap: float = field(**_doc("dppo_tv/dppo_kl: the ratio weighting each token's log pi is truncated at this (its stop-gradient weight min(rho, ratio_cap))", default=20.0))
+    sapo_tau_pos: float = field(**_doc("sapo: the gate's temperature for tokens with A > 0", default=1.0))
+    sapo_tau_neg: float = field(**_doc("sapo: the gate's temperature for tokens with A <= 0", default=1.05))
+    advantage_estimator: str = field(**_doc("how rewards become advantages: grpo (group mean and std), rloo (leave-one-out mean), reinforce_pp (whitened over the batch's tokens), reinforce_pp_baseline (group mean, then whitened), passk (only a group's best completion, by its margin over the second)", default="grpo"))
+    scale: str = field(**_doc("advantage scaling of the grpo and passk estimators: group (GRPO), batch, none (Dr. GRPO)", default="group"))
+    ratio_level: str = field(**_doc("importance ratio per token, or per sequence (GSPO; objective ppo only)", default="token"))
+    aggregate: str = field(**_doc("loss aggregation: token (DAPO), sequence (GRPO), fixed (Dr. GRPO) (unset: the objective's recommended one; token, sequence for sapo and gmpo)", default="token"))
+    tis_cap: float = field(**_doc("the sampler/trainer mismatch correction's upper bound C: each token's loss is weighted by its ratio pi_trainer / pi_sampler, truncated at C or masked above it (tis_mode), the ratio between the trainer's log-probs and the sampling engine's (0: off, the sampler's log-probs are the old policy's)", default=2.0))
+    tis_level: str = field(**_doc("token (each token's ratio) sequence (a completion's geometric-mean ratio: always a mask, within [1/tis_cap, tis_cap] under truncate, [tis_low, tis_cap] under mask) or sequence_ratio (a completion's whole ratio prod_t pi_trainer / pi_sampler on every token: corrects the law each completion was drawn from, short of the cap, at a higher variance; the group-normalised advantages, the token normaliser of --aggregate token and the KL term stay the lagged sampler's, uncorrected: see grpo/algorithm.py tis_weights)", default="token"))
+    tis_mode: str = field(**_doc("truncate (a weight above tis_cap becomes tis_cap) or mask (a weight outside [tis_low, tis_cap] becomes 0: IcePop's token mask is --tis-mode mask --tis-low 0.5 --tis-cap 5)", default="truncate"))
+    tis_low: float = field(**_doc("tis_mode mask: the lower bound of the weights kept (0: none)", default=0.0))
     epochs: int = field(**_doc("mu: optimisation passes over each batch", default=1))
     minibatches: int = field(**_doc("optimiser steps per pass (the batch split by groups)", default=1))
     micro_batch_tokens: int = field(**_doc("token budget of one forward/backward; micro-batches accumulate", default=4096))
@@ -138,6 +168,8 @@ class TrainConfig:
             raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
         self._apply_batch_size()
         self._check_choices()
+        self._apply_objective_defaults()
+        self._check_objective()
         self._check_consistency()
 
     def _check_ranges(self) -> None:
@@ -163,8 +195,6 @@ class TrainConfig:
         if self.temperature == 0:
             raise ConfigError("temperature must be > 0 for training (greedy samples give every group equal rewards)")
         self._check_fractions()
-        if self.clip_low >= 1.0:
-            raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
 
     def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
@@ -172,6 +202,9 @@ class TrainConfig:
                    "sampler": ("", "uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
                    "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
                    "engine": ("own", "vllm"), "tis_level": ("token", "sequence", "sequence_ratio"),
+                   "tis_mode": ("truncate", "mask"),
+                   "objective": tuple(RECOMMENDED),
+                   "advantage_estimator": ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "passk"),
                    "prompt_format": PROMPT_FORMATS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -179,6 +212,35 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be one of {named}, got {getattr(self, name)!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+
+    def _apply_objective_defaults(self) -> None:
+        """clip_low, clip_high and aggregate the user left at ppo's defaults take the objective's
+        recommended values (grpo/objectives.py RECOMMENDED; the same for ppo)."""
+        recommended = RECOMMENDED[self.objective]
+        for name in ("clip_low", "clip_high", "aggregate"):
+            if name not in self.set_by_user and getattr(self, name) == TrainConfig.__dataclass_fields__[name].default:
+                object.__setattr__(self, name, getattr(recommended, name))
+
+    def _check_objective(self) -> None:
+        """The objective's and estimator's parameters: in range, and none set that the choice ignores."""
+        if self.objective == "ppo" and self.clip_low >= 1.0:
+            raise ConfigError(f"clip_low must be below 1, got {self.clip_low}")
+        if self.objective == "cispo" and self.clip_low > 1.0:
+            raise ConfigError(f"clip_low must be at most 1 for cispo (1: no lower bound), got {self.clip_low}")
+        if self.ratio_level != "token" and self.objective != "ppo":
+            raise ConfigError(f"ratio_level {self.ratio_level} is ppo's (GSPO); objective {self.objective} works per token")
+        for name, reader in (("ratio_cap", ("dppo_tv", "dppo_kl")), ("sapo_tau_pos", ("sapo",)), ("sapo_tau_neg", ("sapo",))):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+            if name in self.set_by_user and self.objective not in reader:
+                raise ConfigError(f"{name} is read by objective {' or '.join(reader)} only (objective is {self.objective})")
+        if "scale" in self.set_by_user and self.advantage_estimator not in ("grpo", "passk"):
+            raise ConfigError(f"scale is read by the grpo and passk estimators only; {self.advantage_estimator} "
+                              "has its own normalisation")
+        if self.tis_low < 0 or (self.tis_low and self.tis_cap and self.tis_low >= self.tis_cap):
+            raise ConfigError(f"tis_low must lie in [0, tis_cap), got {self.tis_low}")
+        if self.tis_low and self.tis_mode != "mask":
+            raise ConfigError("tis_low is the lower bound of tis_mode mask (truncation has an upper bound only)")
 
     def _check_consistency(self) -> None:
         if self.minibatches > self.prompts_per_step:

@@ -377,9 +377,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     for first in range(0, len(order), cfg.preflight_prompts):
         _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
         grouped, valid = samples.grouped(g)
-        if group_varies(grouped, valid).any():
+        if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
             break
-    same = ~group_varies(grouped, valid)  # (B,) as training counts them: over the rows that did not error
+    same = ~group_varies(grouped, valid, estimator=cfg.advantage_estimator)  # (B,) as training counts them: over the rows that did not error
     top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,) a constant group's one value
     names = trainer.score.names
     total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731

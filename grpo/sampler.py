@@ -128,8 +128,10 @@ class FrontierSampler:
         explore_frac: float = 0.25,
         half_life: float = 20.0,
         prior_strength: float | None = None,
+        estimator: str = "grpo",
     ) -> None:
         self.size, self.group_size = size, group_size
+        self.estimator = estimator  # which groups teach (group_varies), as dynamic sampling sees them
         self.explore_frac, self.half_life, self.prior_strength = explore_frac, half_life, prior_strength
         self.rng = np.random.default_rng(seed)
         self.successes = np.zeros(size)  # s_i, decayed to step seen_at[i]
@@ -219,7 +221,7 @@ class FrontierSampler:
     def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
         """Add each group's rewards (len(prompts), G) to its prompt's counts, leaving out rows not ``valid``
         (errored); the last ``explored`` prompts of the latest draw were exploration and also measure the pool."""
-        varies = group_varies(rewards.detach(), valid).cpu().numpy()  # (B,) as dynamic sampling sees them
+        varies = group_varies(rewards.detach(), valid, estimator=self.estimator).cpu().numpy()  # (B,) as dynamic sampling sees them
         r = rewards.detach().double().clamp(0.0, 1.0).cpu().numpy()  # (B, G) as pass rates
         v = np.ones_like(r) if valid is None else valid.detach().cpu().numpy().astype(np.float64)  # (B, G)
         idx = np.asarray(prompts, dtype=np.int64)
@@ -292,10 +294,11 @@ class DrawCounts:
 
 
 def make_sampler(name: str, size: int, group_size: int, *, rng: random.Random, seed: int,
-                 explore_frac: float, half_life: float) -> UniformSampler | FrontierSampler:
+                 explore_frac: float, half_life: float, estimator: str = "grpo") -> UniformSampler | FrontierSampler:
     """The config's sampler over ``size`` training prompts."""
     if name == "uniform":
         return UniformSampler(size, rng)
     if name == "frontier":
-        return FrontierSampler(size, group_size, seed=seed, explore_frac=explore_frac, half_life=half_life)
+        return FrontierSampler(size, group_size, seed=seed, explore_frac=explore_frac, half_life=half_life,
+                               estimator=estimator)
     raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")

@@ -98,12 +98,13 @@ def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, secon
     cfg, g = trainer.config, trainer.config.group_size
     grouped = batch.generated_rewards().view(-1, g)  # (R, G) every generated group
     valid = (batch.generated_errors() == 0).view(-1, g)  # (R, G) rows that did not error
-    zero_var = ~group_varies(grouped, valid)  # (R,)
+    estimator = cfg.advantage_estimator  # what "the group teaches" means follows it
+    zero_var = ~group_varies(grouped, valid, estimator=estimator)  # (R,)
     top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (R,) a constant group's one value
     tokens = batch.generated_lengths().view(-1, g).sum(dim=1).float()  # (R,)
     wasted = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
     trained = batch.rewards.view(-1, g)  # (B', G)
-    trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g))  # (B',)
+    trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g), estimator=estimator)  # (B',)
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
     skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # the update skips these groups' passes
     drawn = sum(len(r.prompts) for r in batch.rounds)
@@ -149,7 +150,7 @@ def screen_metrics(batch: Batch, seconds_generate: float) -> dict[str, float]:
     skipped = sum(s.skipped_seconds for _, s in screened)
     grouped = batch.generated_rewards().view(-1, batch.rounds[0].rollout.group_size)  # (R, G)
     valid = (batch.generated_errors() == 0).view(grouped.shape)  # (R, G)
-    zero_var = ~group_varies(grouped, valid)  # (R,)
+    zero_var = ~group_varies(grouped, valid, estimator=batch.rounds[0].estimator)  # (R,)
     tokens = batch.generated_lengths().view(grouped.shape).sum(dim=1).float()  # (R,)
     zero_var_seconds = seconds_generate * float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
     out = {"generate_wasted_frac": (zero_var_seconds + skipped) / max(seconds_generate + t_screen, 1e-9),

@@ -153,6 +153,7 @@ class GRPOTrainer:
         self.sampler = make_sampler(
             config.sampler, len(self.task.train), config.group_size, rng=self.prompt_rng, seed=config.seed,
             explore_frac=config.explore_frac, half_life=config.sampler_half_life,
+            estimator=config.advantage_estimator,
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
         self.screen = make_screen(config)  # None: each round generates the sampler's draw as it is
@@ -283,7 +284,8 @@ class GRPOTrainer:
         advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
         stats = StepStats()
         if batch.rewards.numel():
-            advantages = group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale, valid=valid)  # (N,)
+            advantages = group_advantages(batch.rewards, cfg.group_size, estimator=cfg.advantage_estimator,
+                                          scale=cfg.scale, valid=valid, mask=batch.lengths)  # (N,)
             ref_logp = reference_logprobs(self, batch.rollout)
             self.model.train()
             for group in self.optimizer.param_groups:
@@ -498,7 +500,8 @@ class GRPOTrainer:
             self.prompt_rng = random.Random(self.config.seed)
             self.sampler = make_sampler(
                 self.config.sampler, len(self.task.train), self.config.group_size, rng=self.prompt_rng,
-                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life)
+                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life,
+                estimator=self.config.advantage_estimator)
             self.screen = make_screen(self.config)
 
     def _resume(self, run_dir: Path | None) -> RunState:

@@ -53,7 +53,13 @@ TRL_DEFAULTS: dict[str, object] = {
     "gradient_checkpointing": True,  # GRPOConfig's default, unlike TrainingArguments'
 }
 
-LOSS_TYPES = {"dapo": "token", "grpo": "sequence", "dr_grpo": "fixed"}
+# TRL's loss_type: the objective and the aggregation TRL uses with it (bnpo, luspo and vespo are not built)
+LOSS_TYPES = {"dapo": ("ppo", "token"), "grpo": ("ppo", "sequence"), "dr_grpo": ("ppo", "fixed"),
+              "cispo": ("cispo", "token"), "sapo": ("sapo", "sequence")}
+# TRL's vllm_importance_sampling_mode: grpo's tis_mode and tis_level (TRL's sequence ratio is the product)
+TIS_MODES = {"token_truncate": ("truncate", "token"), "token_mask": ("mask", "token"),
+             "sequence_truncate": ("truncate", "sequence_ratio"), "sequence_mask": ("mask", "sequence_ratio")}
+TRL_TIS_MODE = "sequence_mask"  # TRL's default
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
 
 # Keys accepted only at the value that leaves results as grpo computes them.
@@ -74,7 +80,7 @@ model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm
 num_generations_eval ds3_gather_for_generation shuffle_dataset pad_to_multiple_of generation_kwargs
 chat_template_kwargs cache_implementation vllm_mode vllm_model_impl
 vllm_structured_outputs_regex vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout
-vllm_group_port vllm_max_model_length vllm_tensor_parallel_size sapo_temperature_neg sapo_temperature_pos
+vllm_group_port vllm_max_model_length vllm_tensor_parallel_size
 vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg ref_model_mixup_alpha ref_model_sync_steps
 entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations log_completions
 log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo
@@ -111,11 +117,12 @@ _VLLM_ONLY = frozenset(("use_vllm", *VLLM_KEYS))  # mean something only with use
 # a TRL key and the grpo option it sets: a config gives one of the two
 _VLLM_PAIRS = (("use_vllm", "engine"), ("vllm_gpu_memory_utilization", "vllm_memory"),
                ("vllm_enable_sleep_mode", "vllm_sleep"),
-               ("vllm_importance_sampling_mode", "tis_level"), ("vllm_importance_sampling_clip_max", "tis_cap"),
+               ("vllm_importance_sampling_mode", "tis_level"), ("vllm_importance_sampling_mode", "tis_mode"),
+               ("vllm_importance_sampling_clip_min", "tis_low"), ("vllm_importance_sampling_clip_max", "tis_cap"),
                ("vllm_importance_sampling_cap", "tis_cap"), ("vllm_importance_sampling_correction", "tis_cap"))
 
 # Keys translated by their own rule below rather than by renaming.
-CONVERTED = ("loss_type", "scale_rewards", "importance_sampling_level", "per_device_train_batch_size",
+CONVERTED = ("loss_type", "sapo_temperature_pos", "sapo_temperature_neg", "scale_rewards", "importance_sampling_level", "per_device_train_batch_size",
              "gradient_accumulation_steps", "use_peft", "report_to", "num_train_epochs", "reward_weights",
              "use_vllm", *VLLM_KEYS)
 
@@ -172,7 +179,8 @@ def _converted(values: Mapping) -> dict[str, object]:
     """The options made from TRL keys that are not plain renames."""
     out: dict[str, object] = {}
     if "loss_type" in values:
-        out["aggregate"] = _choice("loss_type", values["loss_type"], LOSS_TYPES)
+        out["objective"], out["aggregate"] = _choice("loss_type", values["loss_type"], LOSS_TYPES)
+        out.update(_objective_keys(values))
     if "scale_rewards" in values:
         out["scale"] = _choice("scale_rewards", values["scale_rewards"], SCALE_REWARDS)
     if "importance_sampling_level" in values:
@@ -199,6 +207,23 @@ def _converted(values: Mapping) -> dict[str, object]:
     return out
 
 
+def _objective_keys(values: Mapping) -> dict[str, object]:
+    """What TRL's cispo and sapo read: cispo's weight is min(rho, epsilon_high), no lower bound (grpo's
+    clip_low 1, clip_high epsilon_high - 1); sapo's sapo_temperature_pos/neg are the gate's temperatures."""
+    out: dict[str, object] = {}
+    if values["loss_type"] == "cispo" and "clip_high" not in values:
+        cap = values.get("epsilon_high")
+        if cap is None or _typed("epsilon_high", cap, "clip_high") <= 1.0:
+            raise ConfigError("loss_type cispo: TRL caps the weight at epsilon_high itself; give epsilon_high above 1 "
+                              "(TRL recommends 5.0)")
+        out["clip_low"], out["clip_high"] = 1.0, _typed("epsilon_high", cap, "clip_high") - 1.0
+    if values["loss_type"] == "sapo":
+        for trl_key, key in (("sapo_temperature_pos", "sapo_tau_pos"), ("sapo_temperature_neg", "sapo_tau_neg")):
+            if trl_key in values:
+                out[key] = _typed(trl_key, values[trl_key], key)
+    return out
+
+
 def _bool(key: str, values: Mapping, default: bool) -> bool:
     value = values.get(key, default)
     if not isinstance(value, bool):
@@ -207,13 +232,12 @@ def _bool(key: str, values: Mapping, default: bool) -> bool:
 
 
 def _vllm(values: Mapping) -> dict[str, object]:
-    """use_vllm and its keys: the vLLM engine and its truncated importance sampling (grpo's --tis-cap).
+    """use_vllm and its keys: the vLLM engine and its mismatch correction (grpo's --tis-*).
 
-    TRL's token_truncate is grpo's token level; TRL's sequence modes weigh a
-    completion by the product of its tokens' ratios, which grpo does not
-    build (its sequence level masks on the geometric mean), so they are an
-    error when set, and when left unset (TRL's default is sequence_mask)
-    grpo truncates per token at the same cap.
+    TRL's four modes are grpo's tis_mode x tis_level (TIS_MODES): its sequence
+    ratio is the product of the token ratios, grpo's sequence_ratio level.
+    clip_max (or the deprecated cap) is tis_cap; clip_min is tis_low under a
+    mask mode, and refused under a truncate mode (grpo truncates from above only).
     """
     memory = values.get("vllm_gpu_memory_utilization", TRL_VLLM_MEMORY)
     out: dict[str, object] = {"engine": "vllm",
@@ -222,18 +246,19 @@ def _vllm(values: Mapping) -> dict[str, object]:
     if not _bool("vllm_importance_sampling_correction", values, True):
         out["tis_cap"] = 0.0
         return out
-    mode = values.get("vllm_importance_sampling_mode", "token_truncate")
-    if mode != "token_truncate":
-        raise ConfigError(f"vllm_importance_sampling_mode {mode!r} is not supported by grpo (it supports "
-                          f"token_truncate; or set tis_level: sequence, which masks a completion on its "
-                          f"geometric-mean ratio)")
+    if "vllm_importance_sampling_mode" not in values and {"tis_level", "tis_mode"} & set(values):
+        return {**out, "tis_cap": _typed("vllm_importance_sampling_clip_max", values.get(
+            "vllm_importance_sampling_clip_max", TRL_TIS_CAP), "tis_cap")}  # grpo's own correction stands
+    mode = values.get("vllm_importance_sampling_mode", TRL_TIS_MODE)
+    out["tis_mode"], out["tis_level"] = _choice("vllm_importance_sampling_mode", mode, TIS_MODES)
     floor = values.get("vllm_importance_sampling_clip_min")
-    if floor is not None and _typed("vllm_importance_sampling_clip_min", floor, "tis_cap") > 0:  # 0: no floor
-        raise ConfigError("vllm_importance_sampling_clip_min: grpo truncates importance weights from above only; "
-                          "drop the key")
+    if floor is not None and _typed("vllm_importance_sampling_clip_min", floor, "tis_low") > 0:  # 0: no floor
+        if out["tis_mode"] == "truncate":
+            raise ConfigError(f"vllm_importance_sampling_clip_min: grpo truncates importance weights from above "
+                              f"only; drop the key or use a mask mode (not {mode})")
+        out["tis_low"] = _typed("vllm_importance_sampling_clip_min", floor, "tis_low")
     cap = values.get("vllm_importance_sampling_clip_max", values.get("vllm_importance_sampling_cap", TRL_TIS_CAP))
     out["tis_cap"] = _typed("vllm_importance_sampling_clip_max", cap, "tis_cap")
-    out["tis_level"] = "token"
     return out
 
 

@@ -32,7 +32,7 @@ from grpo.logprobs import rollout_logprobs
 from grpo.parts import TrainerParts
 from grpo.rollout import Rollout, group_rows
 
-TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac")  # the sampler/trainer mismatch, per step
+TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac", "tis_masked_tokens")  # the mismatch, per step
 MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
 
 
@@ -54,6 +54,8 @@ class StepStats:
     sampler_logp_diff_max: float = 0.0  # its largest value over the step's tokens trained
     sampler_kl: float = 0.0  # k3 estimate of KL(pi_sampler || pi_trainer)
     tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
+    tis_masked_tokens: float = 0.0  # share of tokens whose weight a mask set to 0 (tis_mode mask, sequence level)
+    tis_masked_sequences: float = 0.0  # share of the completions trained with a masked token
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,8 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Micro, part: Mini
     loss, m = policy_loss(
         logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,
         ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
-        beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        objective=cfg.objective, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        ratio_cap=cfg.ratio_cap, sapo_tau_pos=cfg.sapo_tau_pos, sapo_tau_neg=cfg.sapo_tau_neg,
         ratio_level=cfg.ratio_level, aggregate=cfg.aggregate,
         max_tokens=cfg.max_new_tokens, total_tokens=part.total_tokens,
         total_sequences=part.total_sequences, tis_weight=tis_weight,
@@ -192,6 +195,11 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Micro, part: Mini
     peak = tis.pop("sampler_logp_diff_max", None)  # a maximum, not a token-weighted mean
     if peak is not None:
         sums["logp_diff_max"] = max(sums.get("logp_diff_max", 0.0), float(peak))
+    masked_seqs = tis.pop("tis_masked_sequences", None)  # a share of completions, weighted by them
+    if masked_seqs is not None:
+        n_seq = float((sub.mask.sum(dim=1) > 0).sum())
+        sums["sequences"] = sums.get("sequences", 0.0) + n_seq
+        sums["masked_sequences"] = sums.get("masked_sequences", 0.0) + float(masked_seqs) * n_seq
     m.update(tis)
     loss.backward()
     w = float(sub.mask.sum())
@@ -206,7 +214,7 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Micro, part: Mini
 
 def whole_batch_stats(trainer: TrainerParts, stats: StepStats, sums: dict) -> StepStats:
     """The step's token-weighted means over every process's micro-batches."""
-    keys = ("loss", *MEAN_KEYS)
+    keys = ("loss", *MEAN_KEYS, "sequences", "masked_sequences")
     totals = trainer.world.sum(torch.tensor(
         [sums["weight"], stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
     weight, stats.trained_sequences = float(totals[0]), int(totals[1])
@@ -216,6 +224,7 @@ def whole_batch_stats(trainer: TrainerParts, stats: StepStats, sums: dict) -> St
         stats.loss = summed["loss"] / max(stats.optimizer_steps, 1)
         for key in MEAN_KEYS:
             setattr(stats, key, summed[key] / weight)
+        stats.tis_masked_sequences = summed["masked_sequences"] / max(summed["sequences"], 1.0)
     return stats
 
 
@@ -235,7 +244,8 @@ def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, rows: Tensor, old_a
         old = logp.detach()
     else:
         old = old_all[rows, : sub.mask.shape[1]]
-    weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level)
+    weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level,
+                                  mode=cfg.tis_mode, low=cfg.tis_low)
     return old, weight, metrics
 
 

@@ -46,7 +46,7 @@ def place(tmp_path):
     (tmp_path / "an_env.py").write_text("class Env:\n    def reset(self, row): ...\n    def step(self, messages): ...\n")
     (tmp_path / "trl_len.py").write_text("def reward_len(completions, **kwargs):\n    return [0.0 for _ in completions]\n")
     (tmp_path / "trl-wrong-type.yaml").write_text("learning_rate: fast\nnum_generations: 4\n")
-    (tmp_path / "trl-loss.yaml").write_text("max_steps: 3\nloss_type: cispo\n")
+    (tmp_path / "trl-loss.yaml").write_text("max_steps: 3\nloss_type: vespo\n")
     (tmp_path / "trl-typo.yaml").write_text("max_steps: 3\nlerning_rate: 1.0e-6\n")
     (tmp_path / "trl-epochs.yaml").write_text("num_train_epochs: 3\n")
     (tmp_path / "not-a-run").mkdir()
@@ -100,7 +100,7 @@ CASES = {
     "reward of another style than stated": (["--rewards", "trl_len.py:reward_len", "--reward-style", "verl"], "reward reward_len does not fit the verl style"),
     "unknown reward style": (["--reward-style", "openrlhf"], "reward_style must be one of auto, grpo, trl, verl, got 'openrlhf'"),
     "TRL key of the wrong type": (["--config", "trl-wrong-type.yaml"], "learning_rate must be of type float, got 'fast'"),
-    "TRL loss type grpo lacks": (["--config", "trl-loss.yaml"], "loss_type 'cispo' is not supported by grpo"),
+    "TRL loss type grpo lacks": (["--config", "trl-loss.yaml"], "loss_type 'vespo' is not supported by grpo"),
     "misspelt TRL key": (["--config", "trl-typo.yaml"], "unknown config key 'lerning_rate' (did you mean 'learning_rate'?)"),
     "TRL epochs instead of steps": (["--config", "trl-epochs.yaml"], "num_train_epochs: grpo counts steps, not epochs; set max_steps instead"),
     "eval data shares no field": (["--data", "good.jsonl", "--eval-data", "unrelated.jsonl"], "unrelated.jsonl: shares no field with the training data good.jsonl"),
@@ -118,6 +118,11 @@ CASES = {
                                   "engine vllm with LoRA under FSDP is not built: drop --fsdp"),
     "tis cap at 1": (["--tis-cap", "1.0"], "tis_cap must be above 1 (or 0: off), got 1.0"),
     "unknown tis level": (["--tis-level", "batch"], "tis_level must be one of token, sequence, sequence_ratio, got 'batch'"),
+    "unknown objective": (["--objective", "vespo"], "objective must be one of ppo, cispo, sapo, gmpo, dppo_tv, dppo_kl, got 'vespo'"),
+    "unknown estimator": (["--advantage-estimator", "opo"], "advantage_estimator must be one of grpo, rloo, reinforce_pp, "
+                                                             "reinforce_pp_baseline, passk, got 'opo'"),
+    "tis low under truncation": (["--tis-low", "0.5"], "tis_low is the lower bound of tis_mode mask"),
+    "gspo ratio with cispo": (["--objective", "cispo", "--ratio-level", "sequence"], "ratio_level sequence is ppo's (GSPO)"),
 }
 
 

@@ -210,12 +210,16 @@ def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
     mask = torch.ones(9, 4)
     lengths = torch.full((9,), 4.0)
     batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=mask), lengths=lengths)
-    trainer = SimpleNamespace(config=SimpleNamespace(group_size=3), world=World())
+    trainer = SimpleNamespace(config=SimpleNamespace(group_size=3, advantage_estimator="grpo"), world=World())
     valid = leave_out_errored(trainer, batch)
     kept = [True, False, True, False, False, False, True, True, True]
     assert valid.tolist() == kept
     assert batch.rollout.mask.sum(dim=1).tolist() == [4.0 if k else 0.0 for k in kept]  # out of the loss
     assert batch.lengths.tolist() == [4.0 if k else 0.0 for k in kept]  # and out of its normaliser
+    # under REINFORCE++ the baseline is the batch's: the lone survivor of the second group keeps its place
+    batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=torch.ones(9, 4)), lengths=lengths.clone())
+    trainer.config.advantage_estimator = "reinforce_pp"
+    assert leave_out_errored(trainer, batch).tolist() == (errors == 0).tolist()
 
 
 @pytest.mark.unit

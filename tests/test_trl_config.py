@@ -50,7 +50,8 @@ def test_a_grpo_config_is_left_alone():
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"loss_type": "cispo"}, "loss_type 'cispo' is not supported by grpo (it supports dapo, grpo, dr_grpo)"),
+    ({"loss_type": "luspo"}, "loss_type 'luspo' is not supported by grpo (it supports dapo, grpo, dr_grpo, cispo, sapo)"),
+        ({"loss_type": "cispo"}, "loss_type cispo: TRL caps the weight at epsilon_high itself; give epsilon_high above 1"),
     ({"learning_rate": "fast"}, "learning_rate must be of type float, got 'fast'"),
     ({"num_generations": 2.5}, "num_generations must be of type int, got 2.5"),
     ({"per_device_train_batch_size": "four"}, "per_device_train_batch_size must be a positive int, got 'four'"),
@@ -107,13 +108,14 @@ def test_use_vllm_selects_the_vllm_engine_and_its_importance_sampling():
                            "vllm_importance_sampling_clip_max": 2.5})
     assert (cfg.engine, cfg.vllm_memory, cfg.tis_level, cfg.tis_cap) == ("vllm", 0.3, "token", 2.5)
     assert ignored == ["vllm_mode"]  # where vLLM runs changes no result
-    cfg, _ = config({"max_steps": 3, "use_vllm": True})  # TRL's cap; its default sequence_mask is not built
-    assert (cfg.engine, cfg.tis_level, cfg.tis_cap, cfg.vllm_memory) == ("vllm", "token", 3.0, 0.3)
+    cfg, _ = config({"max_steps": 3, "use_vllm": True})  # TRL's default: sequence_mask at a cap of 3
+    assert (cfg.engine, cfg.tis_mode, cfg.tis_level, cfg.tis_cap, cfg.vllm_memory) == (
+        "vllm", "mask", "sequence_ratio", 3.0, 0.3)
     assert cfg.vllm_sleep is False  # TRL's vllm_enable_sleep_mode default
     cfg, _ = config({"use_vllm": True, "vllm_enable_sleep_mode": True})
     assert cfg.vllm_sleep is True
     cfg, _ = config({"use_vllm": True, "tis_level": "sequence", "tis_cap": 5.0, "vllm_importance_sampling_clip_min": 0})
-    assert (cfg.engine, cfg.tis_level, cfg.tis_cap) == ("vllm", "sequence", 5.0)  # grpo's own options stand
+    assert (cfg.engine, cfg.tis_mode, cfg.tis_level, cfg.tis_cap) == ("vllm", "truncate", "sequence", 5.0)  # grpo's own
     cfg, _ = config({"max_steps": 3, "use_vllm": True, "vllm_importance_sampling_correction": False})
     assert cfg.tis_cap == 0.0
     cfg, ignored = config({"max_steps": 3, "vllm_gpu_memory_utilization": 0.5})  # without use_vllm: no meaning
@@ -128,10 +130,43 @@ def test_vllm_keys_without_use_vllm_leave_a_grpo_config_alone(values):
     assert ignored == [k for k in values if k not in ("lr", "steps")]
 
 
+@pytest.mark.parametrize("mode, clip_min, expected", [
+    ("token_truncate", None, ("truncate", "token", 0.0)),
+    ("token_mask", 0.5, ("mask", "token", 0.5)),  # IcePop's [0.5, 5] with clip_max 5
+    ("sequence_truncate", 0, ("truncate", "sequence_ratio", 0.0)),
+    ("sequence_mask", 0.25, ("mask", "sequence_ratio", 0.25)),
+])
+def test_each_trl_importance_sampling_mode_is_a_tis_mode_and_level(mode, clip_min, expected):
+    cfg, _ = config({"max_steps": 3, "use_vllm": True, "vllm_importance_sampling_mode": mode,
+                     "vllm_importance_sampling_clip_min": clip_min, "vllm_importance_sampling_clip_max": 5.0})
+    assert (cfg.tis_mode, cfg.tis_level, cfg.tis_low) == expected
+    assert cfg.tis_cap == 5.0
+
+
+@pytest.mark.parametrize("loss_type, extra, expected", [
+    ("dapo", {}, ("ppo", "token", 0.2, 0.2)),
+    ("grpo", {}, ("ppo", "sequence", 0.2, 0.2)),
+    ("dr_grpo", {}, ("ppo", "fixed", 0.2, 0.2)),
+    ("cispo", {"epsilon_high": 5.0}, ("cispo", "token", 1.0, 4.0)),  # TRL: weight min(rho, 5), no lower bound
+    ("sapo", {}, ("sapo", "sequence", 0.2, 0.2)),
+])
+def test_each_trl_loss_type_is_an_objective_and_its_aggregation(loss_type, extra, expected):
+    cfg, _ = config({"max_steps": 3, "loss_type": loss_type, **extra})
+    assert (cfg.objective, cfg.aggregate, cfg.clip_low, cfg.clip_high) == expected
+
+
+def test_trl_sapo_temperatures_are_the_gate_temperatures():
+    cfg, ignored = config({"max_steps": 3, "loss_type": "sapo", "sapo_temperature_pos": 0.5, "sapo_temperature_neg": 2.0})
+    assert (cfg.sapo_tau_pos, cfg.sapo_tau_neg, ignored) == (0.5, 2.0, [])
+    cfg, _ = config({"max_steps": 3, "loss_type": "sapo"})  # TRL's defaults are the paper's
+    assert (cfg.sapo_tau_pos, cfg.sapo_tau_neg) == (1.0, 1.05)
+
+
 @pytest.mark.parametrize("values, message", [
-    ({"use_vllm": True, "vllm_importance_sampling_mode": "sequence_mask"},
-     "vllm_importance_sampling_mode 'sequence_mask' is not supported by grpo (it supports token_truncate"),
-    ({"use_vllm": True, "vllm_importance_sampling_clip_min": 0.5},
+    ({"use_vllm": True, "vllm_importance_sampling_mode": "geometric_mask"},
+     "vllm_importance_sampling_mode 'geometric_mask' is not supported by grpo (it supports token_truncate, "
+     "token_mask, sequence_truncate, sequence_mask)"),
+    ({"use_vllm": True, "vllm_importance_sampling_mode": "sequence_truncate", "vllm_importance_sampling_clip_min": 0.5},
      "vllm_importance_sampling_clip_min: grpo truncates importance weights from above only"),
     ({"use_vllm": True, "vllm_importance_sampling_clip_max": 0.5}, "tis_cap must be above 1"),
     ({"use_vllm": "false"}, "use_vllm must be true or false, got 'false'"),
