@@ -116,6 +116,11 @@ def run_tests(copy: Path, timeout: float) -> tuple[bool, str]:
     # each file named, in this order: given a folder as well, pytest collects the folder in its own order
     rest = sorted(str(p.relative_to(copy)) for p in (copy / "tests").glob("test_*.py") if str(p.relative_to(copy)) not in FIRST)
     env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    # the copy leaves .venv-vllm out: the tests that look for vLLM find the checkout's (else every mutant
+    # would be "killed" by a test that fails on the unmutated code too)
+    vllm = ROOT / ".venv-vllm" / "bin" / "python"
+    if vllm.exists():
+        env.setdefault("GRPO_VLLM_PYTHON", str(vllm))
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
            "(unit or equivalence) and not slow", *FIRST, *rest]
     try:

@@ -73,11 +73,11 @@ def _no_bomb_files_left_behind():
 
 LAYERS = ("unit", "equivalence", "model", "vllm", "attack")
 FILE_LAYERS = {
-    "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams", "test_faults"),
+    "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams"),
     "model": ("test_trainer", "test_preflight", "test_filter_groups", "test_agent_training", "test_run_metrics",
               "test_episodes", "test_evaluate", "test_rollout", "test_reward_training", "test_gpu_check",
               "test_coming_from_trl", "test_embedded", "test_agent_embedded", "test_example",
-              "test_architectures", "test_model_folders", "test_prompts", "test_errored_rows"),
+              "test_architectures", "test_model_folders", "test_prompts", "test_errored_rows", "test_faults"),
     "vllm": ("test_vllm_engine", "test_vllm_sleep", "test_vllm_acceptance"),
     "attack": ("test_sandbox", "test_code_audit"),
 }  # any other file: unit
