@@ -86,10 +86,12 @@ def call_within(fn: Callable, args: tuple, timeout: float) -> object:
     the episode ends as errored. What the call raises is raised here.
     """
     out: dict[str, object] = {}
+    grad = torch.is_grad_enabled()  # thread-local: the call runs as it would here (under no_grad in an episode)
 
     def run() -> None:
         try:
-            out["value"] = fn(*args)
+            with torch.set_grad_enabled(grad):
+                out["value"] = fn(*args)
         except BaseException as err:  # handed to the caller, whatever it is
             out["error"] = err
 

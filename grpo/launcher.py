@@ -71,14 +71,14 @@ def launch(nproc: int, argv: list[str]) -> int:
 def wait_all(procs: list[subprocess.Popen]) -> list[int | None]:
     """Wait for every worker. Once one has failed, the others (stuck, maybe, in a collective with it)
     get GRACE_S seconds to end on their own, then SIGTERM, then SIGKILL 10 s later."""
-    failed_at = None
+    failed_at, ending = None, [signal.SIGTERM, signal.SIGKILL]  # what the stragglers get, in turn
     while any(proc.poll() is None for proc in procs):
         if failed_at is None and any(proc.poll() not in (None, 0) for proc in procs):
             failed_at = time.monotonic()
-        if failed_at is not None:
-            waited = time.monotonic() - failed_at
+        if ending and failed_at is not None and time.monotonic() - failed_at > GRACE_S + 10 * (2 - len(ending)):
+            sig = ending.pop(0)
             for proc in procs:
-                if proc.poll() is None and waited > GRACE_S:
-                    proc.send_signal(signal.SIGTERM if waited < GRACE_S + 10 else signal.SIGKILL)
+                if proc.poll() is None:
+                    proc.send_signal(sig)
         time.sleep(0.1)
     return [proc.returncode for proc in procs]

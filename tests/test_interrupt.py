@@ -44,3 +44,17 @@ def test_an_environment_call_returns_raises_or_times_out_in_its_limit():
     with pytest.raises(EnvTimeout, match="ran past 0.2 s"):
         call_within(time.sleep, (30,), 0.2)
     assert time.monotonic() - start < 2
+
+
+def test_once_a_worker_failed_the_others_are_ended_after_the_grace(monkeypatch):
+    import subprocess
+    import sys
+
+    import grpo.launcher
+
+    monkeypatch.setattr(grpo.launcher, "GRACE_S", 0.3)
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]  # stuck, as in a collective
+    start = time.monotonic()
+    assert grpo.launcher.wait_all(procs) == [1, -signal.SIGTERM]
+    assert time.monotonic() - start < 10
