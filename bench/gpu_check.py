@@ -22,7 +22,8 @@ one step by two processes. Random weights cannot add, so the reward is the
 parity of a completion's first character, which splits most groups: every step
 trains.
 
-One line per phase: seconds; tokens sampled per second; peak memory
+One line per phase: seconds; tokens sampled and per second (from each step's
+metrics, every process's; the pre-flight check's from its report); peak memory
 (``torch.cuda.max_memory_allocated``; on the CPU the process's peak resident
 set); MFU, (2 P per sampled token + 6 P per trained completion token) / seconds
 / the GPU's dense bf16 peak (P: the parameters of the matrix products,
@@ -82,8 +83,13 @@ class Counts:
     trained: float = 0.0
     gaps: list[tuple[float, float | None]] = field(default_factory=list)  # (mean, max) per step
 
-    def add_step(self, metrics: dict) -> None:
-        """A step's metrics (as trainer.step returns them, or as metrics.jsonl holds them)."""
+    def add_step(self, metrics: dict, group_size: int) -> None:
+        """A step's metrics (as trainer.step returns them, or as metrics.jsonl holds them).
+
+        Tokens sampled: completion_len, the mean over every completion the step generated (each
+        generation round's, every process's), times their number, generated_groups x G.
+        """
+        self.sampled += round(metrics["completion_len"] * metrics["generated_groups"] * group_size)
         self.trained += metrics["trained_sequences"] * metrics["completion_len"]
         if metrics.get("sampler_logp_diff") is not None:
             self.gaps.append((metrics["sampler_logp_diff"], metrics.get("sampler_logp_diff_max")))
@@ -125,7 +131,7 @@ class Check:
             mean, tops = sum(m for m, _ in c.gaps) / len(c.gaps), [t for _, t in c.gaps if t is not None]
             gap = f"mean {mean:.2e} max {max(tops):.2e}" if tops else f"mean {mean:.2e} max n/a"
         memory = "GPU" if self.device.type == "cuda" else "RSS"
-        return (f"{name:<18} {seconds:7.1f} s  {c.sampled / seconds:8.0f} tok/s  peak {memory} "
+        return (f"{name:<18} {seconds:7.1f} s  {c.sampled:7d} tok {c.sampled / seconds:8.0f} tok/s  peak {memory} "
                 f"{_peak_memory(self.device) / 2**30:6.2f} GiB  MFU {mfu:>6}  logp gap {gap}")
 
 
@@ -179,18 +185,6 @@ def make_trainer(model: torch.nn.Module, tokenizer: object, device: torch.device
                        rewards=[f"{Path(__file__).resolve()}:first_char_parity"], progress=False)
 
 
-def count_sampled_tokens(trainer: object, check: Check) -> None:
-    """Add every rollout's tokens to the running phase's count."""
-    sample_and_score = trainer.sample_and_score
-
-    def counted(*args: object, **kwargs: object) -> tuple:
-        out = sample_and_score(*args, **kwargs)
-        check.counts.sampled += int(out[0].lengths.sum())
-        return out
-
-    trainer.sample_and_score = counted
-
-
 def free_memory() -> None:
     """Give the memory of the models and trainers dropped so far back before the next one."""
     gc.collect()
@@ -203,7 +197,7 @@ def train_steps(trainer: object, counts: Counts, steps: int = STEPS) -> None:
     updates = 0
     for step in range(1, steps + 1):
         metrics = trainer.step(step)
-        counts.add_step(metrics)
+        counts.add_step(metrics, trainer.config.group_size)
         updates += metrics["optimizer_steps"]
     if not updates:
         raise RuntimeError(f"none of the {steps} steps updated the policy")
@@ -216,13 +210,14 @@ def check_shape(check: Check, shape: str, tokenizer: object) -> None:
     trainer = None
     with check.phase(f"build {shape}"):
         trainer = make_trainer(build_model(shape, check.device, tokenizer), tokenizer, check.device)
-        count_sampled_tokens(trainer, check)
     if trainer is None:
         return
     params = matmul_params(trainer.model)
     try:
-        with check.phase(f"preflight {shape}", params):
-            fatal = run_preflight(trainer, fit=False).stops("on")
+        with check.phase(f"preflight {shape}", params) as counts:
+            report = run_preflight(trainer, fit=False)
+            counts.sampled += sum(report.sample_lengths)
+            fatal = report.stops("on")
             if fatal:
                 raise RuntimeError(fatal[0].message)
         with check.phase(f"train {shape}", params) as counts:
@@ -245,7 +240,6 @@ def train_with_gradient_checkpointing(check: Check, shape: str, tokenizer: objec
     with check.phase(name, params) as counts:
         trainer = make_trainer(build_model(shape, check.device, tokenizer), tokenizer, check.device,
                                gradient_checkpointing=True)
-        count_sampled_tokens(trainer, check)
         try:
             train_steps(trainer, counts)
         finally:
@@ -263,7 +257,6 @@ def checkpoint_and_resume(check: Check, shape: str, tokenizer: object) -> None:
                 model = build_model(shape, check.device, tokenizer)
                 counts.params = matmul_params(model)
                 trainer = make_trainer(model, tokenizer, check.device, steps=steps, **settings)
-                count_sampled_tokens(trainer, check)
                 try:
                     summary = trainer.train(run_dir, resume=resume)
                 finally:
@@ -275,9 +268,14 @@ def checkpoint_and_resume(check: Check, shape: str, tokenizer: object) -> None:
             if summary["steps"] != STEPS or [m["step"] for m in trained] != list(range(1, STEPS + 1)):
                 raise RuntimeError(f"the resumed run logged steps {[m['step'] for m in trained]}")
             for metrics in trained:
-                counts.add_step(metrics)
+                counts.add_step(metrics, summary_group_size(run_dir))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def summary_group_size(run_dir: Path) -> int:
+    """G of the run in run_dir, from its config.json."""
+    return json.loads((run_dir / "config.json").read_text())["group_size"]
 
 
 def torchrun_step(check: Check, shape: str) -> None:
@@ -297,7 +295,6 @@ def rank_step(shape: str, device_type: str) -> int:
     tokenizer = load_tokenizer()
     check = Check(device, None)
     trainer = make_trainer(build_model(shape, device, tokenizer), tokenizer, device, preflight="off")
-    count_sampled_tokens(trainer, check)
     try:
         with check.phase(f"rank {rank} step"):
             train_steps(trainer, check.counts, steps=1)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # tests that bear on the mutated code first, so that most mutants die in seconds
-FIRST = ["tests/test_algorithm.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
+FIRST = ["tests/test_algorithm.py", "tests/test_async_correction.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
          "tests/test_device_contract.py", "tests/test_trainer.py"]
 A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
 MUTANTS = [  # (file, original, mutated, what the bug would be)
@@ -47,7 +47,13 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "    return -torch.minimum(ratio * adv, clipped_ratio * adv)",
      "    return -torch.maximum(ratio * adv, clipped_ratio * adv)", "the surrogate's max for min"),
     (A, "    return torch.exp(delta) - delta - 1.0", "    return torch.exp(delta) - delta", "k3 without its -1"),
-    (A, "            weights = ratio.clamp(max=cap)", "            weights = ratio", "TIS weights uncapped"),
+    (A, "            weights = ratio.clamp(max=cap)\n        elif", "            weights = ratio\n        elif",
+     "token TIS weights uncapped"),
+    (A, "            weights = ratio.clamp(max=cap).expand_as(delta)", "            weights = ratio.expand_as(delta)",
+     "sequence_ratio TIS weights uncapped"),
+    (A, "            ratio = torch.exp(delta.sum(dim=1, keepdim=True))  # (N, 1) prod_t rho_t; inf past float range",
+     "            ratio = torch.exp(delta.mean(dim=1, keepdim=True))  # (N, 1)",
+     "sequence_ratio's ratio a mean over the padded length, not the completion's product"),
     (A, "            inside = (seq.abs() <= math.log(cap))", "            inside = (seq <= math.log(cap))",
      "sequence-level TIS masks one side only"),
     (A, "    n_seq = float((mask.sum(dim=1) > 0).sum()) if total_sequences is None",
@@ -110,6 +116,11 @@ def run_tests(copy: Path, timeout: float) -> tuple[bool, str]:
     # each file named, in this order: given a folder as well, pytest collects the folder in its own order
     rest = sorted(str(p.relative_to(copy)) for p in (copy / "tests").glob("test_*.py") if str(p.relative_to(copy)) not in FIRST)
     env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    # the copy leaves .venv-vllm out: the tests that look for vLLM find the checkout's (else every mutant
+    # would be "killed" by a test that fails on the unmutated code too)
+    vllm = ROOT / ".venv-vllm" / "bin" / "python"
+    if vllm.exists():
+        env.setdefault("GRPO_VLLM_PYTHON", str(vllm))
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
            "(unit or equivalence) and not slow", *FIRST, *rest]
     try:

@@ -83,6 +83,7 @@ class TrainConfig:
     max_episode_tokens: int = field(**_doc("most tokens per episode after the prompt, the environment's included (0: max_turns x (max_new_tokens + 64))", default=0))
     turn_discount: float = field(**_doc("an environment's reward for turn k counts turn_discount ** (k - 1)", default=1.0))
     tool_timeout: float = field(**_doc("seconds a tool call may take before the model gets a timeout error", default=10.0))
+    env_timeout: float = field(**_doc("seconds an environment's reset or step may take; past it the episode ends as an errored row (the call is left behind in its thread)", default=30.0))
     sandbox: str = field(**_doc("how code rewards run untrusted code: strict (bubblewrap: own namespaces, read-only system, no network, no parent's files) or weak (an in-process guard the code can defeat; for machines without bubblewrap, with a warning)", default="strict"))
     steps: int = field(**_doc("number of GRPO steps, one batch of prompts each (0: the task's setting, see `grpo tasks`; 20 for a task without one)", default=0))
     minutes: float = field(**_doc("end training before a step that would end past this many minutes of training; the final evaluation still runs (0: no limit; for --data without --steps, the data's setting: 10)", default=0.0))
@@ -175,7 +176,7 @@ class TrainConfig:
     def _check_ranges(self) -> None:
         positive = ("prompts_per_step", "epochs", "minibatches",
                     "micro_batch_tokens", "eval_batch_size", "save_every", "keep_checkpoints", "max_bad_steps",
-                    "reward_timeout", "tool_timeout", "max_gen_rounds", "sampler_half_life", "no_signal_steps", "preflight_prompts")
+                    "reward_timeout", "tool_timeout", "env_timeout", "max_gen_rounds", "sampler_half_life", "no_signal_steps", "preflight_prompts")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

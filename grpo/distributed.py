@@ -1,7 +1,7 @@
 """Data-parallel GRPO on torch.distributed: process groups, sharding, reductions.
 
 Launch with ``torchrun --nproc-per-node N -m grpo train ...`` (or the
-shortcut ``grpo train --nproc N``); a plain ``grpo train`` is a world of one
+shortcut ``grpo train --nproc N``, grpo/launcher.py); a plain ``grpo train`` is a world of one
 and every helper here is then a no-op.
 
 How a step is split so that the update does not depend on the world size W:
@@ -52,8 +52,6 @@ Backend: NCCL when the device is CUDA, gloo otherwise.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -164,13 +162,6 @@ class World:
     def close(self) -> None:
         if self.size > 1 and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def launch(nproc: int, argv: list[str]) -> int:
-    """``grpo train --nproc N``: the same command under torchrun, N processes on this machine."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "grpo", *argv]
-    return subprocess.call(cmd)
 
 
 def backend_for(device: torch.device) -> str:

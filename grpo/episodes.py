@@ -28,7 +28,7 @@ The episode's reward is the task's reward of the last policy turn plus the
 environment's per-turn rewards, summed with weight turn_discount ** (turn - 1);
 every policy token of the episode gets the one advantage (no per-turn credit).
 
-An environment whose reset or step raises ends its episode as errored (counted
+An environment whose reset or step raises, or runs past env_timeout seconds, ends its episode as errored (counted
 as ``env_errors``; training leaves the row out of the loss and of its group's
 statistics, as a reward call that failed), or stops the run with on_error = "raise".
 A group whose every reset raised has no opening: it is not sampled, and its G
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 import time
 import traceback
 import warnings
@@ -73,6 +74,37 @@ class Environment(Protocol):
 
 class EpisodeError(RuntimeError):
     """An environment raised and on_error is "raise"."""
+
+
+class EnvTimeout(TimeoutError):
+    """An environment's reset or step ran past its time limit."""
+
+
+def call_within(fn: Callable, args: tuple, timeout: float) -> object:
+    """fn(*args), or EnvTimeout once it has run ``timeout`` seconds.
+
+    An environment lives in the trainer's process (it holds the episode's state), so it cannot be
+    killed as a tool's worker is: the call runs in a daemon thread that a hung one is left to, and
+    the episode ends as errored. What the call raises is raised here.
+    """
+    out: dict[str, object] = {}
+    grad = torch.is_grad_enabled()  # thread-local: the call runs as it would here (under no_grad in an episode)
+
+    def run() -> None:
+        try:
+            with torch.set_grad_enabled(grad):
+                out["value"] = fn(*args)
+        except BaseException as err:  # handed to the caller, whatever it is
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name=f"grpo-env-{getattr(fn, '__name__', 'call')}")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise EnvTimeout(f"{getattr(fn, '__qualname__', fn)} ran past {timeout:g} s (env_timeout)")
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
 
 
 @dataclass
@@ -164,16 +196,18 @@ class Agent:
     schemas: list[dict] = field(default_factory=list)  # passed to the template as tools=, when it renders them
     prompt_format: PromptFormat = field(default_factory=lambda: PromptFormat("chat"))  # chat: episodes take turns
     reencode: bool = False  # encode the whole conversation again each turn (bench/bench_rollout.py's baseline)
+    timeout: float = 30.0  # seconds one reset or step may take (config.env_timeout)
     warned: bool = field(default=False, repr=False)  # an environment's first raise was reported
 
     def encode(self, tokenizer: object, messages: Messages) -> list[int]:
         return self.prompt_format.encode(tokenizer, messages, **self._tools())
 
     def _call(self, episode: Episode, fn: Callable, *args: object) -> object:
-        """Run an environment method, timed; a raise ends the episode (or the run, with on_error raise)."""
+        """Run an environment method, timed; a raise, or a call past ``timeout`` seconds, ends the episode
+        (or the run, with on_error raise)."""
         start = time.perf_counter()
         try:
-            return fn(*args)
+            return call_within(fn, args, self.timeout)
         except Exception as err:
             if self.on_error == "raise":
                 raise EpisodeError(f"environment {fn.__qualname__} raised (on_error='raise'): {err}") from err
@@ -474,5 +508,6 @@ def make_agent(config: TrainConfig, task: object, tokenizer: object, *, tools: S
             return ToolEnv(box, task.messages, role, native)
 
     agent = Agent(make_env, max_turns=config.max_turns, max_episode_tokens=config.max_episode_tokens,
-                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas, prompt_format=fmt)
+                  turn_discount=config.turn_discount, on_error=config.on_error, schemas=schemas, prompt_format=fmt,
+                  timeout=config.env_timeout)
     return agent, box

@@ -3,6 +3,8 @@
 The trainer then writes a checkpoint, says where it is and raises
 :class:`RunStopped`. A second SIGINT (or SIGTERM) stops at once with
 KeyboardInterrupt, without a checkpoint: the latest one is still there.
+Under several processes a signal to any one of them stops them all after
+the same step (:meth:`StopRequests.agreed`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 
 class RunStopped(RuntimeError):
@@ -25,9 +28,20 @@ class StopRequests:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, *, announce: bool = True) -> None:
         self.received: signal.Signals | None = None
+        self.announce = announce  # under several processes rank 0 alone says it (each one gets Ctrl-C)
         self._previous: dict = {}
+
+    def agreed(self, world_max: Callable[[int], int]) -> signal.Signals | None:
+        """The stop every rank acts on after this step: the largest signal number any rank received.
+
+        ``world_max`` is the world's MAX all-reduce (``World.max``), called on every rank at the same
+        step boundary, as the alarms' verdict is: one rank signalled stops them all after the same step,
+        so that none enters the checkpoint's collectives while another starts a step.
+        """
+        number = world_max(int(self.received or 0))
+        return signal.Signals(number) if number else None
 
     def __enter__(self) -> StopRequests:
         # signal handlers can only be installed from the main thread (not, e.g., in a notebook worker)
@@ -43,6 +57,8 @@ class StopRequests:
         if self.received is not None:
             raise KeyboardInterrupt  # the second one: stop now
         self.received = signal.Signals(signum)
+        if not self.announce:
+            return
         print(
             f"\n{self.received.name}: finishing the current step, then writing a checkpoint "
             "(send it again to stop at once)",

@@ -11,6 +11,7 @@ resumed run continues exactly where the unbroken one would be.
 from __future__ import annotations
 
 import math
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from grpo import checkpoint
 from grpo.alarms import AlarmMonitor
 from grpo.config import TrainConfig, alarm_window_for, planned_steps
 from grpo.distributed import load_shards, load_training_state, save_shards, training_state
-from grpo.interrupt import RunStopped, StopRequests
+from grpo.interrupt import RunStopped
 from grpo.parts import TrainerParts
 
 EVALUATIONS = 5  # automatic evaluations during a run's planned steps (the start and the end besides) ...
@@ -74,10 +75,11 @@ def planned_schedule(steps: int, minutes: float) -> tuple[int, int]:
     return max(1, min(math.ceil(planned / EVALUATIONS), EVERY_MAX)), planned
 
 
-def checkpoint_or_stop(trainer: TrainerParts, step: int, extra: dict, stop: StopRequests | None, *,
+def checkpoint_or_stop(trainer: TrainerParts, step: int, extra: dict, stop: signal.Signals | None, *,
                        final: bool = False) -> None:
     """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
 
+    ``stop`` is the signal every rank agreed on after this step (StopRequests.agreed), None if none.
     No checkpoint is written after a bad step, so the latest one is the last good state.
     """
     cfg, bad_in_a_row = trainer.config, extra["bad_in_a_row"]
@@ -86,13 +88,13 @@ def checkpoint_or_stop(trainer: TrainerParts, step: int, extra: dict, stop: Stop
             f"loss or gradient was NaN/inf in {bad_in_a_row} consecutive steps (the last at step {step}); "
             f"stopped (max_bad_steps={cfg.max_bad_steps}); {where(trainer.run_dir)}"
         )
-    requested = stop is not None and stop.received is not None
+    requested = stop is not None
     due = step % cfg.save_every == 0 or step == cfg.steps or requested or final
     if trainer.saving and due and bad_in_a_row == 0:
         save_checkpoint(trainer, step, extra)
     if requested:
-        raise RunStopped(f"stopped by {stop.received.name} after step {step}; {where(trainer.run_dir)}",
-                         exit_code=128 + int(stop.received))
+        raise RunStopped(f"stopped by {stop.name} after step {step}; {where(trainer.run_dir)}",
+                         exit_code=128 + int(stop))
 
 
 def save_checkpoint(trainer: TrainerParts, step: int, extra: dict) -> None:

@@ -353,7 +353,7 @@ class GRPOTrainer:
         preflight = None if resume or self.config.preflight == "off" else self._preflight()
         state = state or RunState.start(self.config, auto_alarm_window=self.auto_alarm_window)  # config final
         log = self._open_log(state)
-        stop = StopRequests() if run_dir is not None else None
+        stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
                 first, seconds = self._first_evaluation(log, state)
@@ -412,7 +412,9 @@ class GRPOTrainer:
                 trained() + (trained() - trained_before) / (step - first_step) > 60 * cfg.minutes)
             if (stopped or out_of_time) and self.ahead is not None:  # no batch is sampled that no step trains on
                 self.ahead.close()
-            checkpoint_or_stop(self, step, state.extra(log.monitor, trained()), stop,
+            # a signal to any rank stops every rank after this step (the ranks' MAX, like the verdicts above)
+            requested = stop.agreed(world.max) if stop is not None else None
+            checkpoint_or_stop(self, step, state.extra(log.monitor, trained()), requested,
                                final=stopped is not None or out_of_time)
             if stopped or out_of_time:
                 log.bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}" if stopped

@@ -6,6 +6,8 @@ packages the trainer's path must not need are made unimportable first.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +33,40 @@ def test_gpu_check_runs_every_phase_on_the_cpu_without_the_optional_packages():
     for phase in ("build tiny", "preflight tiny", "train tiny", "train-ckpt tiny", "checkpoint tiny", "torchrun tiny"):
         assert phase in lines and " s " in lines[phase] and "tok/s" in lines[phase] and "peak RSS" in lines[phase], out
     assert "logp gap mean" in lines["train tiny"] and "MFU    n/a" in lines["train tiny"], out
+    # every phase that samples counts its tokens (the count itself is checked against the loop's below)
+    for phase in ("preflight tiny", "train tiny", "train-ckpt tiny", "checkpoint tiny"):
+        tokens = int(lines[phase].split(" tok ")[0].split()[-1])
+        rate = float(lines[phase].split(" tok/s")[0].split()[-1])
+        assert tokens > 0 and rate > 0, lines[phase]
     assert "logp gap mean" in lines["train-ckpt tiny"], out  # --gradient-checkpointing trained its 3 steps
     assert out.splitlines()[-1].startswith("gpu_check: every phase passed")
     assert f"grpo from {ROOT / 'grpo'}" in out
+
+
+def test_tokens_counted_from_the_steps_metrics_are_the_tokens_the_loop_sampled(tmp_path, monkeypatch):
+    """Counts.add_step on metrics.jsonl's lines gives the completions' lengths that each generation round
+    of the loop really produced (read where the loop samples: grpo.batch.sample_and_score)."""
+    from tiny_run import tiny_trainer
+
+    import grpo.batch
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look their module up there
+    spec.loader.exec_module(gpu_check)
+    produced, real = [], grpo.batch.sample_and_score
+
+    def counted(*args, **kwargs):
+        out = real(*args, **kwargs)
+        produced.append(int(out[0].lengths.sum()))
+        return out
+
+    monkeypatch.setattr(grpo.batch, "sample_and_score", counted)
+    trainer = tiny_trainer(steps=2, save_every=100, filter_groups=True, max_gen_rounds=2)
+    trainer.train(tmp_path / "run")
+    counts = gpu_check.Counts()
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        metrics = json.loads(line)
+        if "optimizer_steps" in metrics:
+            counts.add_step(metrics, trainer.config.group_size)
+    assert counts.sampled == sum(produced) > 0

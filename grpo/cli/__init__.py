@@ -11,6 +11,7 @@ are a few lines here, beside main, which runs one and turns the errors a user ca
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from grpo.cli.check_reward import cmd_check_reward
@@ -60,8 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         return _report_stop(args.command, err)
     except KeyboardInterrupt:
-        print(f"grpo {args.command}: stopped at once; the latest checkpoint (if any) is kept", file=sys.stderr)
+        if _speaks():
+            print(f"grpo {args.command}: stopped at once; the latest checkpoint (if any) is kept", file=sys.stderr)
         return 130
+
+
+def _speaks() -> bool:
+    """Whether this process tells how a run ended: rank 0 alone, where several run together (every one
+    of them stops, and rank 0's line says where the checkpoint is)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _report_stop(command: str, err: Exception) -> int:
@@ -80,7 +88,8 @@ def _report_stop(command: str, err: Exception) -> int:
         print(f"grpo {command}: error: {err}", file=sys.stderr)
         return 2
     if isinstance(err, (RunStopped, CheckpointError)):
-        print(f"grpo {command}: {err}", file=sys.stderr)
+        if _speaks() or not isinstance(err, RunStopped):
+            print(f"grpo {command}: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
     raise err
 

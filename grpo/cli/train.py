@@ -152,10 +152,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     _check_engine(config, args.nproc)
-    from grpo.distributed import init_world, launch  # torch: slow to import, so after the checks
-
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from grpo.launcher import launch
+
         return launch(args.nproc, _without_nproc(argv))
+    from grpo.distributed import init_world  # torch: slow to import, so after the checks
     from grpo.process import setup_process
     from grpo.trainer import GRPOTrainer, default_run_dir
 

@@ -1,0 +1,278 @@
+"""Faults injected into real `grpo train` runs, one at a time: each case asserts its outcome and its bound.
+
+docs/faults.md tables them, with the times these tests measured. The runs use a tiny random model
+(conftest.make_model) so that a case takes seconds; the bounds are the ones the docs promise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_model, make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+SLOW_REWARD = "import time\n\ndef score(completion, example):\n    time.sleep(0.3)\n    return float('a' in completion)\n"
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path):
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=3).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    return tmp_path / "tiny"
+
+
+def start(cwd: Path, model: Path, *args: str, runner: tuple[str, ...] = ("-m", "grpo")) -> subprocess.Popen:
+    """`grpo train` on the tiny model in a session of its own, as a terminal would hold it: a signal to
+    its process group is what Ctrl-C sends. ``runner``: what python runs (a script that patches first)."""
+    cmd = [sys.executable, *runner, "train", "--model", str(model), "--task", "add", "--prompts-per-step", "2",
+           "--group-size", "2", "--max-new-tokens", "4", "--eval-size", "2", "--device", "cpu", "--threads", "1",
+           "--no-save-model", "--no-preflight", "--no-early-stop", "--no-filter-groups", "--no-progress", "--output", "run", *args]
+    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for_steps(run: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until metrics.jsonl holds n lines (the step-0 evaluation is the first)."""
+    deadline, metrics = time.monotonic() + timeout, run / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run took no step in time"
+        time.sleep(0.05)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            kids = [int(k) for k in (task / "children").read_text().split()] if (task / "children").exists() else []
+            out += kids
+            todo += kids
+    return out
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The worker of that rank among the launcher's descendants (its RANK in its environment)."""
+    for pid in descendants(launcher):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"grpo" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under {launcher}")
+
+
+def stopped_line(err: str, signame: str) -> int:
+    """The step of the one line that says the run stopped, and where its checkpoint is."""
+    lines = [line for line in err.splitlines() if f"stopped by {signame} after step" in line]
+    assert len(lines) == 1, err[-3000:]
+    step = int(re.search(r"after step (\d+)", lines[0]).group(1))
+    assert f"latest checkpoint: run/checkpoints/step-{step:08d}" in lines[0], lines[0]
+    return step
+
+
+def test_sigint_to_one_rank_of_two_stops_both_after_the_same_step(tmp_path, tiny_model_dir):
+    (tmp_path / "slow.py").write_text(SLOW_REWARD)
+    proc = start(tmp_path, tiny_model_dir, "--nproc", "2", "--steps", "1000", "--rewards", "slow.py:score")
+    try:
+        wait_for_steps(tmp_path / "run", 2, proc)
+        os.kill(rank_pid(proc.pid, 1), signal.SIGINT)  # rank 1 alone: rank 0 never sees a signal
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"fault: SIGINT to rank 1 of 2 -> both stopped in {time.monotonic() - sent:.1f} s")
+    assert proc.returncode == 130, err[-3000:]
+    step = stopped_line(err, "SIGINT")
+    logged = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(logged) == step + 1  # steps 1..step and the step-0 evaluation: no rank took another step
+    assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}").is_dir()
+
+
+def test_ctrl_c_under_nproc_2_rank_0_alone_speaks_without_a_traceback(tmp_path, tiny_model_dir):
+    (tmp_path / "slow.py").write_text(SLOW_REWARD)
+    proc = start(tmp_path, tiny_model_dir, "--nproc", "2", "--steps", "1000", "--rewards", "slow.py:score")
+    try:
+        wait_for_steps(tmp_path / "run", 2, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does at Ctrl-C: every process of the group
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"fault: Ctrl-C under --nproc 2 -> stopped in {time.monotonic() - sent:.1f} s")
+    assert proc.returncode == 130, err[-3000:]
+    step = stopped_line(err, "SIGINT")
+    assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}").is_dir()
+    assert "no checkpoint was written" not in err and "Traceback" not in err and "SignalException" not in err, err
+    assert err.count("SIGINT: finishing the current step") == 1, err
+
+
+def run(cwd: Path, model: Path, *args: str, timeout: float = 300, runner: tuple[str, ...] = ("-m", "grpo")
+        ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """A whole tiny run through the CLI; its result and metrics.jsonl's lines."""
+    proc = start(cwd, model, *args, runner=runner)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    metrics = cwd / "run" / "metrics.jsonl"
+    return done, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+ONCE = """import os, signal, time
+
+def once(name):
+    '''True for the first call of the run only (a file marks it), whatever process makes it.'''
+    try:
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+"""
+
+
+def test_a_reward_worker_killed_is_replaced_and_its_row_counted_errored(tmp_path, tiny_model_dir):
+    (tmp_path / "fault.py").write_text(ONCE + "\ndef score(completion, example):\n"
+                                       "    if once('killed'):\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+                                       "    return float('a' in completion)\n")
+    done, metrics = run(tmp_path, tiny_model_dir, "--steps", "3", "--rewards", "fault.py:score")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [m for m in metrics if "optimizer_steps" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert steps[0]["reward_errors/score"] == 1 and steps[0]["errored/reward"] == 1, steps[0]
+    assert all(m["reward_errors/score"] == 0 for m in steps[1:])  # its replacement scores the later steps
+    assert "reward worker process died during the call" in done.stderr
+
+
+def test_a_reward_that_hangs_counts_as_a_timeout_within_the_limit(tmp_path, tiny_model_dir):
+    (tmp_path / "fault.py").write_text(ONCE + "\ndef score(completion, example):\n"
+                                       "    if once('hung'):\n        time.sleep(3600)\n"
+                                       "    return float('a' in completion)\n")
+    done, metrics = run(tmp_path, tiny_model_dir, "--steps", "2", "--rewards", "fault.py:score", "--reward-timeout", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = next(m for m in metrics if m["step"] == 1)
+    print(f"fault: a reward that hangs (--reward-timeout 2) -> step 1 took {first['time_step']:.1f} s")
+    assert first["reward_timeouts/score"] == 1 and first["errored/reward"] == 1, first
+    assert first["time_step"] < 2 + 10
+
+
+HANGING_ENV = ONCE + '''
+from pathlib import Path
+
+
+class Hangs:
+    """Says the prompt; its first step in training (after the step-0 evaluation is logged) never returns."""
+
+    def reset(self, example, seed):
+        return [{"role": "user", "content": str(example["prompt"])}]
+
+    def step(self, messages):
+        if Path("run/metrics.jsonl").exists() and once("hung"):
+            time.sleep(3600)
+        return [{"role": "user", "content": "go on"}], 0.0, False
+'''
+
+
+def test_an_environment_step_that_hangs_ends_its_episode_as_errored_within_the_limit(tmp_path, tiny_model_dir):
+    (tmp_path / "env.py").write_text(HANGING_ENV)
+    # the random model's turns must end for the environment to step: every letter and digit stops one
+    letters = [c for c in string.ascii_letters + string.digits]
+    done, metrics = run(tmp_path, tiny_model_dir, "--steps", "2", "--env", "env.py:Hangs", "--env-timeout", "2",
+                        "--max-turns", "2", "--stop", *letters)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = next(m for m in metrics if m["step"] == 1)
+    print(f"fault: an environment step that hangs (--env-timeout 2) -> step 1 took {first['time_step']:.1f} s")
+    assert first["errored/environment"] == 1 and first["env_errors"] == 1, first
+    assert first["time_step"] < 2 + 10
+    assert "ran past 2 s (env_timeout)" in done.stderr
+
+
+# `grpo train` with the checkpoint writer patched first: FAULT=slow makes each file of a checkpoint take a
+# second longer to write; FAULT=full fails checkpoint 2's first file with ENOSPC, as a full disk does
+PATCHED = """import errno, os, sys, time
+import grpo.checkpoint as checkpoint
+from grpo.cli import main
+
+real = checkpoint._write_file
+
+def slow(path, write):
+    time.sleep(1.0)
+    real(path, write)
+
+def full(path, write):
+    if "step-00000002" in str(path):
+        open("enospc_at", "w").write(repr(time.time()))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    real(path, write)
+
+checkpoint._write_file = slow if os.environ["FAULT"] == "slow" else full
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_resumed(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`grpo train --resume run` through the plain CLI."""
+    done = subprocess.run([sys.executable, "-m", "grpo", "train", "--resume", "run", "--no-progress", *args], cwd=cwd,
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    metrics = (cwd / "run" / "metrics.jsonl").read_text().splitlines()
+    return done, [json.loads(line) for line in metrics]
+
+
+def test_sigterm_during_a_checkpoint_write_leaves_a_checkpoint_that_resumes(tmp_path, tiny_model_dir, monkeypatch):
+    (tmp_path / "patched.py").write_text(PATCHED)
+    monkeypatch.setitem(ENV, "FAULT", "slow")
+    proc = start(tmp_path, tiny_model_dir, "--steps", "1000", "--save-every", "1", runner=("patched.py",))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    try:
+        deadline = time.monotonic() + 120
+        while not list(checkpoints.glob(".tmp-*")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # in the middle of writing a checkpoint
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"fault: SIGTERM during a checkpoint write -> stopped in {time.monotonic() - sent:.1f} s")
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    step = stopped_line(err, "SIGTERM")
+    assert not list(checkpoints.glob(".tmp-*")) and "Traceback" not in err
+    done, metrics = run_resumed(tmp_path, "--steps", str(step + 1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [m["step"] for m in metrics if "optimizer_steps" in m] == list(range(1, step + 2))
+
+
+def test_a_full_disk_at_a_checkpoint_says_so_in_one_line_and_keeps_the_previous_one(tmp_path, tiny_model_dir,
+                                                                                 monkeypatch):
+    (tmp_path / "patched.py").write_text(PATCHED)
+    monkeypatch.setitem(ENV, "FAULT", "full")
+    done, _ = run(tmp_path, tiny_model_dir, "--steps", "3", "--save-every", "1", runner=("patched.py",))
+    took = time.time() - float((tmp_path / "enospc_at").read_text())
+    print(f"fault: disk full at checkpoint 2 -> one line and exit in {took:.1f} s")
+    assert done.returncode == 1 and took < 10, done.stderr[-3000:]
+    last = [line for line in done.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("grpo train: cannot write checkpoint") and "No space left on device" in last, last
+    assert "the latest complete checkpoint is still run/checkpoints/step-00000001" in last, last
+    assert "Traceback" not in done.stderr
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-00000001"]
+    resumed, metrics = run_resumed(tmp_path, "--steps", "3")  # the disk has room again
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["step"] for m in metrics if "optimizer_steps" in m][-2:] == [2, 3]
