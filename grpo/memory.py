@@ -210,6 +210,7 @@ class RunShape:
     reward_workers: int = 2
     tool_workers: int = 0
     fsdp: bool = False
+    save_model: bool = True
 
     @classmethod
     def from_config(cls, config: object, prompt_tokens: int, *, tool_workers: int = 0) -> RunShape:
@@ -224,7 +225,8 @@ class RunShape:
             preflight_rows=0 if config.preflight == "off" else config.preflight_prompts * config.group_size,
             async_lag=config.async_lag, engine=config.engine, vllm_memory=config.vllm_memory,
             vllm_bucket_mb=config.vllm_bucket_mb, reward_workers=config.reward_workers,
-            tool_workers=tool_workers, fsdp=config.fsdp)
+            tool_workers=tool_workers, fsdp=config.fsdp,
+            save_model=config.save_model)
 
 
 def lasting_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str, int]:
@@ -303,6 +305,15 @@ def update_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str, 
     return terms
 
 
+def saving_terms(model: ModelShape, run: RunShape) -> dict[str, int]:
+    """Writing the final model: safetensors serialises every tensor's bytes before it writes (4 P); a
+    LoRA policy is first copied and merged (4 P more, the adapter's 4 P_lora with it)."""
+    terms = {"save_buffer": 4 * model.params}
+    if run.lora_rank:
+        terms["merged_copy"] = 4 * (model.params + model.lora_params(run.lora_rank))
+    return terms
+
+
 def other_processes(model: ModelShape, run: RunShape, device: Device) -> dict[str, int]:
     """Processes beside the trainer, on the same host (or device): reward and tool workers (each a
     forked interpreter's own pages; one forker per pool); vLLM's process on a CPU (its interpreter and
@@ -344,6 +355,8 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     eval_rows = min(run.eval_batch_size, max(1, math.ceil(run.eval_rows / device.world))) * max(1, run.eval_samples)
     if run.eval_rows and own:
         phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, context, act)}
+    if run.save_model:
+        phases["saving the model"] = {**lasting, **saving_terms(model, run)}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
     terms = phases[phase]
     peak = sum(terms.values())

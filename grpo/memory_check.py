@@ -183,7 +183,8 @@ def check_memory(config: object, task: object, world: int) -> object:
         return config
     model = ModelShape.from_config(raw)
     settled = settle_config(config, task)
-    prompt_tokens = estimate_prompt_tokens(longest_prompt_chars(task))
+    # few-shot examples are training rows written before every prompt
+    prompt_tokens = estimate_prompt_tokens(longest_prompt_chars(task) * (1 + config.few_shot))
     device = run_device(settled, world)
     adaptable = set() if not config.adapt else {
         name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size")

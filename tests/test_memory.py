@@ -138,3 +138,24 @@ def test_grpo_train_refuses_a_run_that_cannot_fit_in_one_line_without_a_run_fold
     assert len(err) == 1 and err[0].startswith("grpo train: error: not enough memory:"), err
     assert "the largest term is kv_cache" in err[0] and "--max-new-tokens" in err[0]
     assert not out.exists()
+
+
+def test_the_model_agrees_with_published_figures():
+    # vLLM's paper (Kwon et al. 2023, arXiv:2309.06180, section 3): OPT-13B's KV cache is 800 KB a token,
+    # 2 x 5120 x 40 layers x 2 bytes, and up to 1.6 GB for one request of 2048 tokens
+    opt13b = ModelShape(layers=40, hidden=5120, intermediate=20480, heads=40, kv_heads=40, head_dim=128,
+                        vocab=50272, tied=True)
+    assert opt13b.kv_bytes_per_token(2) == 2 * 5120 * 40 * 2 == 800 * 1024
+    assert 1.5e9 < opt13b.kv_bytes_per_token(2) * 2048 < 1.7e9
+    # ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, section 3.1): mixed-precision Adam keeps 16 bytes a
+    # parameter, at least 24 GB for GPT-2's 1.5B; here fp32 weights 4 + gradients 4 + moments 8 = 16 bytes
+    gpt2 = ModelShape(layers=48, hidden=1600, intermediate=6400, heads=25, kv_heads=25, head_dim=64,
+                      vocab=50257, tied=True)
+    run = RunShape(group_size=32, prompts_per_step=1, max_new_tokens=1024, prompt_tokens=0,
+                   micro_batch_tokens=32 * 1024, gradient_checkpointing=True, eval_rows=0, reward_workers=0,
+                   save_model=False)
+    terms = predict(gpt2, run, Device("cuda")).terms
+    states = terms["weights"] + terms["gradients"] + terms["optimizer"]
+    assert states == 16 * gpt2.params  # 16 x 1.5e9 = 24 GB (this shape counts a gated MLP: 2.0B parameters)
+    # ... and (section 3.2) its activations at sequence 1K and batch 32 take about 8 GB with checkpointing
+    assert 7e9 < terms["activations"] < 9e9
