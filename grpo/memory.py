@@ -34,7 +34,7 @@ MIB = 1024**2
 
 # Measured on this project's CPU machine (docs/memory.md): python + torch + transformers + peft + grpo
 # imported, the tokenizer loaded, before any weight: the resident set every process starts with.
-CPU_BASELINE = 620 * MIB
+CPU_BASELINE = 450 * MIB
 # A CUDA context (kernels and cuBLAS workspace) is host and device memory outside the allocator's count;
 # torch.cuda.max_memory_allocated does not see it: only the reserve check includes it.
 CUDA_CONTEXT = 500 * MIB
@@ -262,12 +262,12 @@ def sampling_terms(model: ModelShape, rows: int, tokens: int, dtype_bytes: int) 
             "sampling_logits": SAMPLING_LOGIT_COPIES * rows * model.vocab * 4}
 
 
-def micro_batch_tokens(run: RunShape, world: int) -> tuple[int, int]:
-    """(tokens, rows) of the largest micro-batch: whole groups packed up to micro_batch_tokens, each
-    group costing its prompt once plus G x its longest completion (grpo/update.py ``micro_batches``), with
-    every completion at max_new_tokens; a group over the budget is split by rows (at least one)."""
+def micro_batch_tokens(run: RunShape, groups: int) -> tuple[int, int]:
+    """(tokens, rows) of the largest micro-batch of ``groups`` groups: whole groups packed up to
+    micro_batch_tokens, each group costing its prompt once plus G x its longest completion
+    (grpo/update.py ``micro_batches``), with every completion at max_new_tokens; a group over the budget is
+    split by rows (at least one)."""
     p, t, g = run.prompt_tokens, run.max_new_tokens, run.group_size
-    groups = max(1, run.prompts_per_step // world)
     group_cost = p + g * t
     if group_cost > run.micro_batch_tokens:
         rows = max(1, (run.micro_batch_tokens - p) // max(t, 1))
@@ -289,16 +289,23 @@ def activation_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int, d
     return model.layers * per_layer + repeated_prompt
 
 
-def update_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str, int]:
-    """The update's transient part: gradients 4 P_train (a 1/world shard under FSDP), one micro-batch's
-    activations, one chunk of the log-prob head's logits (LOGIT_CHUNK_TOKENS x V fp32, twice), and on
-    CUDA autocast's bf16 copies of the layers' weights (2 bytes per parameter outside the embeddings)."""
+def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int) -> dict[str, int]:
+    """The update's transient part, its micro-batches packed from ``groups`` groups: gradients 4 P_train
+    (a 1/world shard under FSDP; with a single micro-batch only what they exceed its activations by), one
+    micro-batch's activations, one chunk of the log-prob head's logits
+    (LOGIT_CHUNK_TOKENS x V fp32, twice), and on CUDA autocast's bf16 copies of the layers' weights (2
+    bytes per parameter outside the embeddings)."""
     shard = device.world if run.fsdp else 1
     trained = model.lora_params(run.lora_rank) if run.lora_rank else model.params
     act = 4 if device.kind == "cpu" else 2
-    tokens, rows = micro_batch_tokens(run, device.world)
-    terms = {"gradients": int(4 * trained / shard),
-             "activations": activation_bytes(model, run, tokens, rows, act),
+    tokens, rows = micro_batch_tokens(run, groups)
+    activations = activation_bytes(model, run, tokens, rows, act)
+    gradients = int(4 * trained / shard)
+    if groups * (run.prompt_tokens + run.group_size * run.max_new_tokens) <= run.micro_batch_tokens:
+        # one micro-batch: its gradients come into being in backward as its activations go (the optimiser
+        # set them to None), so only what they exceed the activations by adds to the peak
+        gradients = max(0, gradients - activations)
+    terms = {"gradients": gradients, "activations": activations,
              "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * model.vocab * 4}
     if device.kind == "cuda":
         terms["autocast_weights"] = 2 * model.layers * model.layer_params // shard
@@ -334,7 +341,7 @@ def other_processes(model: ModelShape, run: RunShape, device: Device) -> dict[st
 
 def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     """The largest phase of one process: lasting state plus the phase's own part. Phases: the pre-flight
-    round (no optimiser state yet), a step's sampling (B/world x G rows; optimiser state from step 2), the
+    round and its timed update of one micro-batch (no optimiser state yet), a step's sampling (B/world x G rows; optimiser state from step 2), the
     update (gradients, activations; with AdamW's moments once one optimiser step is behind it), the
     evaluation (eval_batch_size prompts x n samples, at most its share of eval_size). vLLM samples in its
     own process: the trainer then holds no KV cache."""
@@ -346,12 +353,16 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     phases: dict[str, dict[str, int]] = {}
     if run.preflight_rows and own:
         phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act)}
+    if run.preflight_rows:  # it times a forward and backward of its first micro-batch, of all its groups
+        phases["the pre-flight's timed update"] = {
+            **no_adam, **update_terms(model, run, device, run.preflight_rows // run.group_size)}
     if own:
         rows = max(1, run.prompts_per_step // device.world) * run.group_size
         before = lasting if run.steps >= 2 else no_adam
         phases["sampling"] = {**before, **sampling_terms(model, rows, context, act)}
     later = run.steps >= 2 or run.optimizer_steps_per_step > 1
-    phases["the update"] = {**(lasting if later else no_adam), **update_terms(model, run, device)}
+    groups = max(1, run.prompts_per_step // device.world)
+    phases["the update"] = {**(lasting if later else no_adam), **update_terms(model, run, device, groups)}
     eval_rows = min(run.eval_batch_size, max(1, math.ceil(run.eval_rows / device.world))) * max(1, run.eval_samples)
     if run.eval_rows and own:
         phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, context, act)}

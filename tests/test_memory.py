@@ -43,19 +43,23 @@ def test_parameters_kv_cache_lora_and_activations_by_hand():
 
 def test_the_micro_batch_packs_whole_groups_or_splits_one_by_rows():
     # a group: 5 prompt tokens once + 4 rows x 3 = 17; both groups fit in 100 tokens: 34 tokens, 8 rows
-    assert micro_batch_tokens(RUN, world=1) == (34, 8)
+    assert micro_batch_tokens(RUN, groups=2) == (34, 8)
     # 10 tokens: one group does not fit; (10 - 5) // 3 = 1 row a part: 5 + 3 = 8 tokens
-    assert micro_batch_tokens(dataclasses.replace(RUN, micro_batch_tokens=10), world=1) == (8, 1)
+    assert micro_batch_tokens(dataclasses.replace(RUN, micro_batch_tokens=10), groups=2) == (8, 1)
 
 
 def test_predicted_terms_by_hand_on_the_cpu():
     pred = predict(TINY, RUN, Device("cpu"))
     p = 1272
     # update: 34 tokens x 2 layers x 152 floats x 4 bytes = 41344; prompt cache repeated: 8 rows x 5 x 64 = 2560
-    update = {"baseline": CPU_BASELINE, "weights": 4 * p, "optimizer": 8 * p, "gradients": 4 * p,
+    # one micro-batch: its gradients (4 P = 5088) come as its activations (43904) go, adding nothing
+    update = {"baseline": CPU_BASELINE, "weights": 4 * p, "optimizer": 8 * p, "gradients": 0,
               "activations": 41344 + 2560, "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4}
     assert pred.phase == "the update" and pred.terms == update
     assert pred.peak == sum(update.values())
+    # 20 tokens: a group (17) a micro-batch, two of them: the first's gradients stay while the second runs
+    two = predict(TINY, dataclasses.replace(RUN, micro_batch_tokens=20), Device("cpu"))
+    assert two.phases["the update"] == sum({**update, "gradients": 4 * p, "activations": 17 * 2 * 152 * 4 + 4 * 5 * 64}.values())
     # sampling: 8 rows x (5 + 3) tokens x 64 bytes; logits 3 x 8 rows x 10 x 4 bytes; AdamW's state from step 2
     sampling = CPU_BASELINE + 12 * p + 8 * 8 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
     assert pred.phases["sampling"] == sampling
@@ -67,7 +71,7 @@ def test_predicted_terms_by_hand_on_the_cpu():
 def test_reference_lora_async_and_fsdp_terms():
     p, lora = 1272, 512
     assert predict(TINY, dataclasses.replace(RUN, beta=0.04), Device("cpu")).terms["reference"] == 4 * p
-    low = predict(TINY, dataclasses.replace(RUN, beta=0.04, lora_rank=2), Device("cpu")).terms
+    low = predict(TINY, dataclasses.replace(RUN, beta=0.04, lora_rank=2, micro_batch_tokens=20), Device("cpu")).terms
     # LoRA: the base is the reference; gradients and moments of the adapter only; weights base + adapter
     assert "reference" not in low and low["optimizer"] == 8 * lora and low["gradients"] == 4 * lora
     assert low["weights"] == 4 * (p + lora)
@@ -155,7 +159,8 @@ def test_the_model_agrees_with_published_figures():
                    micro_batch_tokens=32 * 1024, gradient_checkpointing=True, eval_rows=0, reward_workers=0,
                    save_model=False)
     terms = predict(gpt2, run, Device("cuda")).terms
-    states = terms["weights"] + terms["gradients"] + terms["optimizer"]
+    halves = predict(gpt2, dataclasses.replace(run, micro_batch_tokens=16 * 1024), Device("cuda")).terms
+    states = terms["weights"] + halves["gradients"] + terms["optimizer"]  # two micro-batches: gradients whole
     assert states == 16 * gpt2.params  # 16 x 1.5e9 = 24 GB (this shape counts a gated MLP: 2.0B parameters)
     # ... and (section 3.2) its activations at sequence 1K and batch 32 take about 8 GB with checkpointing
     assert 7e9 < terms["activations"] < 9e9
