@@ -33,7 +33,8 @@ GIB = 1024**3
 MIB = 1024**2
 
 # Measured on this project's CPU machine (docs/memory.md): python + torch + transformers + peft + grpo
-# imported, the tokenizer loaded, before any weight: the resident set every process starts with.
+# imported and the tokenizer loaded came to 406 MiB resident; the task's rows and the run's own
+# objects on top, before any weight: the resident set every process starts with.
 CPU_BASELINE = 450 * MIB
 # A CUDA context (kernels and cuBLAS workspace) is host and device memory outside the allocator's count;
 # torch.cuda.max_memory_allocated does not see it: only the reserve check includes it.
@@ -41,6 +42,7 @@ CUDA_CONTEXT = 500 * MIB
 # The caching allocator keeps freed blocks for reuse: its reserve runs above the allocated peak by a share.
 CUDA_RESERVE_SLACK = 0.15
 # A reward or tool worker: a forked interpreter; its own pages (what copy-on-write duplicates) only.
+# Estimates, not measured (docs/memory.md): this, VLLM_PROCESS, CUDA_CONTEXT and CUDA_RESERVE_SLACK.
 WORKER_BYTES = 120 * MIB
 # vLLM's CPU process before its KV cache: the interpreter, torch, vLLM itself and a copy of the weights.
 VLLM_PROCESS = 1500 * MIB
