@@ -221,7 +221,8 @@ def predicted_phases(trainer: object) -> dict[str, int]:
         from grpo.memory_check import trainer_prediction
     except ImportError:
         return {}
-    return trainer_prediction(trainer)[0].phases
+    prediction = trainer_prediction(trainer)[0]
+    return prediction.phases if prediction is not None else {}
 
 
 def check_shape(check: Check, shape: str, tokenizer: object) -> None:

@@ -122,6 +122,17 @@ def run_device(config: object, world: int) -> Device:
     return Device("cpu", world, None if available is None else available // world, mem_total())
 
 
+def model_shape(raw: object) -> ModelShape | None:
+    """The shape a config gives, or None when it lacks a size the model needs (an architecture whose
+    config names them otherwise)."""
+    if raw is None:
+        return None
+    try:
+        return ModelShape.from_config(raw)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+
+
 def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, device: Device,
                     adaptable: Collection[str], say: Callable[[str], None] = print) -> tuple[dict, Prediction]:
     """The changes that bring the predicted need under device.available, in order and only to
@@ -178,10 +189,10 @@ def check_memory(config: object, task: object, world: int) -> object:
     from grpo.config import settle_config
 
     raw = read_model_config(config.model)
-    if raw is None:
-        print(f"memory: not checked before loading ({config.model}'s config.json is not on this machine yet)")
+    model = model_shape(raw)
+    if model is None:
+        print(f"memory: not checked before loading ({config.model}'s config does not say its sizes here)")
         return config
-    model = ModelShape.from_config(raw)
     settled = settle_config(config, task)
     # few-shot examples are training rows written before every prompt
     prompt_tokens = estimate_prompt_tokens(longest_prompt_chars(task) * (1 + config.few_shot))
@@ -193,7 +204,7 @@ def check_memory(config: object, task: object, world: int) -> object:
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def trainer_prediction(trainer: object) -> tuple[Prediction, int | None]:
+def trainer_prediction(trainer: object) -> tuple[Prediction | None, int | None]:
     """The prediction for a built trainer (its model's config, its prompts' longest tokenisation, its
     settled config) and what is free for a process now."""
     config = trainer.config
@@ -211,7 +222,8 @@ def trainer_prediction(trainer: object) -> tuple[Prediction, int | None]:
                         mem_total())
     pool = getattr(getattr(trainer, "toolbox", None), "pool", None)
     run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
-    return predict(ModelShape.from_config(raw), run, device), device.available
+    model = model_shape(raw)
+    return (None if model is None else predict(model, run, device)), device.available
 
 
 def measured_peak(device_type: str) -> int:

@@ -396,8 +396,9 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * per_row
         report.sample_lengths = list(samples.lengths)
     prediction, available = trainer_prediction(trainer)
-    report.memory, report.memory_line = prediction.to_dict(available), prediction.describe(available)
-    report.memory["prompt_tokens"] = max((len(p) for p in trainer.train_prompts), default=0)
+    if prediction is not None:
+        report.memory, report.memory_line = prediction.to_dict(available), prediction.describe(available)
+        report.memory["prompt_tokens"] = max((len(p) for p in trainer.train_prompts), default=0)
     report.answer_limit = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
                                           cfg.max_new_tokens, reach=samples.reach,
                                           answer_lengths=samples.answer_lengths)
