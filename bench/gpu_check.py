@@ -23,7 +23,8 @@ parity of a completion's first character, which splits most groups: every step
 trains.
 
 One line per phase: seconds; tokens sampled and per second (from each step's
-metrics, every process's; the pre-flight check's from its report); peak memory
+metrics, every process's; the pre-flight check's from its report); peak memory, beside
+grpo/memory.py's prediction for the phase (preflight, train, train-ckpt) and their ratio
 (``torch.cuda.max_memory_allocated``; on the CPU the process's peak resident
 set); MFU, (2 P per sampled token + 6 P per trained completion token) / seconds
 / the GPU's dense bf16 peak (P: the parameters of the matrix products,
@@ -82,6 +83,7 @@ class Counts:
     sampled: int = 0
     trained: float = 0.0
     gaps: list[tuple[float, float | None]] = field(default_factory=list)  # (mean, max) per step
+    predicted: int | None = None  # grpo/memory.py's peak for the phase, bytes (None: not predicted)
 
     def add_step(self, metrics: dict, group_size: int) -> None:
         """A step's metrics (as trainer.step returns them, or as metrics.jsonl holds them).
@@ -131,8 +133,11 @@ class Check:
             mean, tops = sum(m for m, _ in c.gaps) / len(c.gaps), [t for _, t in c.gaps if t is not None]
             gap = f"mean {mean:.2e} max {max(tops):.2e}" if tops else f"mean {mean:.2e} max n/a"
         memory = "GPU" if self.device.type == "cuda" else "RSS"
+        peak = _peak_memory(self.device)
+        said = f" (predicted {c.predicted / 2**30:.2f} GiB, measured/predicted {peak / c.predicted:.2f})" \
+            if c.predicted else ""
         return (f"{name:<18} {seconds:7.1f} s  {c.sampled:7d} tok {c.sampled / seconds:8.0f} tok/s  peak {memory} "
-                f"{_peak_memory(self.device) / 2**30:6.2f} GiB  MFU {mfu:>6}  logp gap {gap}")
+                f"{peak / 2**30:6.2f} GiB{said}  MFU {mfu:>6}  logp gap {gap}")
 
 
 def _reset_peak_memory(device: torch.device) -> None:
@@ -203,6 +208,17 @@ def train_steps(trainer: object, counts: Counts, steps: int = STEPS) -> None:
         raise RuntimeError(f"none of the {steps} steps updated the policy")
 
 
+def predicted_phases(trainer: object) -> dict[str, int]:
+    """grpo/memory.py's prediction for this trainer, per phase (bytes; {} from a grpo without it). On the
+    CPU a phase's measured peak resident set holds the process's baseline too, as the prediction does."""
+    try:
+        from grpo.memory_check import trainer_prediction
+    except ImportError:
+        return {}
+    prediction = trainer_prediction(trainer)[0]
+    return prediction.phases if prediction is not None else {}
+
+
 def check_shape(check: Check, shape: str, tokenizer: object) -> None:
     """build, preflight and train for one model shape, then the gradient-checkpointing hook."""
     from grpo.preflight import run_preflight
@@ -213,14 +229,17 @@ def check_shape(check: Check, shape: str, tokenizer: object) -> None:
     if trainer is None:
         return
     params = matmul_params(trainer.model)
+    phases = predicted_phases(trainer)
     try:
         with check.phase(f"preflight {shape}", params) as counts:
+            counts.predicted = phases.get("the pre-flight round")
             report = run_preflight(trainer, fit=False)
             counts.sampled += sum(report.sample_lengths)
             fatal = report.stops("on")
             if fatal:
                 raise RuntimeError(fatal[0].message)
         with check.phase(f"train {shape}", params) as counts:
+            counts.predicted = max(phases.get("sampling", 0), phases["the update"])
             train_steps(trainer, counts)
     finally:
         trainer.close()
@@ -240,6 +259,8 @@ def train_with_gradient_checkpointing(check: Check, shape: str, tokenizer: objec
     with check.phase(name, params) as counts:
         trainer = make_trainer(build_model(shape, check.device, tokenizer), tokenizer, check.device,
                                gradient_checkpointing=True)
+        phases = predicted_phases(trainer)
+        counts.predicted = max(phases.get("sampling", 0), phases.get("the update", 0)) or None
         try:
             train_steps(trainer, counts)
         finally:

@@ -40,6 +40,7 @@ import torch
 from grpo.algorithm import group_varies
 from grpo.batch import row_errors
 from grpo.evaluate import check_all
+from grpo.memory_check import trainer_prediction
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
@@ -85,6 +86,8 @@ class PreflightReport:
     adapted: list[str] = field(default_factory=list)  # what the step budget changed, one line each
     answer_limit: int | None = None  # the token limit a correct answer needs (fit_token_limit, none correct)
     sample_lengths: list[int] = field(default_factory=list)  # the check's completion lengths (tokens)
+    memory: dict | None = None  # the predicted peak, what is free, its terms (grpo/memory.py)
+    memory_line: str = ""  # ... said in a line
     problems: list[Problem] = field(default_factory=list)
 
     def stops(self, mode: str) -> list[Problem]:
@@ -116,6 +119,8 @@ class PreflightReport:
             lines.append(f"  expected generation time: about {self.step_seconds:.0f} s a step at this pace")
         if self.update_seconds is not None:
             lines.append(f"  expected update time: about {self.update_seconds:.0f} s a step")
+        if self.memory_line:
+            lines.append(f"  {self.memory_line}")
         for p in self.problems:
             lines.append(f"  {'PROBLEM' if p.fatal else 'warning'} ({p.kind}): {p.message}")
         return "\n".join(lines)
@@ -131,7 +136,7 @@ class PreflightReport:
                 *self.adapted, *after]
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in vars(self).items() if k != "problems"}
+        out = {k: v for k, v in vars(self).items() if k not in ("problems", "memory_line")}
         out["problems"] = [vars(p) for p in self.problems]
         return out
 
@@ -414,6 +419,10 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         per_row = mean_tokens(samples.lengths, limit)
         report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * per_row
         report.sample_lengths = list(samples.lengths)
+    prediction, available = trainer_prediction(trainer)
+    if prediction is not None:
+        report.memory, report.memory_line = prediction.to_dict(available), prediction.describe(available)
+        report.memory["prompt_tokens"] = max((len(p) for p in trainer.train_prompts), default=0)
     answer = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
                              cfg.max_new_tokens, reach=samples.reach, answer_lengths=samples.answer_lengths)
     keep = correct_floor(samples.lengths, samples.truncated, samples.correct, cfg.max_new_tokens)

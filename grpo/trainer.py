@@ -68,6 +68,7 @@ from grpo.heldout import (
     train_sample_size,
 )
 from grpo.interrupt import RunStopped, StopRequests
+from grpo.memory_check import say_measured_memory
 from grpo.metrics import MetricsLogger
 from grpo.models import add_lora, load_policy, save_model, trains_adapter
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
@@ -105,6 +106,7 @@ class GRPOTrainer:
     saving: bool = False  # checkpoints are written (on every process: under FSDP all take part)
     ahead: SamplingAhead | None = None  # async_lag > 0: the batches sampled while the policy trains
     order_rng: random.Random | None = None  # async_lag > 0: the minibatches' order (prompt_rng samples ahead)
+    memory: dict | None = None  # the pre-flight check's memory prediction (grpo/memory.py), and the measured peak
 
     def __init__(
         self,
@@ -392,6 +394,8 @@ class GRPOTrainer:
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
             self.totals.add(metrics)
+            if step == first_step + 1:
+                say_measured_memory(self, step)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
                 if self.ahead is not None:  # the evaluation uses the checker, tools and engine the thread uses
                     self.ahead.drain()
@@ -464,6 +468,7 @@ class GRPOTrainer:
     def _preflight(self) -> PreflightReport:
         """Run the pre-flight check; adopt a fitted token limit; stop when the mode says so."""
         report = run_preflight(self, fit=self.fit_token_limit)
+        self.memory = report.memory
         # every rank sampled the same draws; rank 0's verdict and limit bind all, so none can diverge
         report.problems, report.fitted_max_new_tokens = self.world.broadcast_object(
             (report.problems, report.fitted_max_new_tokens))

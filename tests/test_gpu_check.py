@@ -39,6 +39,8 @@ def test_gpu_check_runs_every_phase_on_the_cpu_without_the_optional_packages():
         rate = float(lines[phase].split(" tok/s")[0].split()[-1])
         assert tokens > 0 and rate > 0, lines[phase]
     assert "logp gap mean" in lines["train-ckpt tiny"], out  # --gradient-checkpointing trained its 3 steps
+    for phase in ("preflight tiny", "train tiny", "train-ckpt tiny"):  # grpo/memory.py's prediction beside it
+        assert "(predicted " in lines[phase] and "measured/predicted " in lines[phase], lines[phase]
     assert out.splitlines()[-1].startswith("gpu_check: every phase passed")
     assert f"grpo from {ROOT / 'grpo'}" in out
 

@@ -135,6 +135,21 @@ def _check_user_code(config: TrainConfig, task: object) -> None:
         raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
 
 
+def _check_memory(config: TrainConfig, task: object, nproc: int, argv: list[str], *, resume: bool
+                  ) -> tuple[TrainConfig, list[str]]:
+    """The memory check before the weights load (grpo/memory_check.py); what it adapted is also passed to
+    the processes --nproc starts (a resumed run's options stay as they were: it refuses, never adapts)."""
+    from grpo.memory_check import check_memory
+
+    checked = check_memory(dataclasses.replace(config, adapt=config.adapt and not resume), task, nproc)
+    checked = dataclasses.replace(checked, adapt=config.adapt)
+    for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size"):
+        value = getattr(checked, name)
+        if value != getattr(config, name):
+            argv = [*argv, flag(name)] if value is True else [*argv, flag(name), str(value)]
+    return checked, argv
+
+
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
@@ -152,6 +167,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     _check_engine(config, args.nproc)
+    if "WORLD_SIZE" not in os.environ:  # once, where the command starts; the launched processes get its result
+        config, argv = _check_memory(config, task, args.nproc, argv, resume=bool(args.resume))
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
 

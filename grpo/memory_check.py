@@ -1,0 +1,255 @@
+"""The memory check before the weights load: predict (grpo/memory.py), adapt, or refuse in one line.
+
+``grpo train`` calls ``check_memory`` once the options and the task are known and before any weight
+loads or any run folder exists. The model's shape comes from its config.json (the converted folder of
+the embedded model or of a GGUF, a Hugging Face folder, a hub id already in the local cache) or, for a
+GGUF not yet converted, from the file's metadata. When the prediction exceeds what is free (CPU:
+MemAvailable in /proc/meminfo; CUDA: torch.cuda.mem_get_info), options the user did not set change, in
+this order, each printed: micro_batch_tokens halves (not below one row of prompt and completion), then
+gradient checkpointing turns on, then eval_batch_size halves. ``--no-adapt`` turns this off. When that is
+not enough, the run is refused with one line naming the largest term and the option that shrinks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from grpo.config import ConfigError
+from grpo.memory import Device, ModelShape, Prediction, RunShape, estimate_prompt_tokens, gib, predict
+
+# the option a user changes to shrink each term, for the refusal's line
+SHRINKS = {
+    "weights": "a smaller --model (or --nproc with --fsdp to shard it)",
+    "optimizer": "--lora-rank (AdamW then keeps the adapter's moments only)",
+    "gradients": "--lora-rank",
+    "reference": "--beta 0 (no reference copy) or --lora-rank (the base is the reference)",
+    "async_copy": "--async-lag 0",
+    "kv_cache": "--prompts-per-step, --group-size or --max-new-tokens",
+    "sampling_logits": "--prompts-per-step or --group-size",
+    "activations": "--micro-batch-tokens or --gradient-checkpointing",
+    "logits_chunk": "a model with a smaller vocabulary",
+    "autocast_weights": "--lora-rank",
+    "baseline": "nothing grpo can change (the interpreter and its libraries)",
+    "reward_workers": "--reward-workers",
+    "tool_workers": "fewer tool workers",
+    "vllm": "--vllm-memory",
+    "push_buffer": "--vllm-bucket-mb",
+}
+MIN_MICRO_BATCH = 256
+
+
+def read_model_config(name: str) -> dict | None:
+    """The model's config as a mapping, cheaply, without its weights; None when it cannot be had so
+    (a hub id not in the local cache)."""
+    from grpo.models import EMBEDDED, adapter_base, cache_dir, embedded_gguf
+
+    path = Path(name).expanduser()
+    if name == EMBEDDED:
+        folder = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+        return _json(folder / "config.json") or gguf_config(embedded_gguf())
+    if path.suffix == ".gguf":
+        folder = cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}"
+        return _json(folder / "config.json") or gguf_config(path)
+    if path.is_dir():
+        if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+            return read_model_config(adapter_base(path, name))
+        return _json(path / "config.json")
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(name, local_files_only=True).to_dict()
+    except (OSError, ValueError):
+        return None
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def gguf_config(path: Path) -> dict:
+    """A config.json's memory fields from a GGUF file's metadata (``{arch}.block_count`` and its kin)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    field = lambda key: reader.fields[key].contents() if key in reader.fields else None  # noqa: E731
+    arch = field("general.architecture")
+    heads = field(f"{arch}.attention.head_count")
+    hidden = field(f"{arch}.embedding_length")
+    return {"num_hidden_layers": field(f"{arch}.block_count"), "hidden_size": hidden,
+            "intermediate_size": field(f"{arch}.feed_forward_length"), "num_attention_heads": heads,
+            "num_key_value_heads": field(f"{arch}.attention.head_count_kv") or heads,
+            "head_dim": field(f"{arch}.attention.key_length") or hidden // heads,
+            "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+            "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors)}
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None off Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def mem_total() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def run_device(config: object, world: int) -> Device:
+    """The device the run will train on and what is free for one of its processes: on CUDA the device's
+    free memory; on the CPU MemAvailable shared by the processes of this machine."""
+    import torch
+
+    cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        index = int(config.device.split(":")[1]) if ":" in config.device else 0
+        free, total = torch.cuda.mem_get_info(index)
+        return Device("cuda", world, free, total)
+    available = mem_available()
+    return Device("cpu", world, None if available is None else available // world, mem_total())
+
+
+def model_shape(raw: object) -> ModelShape | None:
+    """The shape a config gives, or None when it lacks a size the model needs (an architecture whose
+    config names them otherwise)."""
+    if raw is None:
+        return None
+    try:
+        return ModelShape.from_config(raw)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, device: Device,
+                    adaptable: Collection[str], say: Callable[[str], None] = print) -> tuple[dict, Prediction]:
+    """The changes that bring the predicted need under device.available, in order and only to
+    ``adaptable`` options: micro_batch_tokens halved (while above one row and MIN_MICRO_BATCH), gradient
+    checkpointing on, eval_batch_size halved (to 1); each change said. Returns the changes and the
+    prediction after them; a need still over what is free raises ConfigError, one line naming the largest
+    term and the option that shrinks it."""
+    changes: dict = {}
+
+    def now() -> Prediction:
+        return predict(model, RunShape.from_config(dataclasses.replace(config, **changes), prompt_tokens), device)
+
+    pred = now()
+    fits = lambda p: device.available is None or p.needed <= device.available  # noqa: E731
+    if fits(pred):
+        return changes, pred
+    floor = max(MIN_MICRO_BATCH, prompt_tokens + config.max_new_tokens)
+    if "micro_batch_tokens" in adaptable:
+        while not fits(pred) and changes.get("micro_batch_tokens", config.micro_batch_tokens) // 2 >= floor:
+            changes["micro_batch_tokens"] = changes.get("micro_batch_tokens", config.micro_batch_tokens) // 2
+            pred = now()
+    if not fits(pred) and "gradient_checkpointing" in adaptable and not config.gradient_checkpointing:
+        changes["gradient_checkpointing"] = True
+        pred = now()
+    if "eval_batch_size" in adaptable:
+        while not fits(pred) and changes.get("eval_batch_size", config.eval_batch_size) > 1:
+            changes["eval_batch_size"] = changes.get("eval_batch_size", config.eval_batch_size) // 2
+            pred = now()
+    if not fits(pred):  # adapting is not enough: the one line says what to change, and nothing else is said
+        raise ConfigError(refusal(pred, device.available))
+    for name, value in changes.items():
+        say(f"memory: {name} {getattr(config, name)} -> {value} (predicted need {gib(pred.needed)}, "
+            f"{gib(device.available)} available)")
+    return changes, pred
+
+
+def refusal(pred: Prediction, available: int) -> str:
+    """The one line that refuses a run that cannot fit."""
+    name, size = pred.largest(1)[0]
+    where = "each process needs" if pred.per_process else "the run needs"
+    return (f"not enough memory: {where} about {gib(pred.needed)} at its peak ({pred.phase}) but {gib(available)} "
+            f"is available; the largest term is {name} ({gib(size)}): shrink it with {SHRINKS.get(name, name)}")
+
+
+def longest_prompt_chars(task: object) -> int:
+    """The characters of the longest training prompt, its messages together."""
+    rows = getattr(task, "train", [])
+    return max((sum(len(str(m.get("content", ""))) for m in task.messages(r)) for r in rows), default=0)
+
+
+def check_memory(config: object, task: object, world: int) -> object:
+    """The check before the weights load (see the module doc): the config with what it adapted.
+    A model whose config cannot be read cheaply is not checked (said once)."""
+    from grpo.config import settle_config
+
+    raw = read_model_config(config.model)
+    model = model_shape(raw)
+    if model is None:
+        print(f"memory: not checked before loading ({config.model}'s config does not say its sizes here)")
+        return config
+    settled = settle_config(config, task)
+    # few-shot examples are training rows written before every prompt
+    prompt_tokens = estimate_prompt_tokens(longest_prompt_chars(task) * (1 + config.few_shot))
+    device = run_device(settled, world)
+    adaptable = set() if not config.adapt else {
+        name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size")
+        if name not in config.set_by_user}
+    changes, _ = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def trainer_prediction(trainer: object) -> tuple[Prediction | None, int | None]:
+    """The prediction for a built trainer (its model's config, its prompts' longest tokenisation, its
+    settled config) and what is free for a process now."""
+    config = trainer.config
+    raw = trainer.model.config
+    prompt_tokens = max((len(p) for p in trainer.train_prompts), default=0)
+    if trainer.device.type == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info(trainer.device)
+        # what the process holds already is its own, not another's: free plus its reserve
+        device = Device("cuda", trainer.world.size, free + torch.cuda.memory_reserved(trainer.device), total)
+    else:
+        available = mem_available()
+        device = Device("cpu", trainer.world.size, None if available is None else available // trainer.world.size,
+                        mem_total())
+    pool = getattr(getattr(trainer, "toolbox", None), "pool", None)
+    run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
+    model = model_shape(raw)
+    return (None if model is None else predict(model, run, device)), device.available
+
+
+def measured_peak(device_type: str) -> int:
+    """What this process has used at most so far: CUDA's max_memory_allocated, else the peak resident set
+    (getrusage's ru_maxrss, in KiB on Linux)."""
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def say_measured_memory(trainer: object, step: int) -> None:
+    """After the first step: the pre-flight's predicted peak beside what this process has used so far
+    (peak resident set on a CPU, max_memory_allocated on CUDA), said and kept in preflight.json."""
+    if trainer.memory is None or not trainer.world.is_main:
+        return
+    used = measured_peak(trainer.device.type)
+    trainer.memory["measured_after_first_step_bytes"] = used
+    what = "max allocated" if trainer.device.type == "cuda" else "peak resident"
+    print(f"memory: after step {step}, {what} {gib(used)}; predicted peak "
+          f"{gib(trainer.memory['predicted_peak_bytes'])}", flush=True)
+    path = trainer.run_dir / "preflight.json" if trainer.run_dir is not None else None
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        saved["memory"] = trainer.memory
+        path.write_text(json.dumps(saved, indent=2) + "\n")

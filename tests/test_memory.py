@@ -1,0 +1,166 @@
+"""The memory model (grpo/memory.py) by hand on a tiny shape; the check before the weights load adapts in
+its order, leaves what the user set alone, and refuses in one line with no run folder."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from grpo.config import ConfigError, TrainConfig
+from grpo.memory import (
+    CPU_BASELINE,
+    LOGIT_CHUNK_COPIES,
+    LOGIT_CHUNK_TOKENS,
+    SAMPLING_LOGIT_COPIES,
+    Device,
+    ModelShape,
+    RunShape,
+    micro_batch_tokens,
+    predict,
+)
+from grpo.memory_check import adapt_to_memory
+
+# L 2, H 8, I 16, 2 heads and 1 KV head of 4 dims, V 10, tied embeddings
+TINY = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, tied=True)
+RUN = RunShape(group_size=4, prompts_per_step=2, max_new_tokens=3, prompt_tokens=5, micro_batch_tokens=100,
+               eval_batch_size=1, eval_rows=1, reward_workers=0)
+
+
+def test_parameters_kv_cache_lora_and_activations_by_hand():
+    # embeddings 10 x 8 = 80; a layer: q, o 2 x 8 x 8 = 128, k, v 2 x 8 x 4 = 64, MLP 3 x 8 x 16 = 384,
+    # norms 16: 592; two layers 1184; final norm 8: 80 + 1184 + 8 = 1272
+    assert TINY.layer_params == 592
+    assert TINY.params == 1272
+    assert dataclasses.replace(TINY, tied=False).params == 1272 + 80
+    # keys and values: 2 x 2 layers x 1 head x 4 dims x 4 bytes = 64 bytes a token
+    assert TINY.kv_bytes_per_token(4) == 64
+    # LoRA r = 2: q, o 2 x (8 + 8), k, v 2 x (8 + 4), gate, up, down 3 x (8 + 16): 128 per rank and layer
+    assert TINY.lora_params(2) == 2 * 2 * 128
+    # 4 H + 2 (q + 2 kv) + 3 q + 4 I = 32 + 32 + 24 + 64
+    assert TINY.activation_floats_per_token() == 152
+
+
+def test_the_micro_batch_packs_whole_groups_or_splits_one_by_rows():
+    # a group: 5 prompt tokens once + 4 rows x 3 = 17; both groups fit in 100 tokens: 34 tokens, 8 rows
+    assert micro_batch_tokens(RUN, groups=2) == (34, 8)
+    # 10 tokens: one group does not fit; (10 - 5) // 3 = 1 row a part: 5 + 3 = 8 tokens
+    assert micro_batch_tokens(dataclasses.replace(RUN, micro_batch_tokens=10), groups=2) == (8, 1)
+
+
+def test_predicted_terms_by_hand_on_the_cpu():
+    pred = predict(TINY, RUN, Device("cpu"))
+    p = 1272
+    # update: 34 tokens x 2 layers x 152 floats x 4 bytes = 41344; prompt cache repeated: 8 rows x 5 x 64 = 2560
+    # one micro-batch: its gradients (4 P = 5088) come as its activations (43904) go, adding nothing
+    update = {"baseline": CPU_BASELINE, "weights": 4 * p, "optimizer": 8 * p, "gradients": 0,
+              "activations": 41344 + 2560, "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4}
+    assert pred.phase == "the update" and pred.terms == update
+    assert pred.peak == sum(update.values())
+    # 20 tokens: a group (17) a micro-batch, two of them: the first's gradients stay while the second runs
+    two = predict(TINY, dataclasses.replace(RUN, micro_batch_tokens=20), Device("cpu"))
+    assert two.phases["the update"] == sum({**update, "gradients": 4 * p, "activations": 17 * 2 * 152 * 4 + 4 * 5 * 64}.values())
+    # sampling: 8 rows x (5 + 3) tokens x 64 bytes; logits 3 x 8 rows x 10 x 4 bytes; AdamW's state from step 2
+    sampling = CPU_BASELINE + 12 * p + 8 * 8 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
+    assert pred.phases["sampling"] == sampling
+    # gradient checkpointing: each layer's input 34 x 2 x 8 x 4 = 2176, one layer's set 34 x 152 x 4 = 20672
+    ckpt = predict(TINY, dataclasses.replace(RUN, gradient_checkpointing=True), Device("cpu"))
+    assert ckpt.phases["the update"] - pred.phases["the update"] == (2176 + 20672 + 2560) - (41344 + 2560)
+
+
+def test_reference_lora_async_and_fsdp_terms():
+    p, lora = 1272, 512
+    assert predict(TINY, dataclasses.replace(RUN, beta=0.04), Device("cpu")).terms["reference"] == 4 * p
+    low = predict(TINY, dataclasses.replace(RUN, beta=0.04, lora_rank=2, micro_batch_tokens=20), Device("cpu")).terms
+    # LoRA: the base is the reference; gradients and moments of the adapter only; weights base + adapter
+    assert "reference" not in low and low["optimizer"] == 8 * lora and low["gradients"] == 4 * lora
+    assert low["weights"] == 4 * (p + lora)
+    lag = predict(TINY, dataclasses.replace(RUN, async_lag=1), Device("cpu")).terms
+    assert lag["async_copy"] == 4 * p + 4 * p  # the sampler's model and one snapshot of the trained weights
+    # FSDP over 2: a half of weights, moments and gradients each, and one gathered layer of weights
+    two = predict(TINY, dataclasses.replace(RUN, fsdp=True), Device("cpu", world=2))
+    assert two.per_process and two.terms["weights"] == 4 * p // 2 + 4 * 592 and two.terms["optimizer"] == 4 * p
+
+
+def test_cuda_counts_bf16_activations_autocast_copies_and_the_reserve():
+    pred = predict(TINY, RUN, Device("cuda"))
+    assert "baseline" not in pred.terms or pred.terms["baseline"] == 0
+    assert pred.terms["activations"] == (41344 + 2560) // 2
+    assert pred.terms["autocast_weights"] == 2 * 2 * 592
+    assert pred.reserved > pred.peak
+
+
+# a model whose activations dominate: each halving of micro_batch_tokens shrinks the update a lot
+WIDE = ModelShape(layers=24, hidden=1024, intermediate=4096, heads=16, kv_heads=4, head_dim=64, vocab=32000,
+                  tied=True)
+
+
+def _config(**kw: object) -> TrainConfig:
+    return TrainConfig(max_new_tokens=64, group_size=8, prompts_per_step=8, eval_batch_size=64, steps=20, **kw)
+
+
+def _need(config: TrainConfig) -> int:
+    return predict(WIDE, RunShape.from_config(config, 40), Device("cpu")).needed
+
+
+def test_adapting_lowers_micro_batch_tokens_first_and_says_so():
+    config = _config()
+    available = _need(dataclasses.replace(config, micro_batch_tokens=2048)) + 1
+    said: list[str] = []
+    changes, pred = adapt_to_memory(WIDE, config, 40, Device("cpu", available=available),
+                                    {"micro_batch_tokens", "gradient_checkpointing", "eval_batch_size"}, said.append)
+    assert changes == {"micro_batch_tokens": 2048}
+    assert pred.needed <= available
+    assert said == [f"memory: micro_batch_tokens 4096 -> 2048 (predicted need {pred.needed / 2**30:.2f} GiB, "
+                    f"{available / 2**30:.2f} GiB available)"]
+
+
+def test_adapting_leaves_what_the_user_set_and_turns_to_checkpointing():
+    config = _config()
+    available = _need(dataclasses.replace(config, gradient_checkpointing=True)) + 1
+    # the user set micro_batch_tokens: it stays; gradient checkpointing comes next in the order
+    changes, _ = adapt_to_memory(WIDE, config, 40, Device("cpu", available=available),
+                                 {"gradient_checkpointing", "eval_batch_size"}, lambda line: None)
+    assert changes == {"gradient_checkpointing": True}
+
+
+def test_a_run_that_cannot_fit_is_refused_naming_the_largest_term():
+    config = _config()
+    with pytest.raises(ConfigError, match=r"^not enough memory: the run needs about .* the largest term is "
+                                          r"optimizer \(.*\): shrink it with --lora-rank"):
+        adapt_to_memory(WIDE, config, 40, Device("cpu", available=2**30), {"micro_batch_tokens"}, print)
+
+
+def test_grpo_train_refuses_a_run_that_cannot_fit_in_one_line_without_a_run_folder(tmp_path, capsys):
+    from grpo.cli import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--group-size", "256", "--prompts-per-step", "64", "--max-new-tokens", "4096",
+                 "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("grpo train: error: not enough memory:"), err
+    assert "the largest term is kv_cache" in err[0] and "--max-new-tokens" in err[0]
+    assert not out.exists()
+
+
+def test_the_model_agrees_with_published_figures():
+    # vLLM's paper (Kwon et al. 2023, arXiv:2309.06180, section 3): OPT-13B's KV cache is 800 KB a token,
+    # 2 x 5120 x 40 layers x 2 bytes, and up to 1.6 GB for one request of 2048 tokens
+    opt13b = ModelShape(layers=40, hidden=5120, intermediate=20480, heads=40, kv_heads=40, head_dim=128,
+                        vocab=50272, tied=True)
+    assert opt13b.kv_bytes_per_token(2) == 2 * 5120 * 40 * 2 == 800 * 1024
+    assert 1.5e9 < opt13b.kv_bytes_per_token(2) * 2048 < 1.7e9
+    # ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, section 3.1): mixed-precision Adam keeps 16 bytes a
+    # parameter, at least 24 GB for GPT-2's 1.5B; here fp32 weights 4 + gradients 4 + moments 8 = 16 bytes
+    gpt2 = ModelShape(layers=48, hidden=1600, intermediate=6400, heads=25, kv_heads=25, head_dim=64,
+                      vocab=50257, tied=True)
+    run = RunShape(group_size=32, prompts_per_step=1, max_new_tokens=1024, prompt_tokens=0,
+                   micro_batch_tokens=32 * 1024, gradient_checkpointing=True, eval_rows=0, reward_workers=0,
+                   save_model=False)
+    terms = predict(gpt2, run, Device("cuda")).terms
+    halves = predict(gpt2, dataclasses.replace(run, micro_batch_tokens=16 * 1024), Device("cuda")).terms
+    states = terms["weights"] + halves["gradients"] + terms["optimizer"]  # two micro-batches: gradients whole
+    assert states == 16 * gpt2.params  # 16 x 1.5e9 = 24 GB (this shape counts a gated MLP: 2.0B parameters)
+    # ... and (section 3.2) its activations at sequence 1K and batch 32 take about 8 GB with checkpointing
+    assert 7e9 < terms["activations"] < 9e9
