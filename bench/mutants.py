@@ -1,7 +1,7 @@
 """`make mutants`: hand-chosen mutations of the GRPO math, run against the unit and equivalence tests.
 
 Each mutant is one small edit a plausible bug would make (a sign, a bound, a
-normaliser, a mask) in grpo/algorithm.py, the sampler's draw, the advantage
+normaliser, a mask) in grpo/algorithm.py and grpo/objectives.py, the sampler's draw, the advantage
 normalisation, the loss aggregation and its normalisers. The repository is
 copied to a temporary folder, each mutant applied there alone, and the tests of
 the ``unit`` and ``equivalence`` layers run (``-x``: the first failure kills
@@ -26,35 +26,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # tests that bear on the mutated code first, so that most mutants die in seconds
-FIRST = ["tests/test_algorithm.py", "tests/test_async_correction.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
+FIRST = ["tests/test_algorithm.py", "tests/test_objectives.py", "tests/test_async_correction.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
          "tests/test_device_contract.py", "tests/test_trainer.py"]
 A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
+P = "grpo/objectives.py"  # the policy objectives
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
      "advantages centred on the batch mean, not the group's"),
     (A, "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)",
      "centred = centred / (grouped.std(dim=1, keepdim=True, unbiased=False) + eps)", "the biased std"),
-    (A, "centred = centred / (rewards.float().std() + eps)", "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)",
+    (A, "centred = centred / (grouped.reshape(-1).std() + eps)", "centred = centred / (grouped.std(dim=1, keepdim=True) + eps)",
      "batch scale taken as each group's std"),
-    (A, "    return grouped.max(dim=1).values > grouped.min(dim=1).values",
-     "    return grouped.max(dim=1).values >= grouped.min(dim=1).values", "every group counted as varying"),
-    (A, "    log_ratio = (logp - old_logp) * mask  # (N, T)", "    log_ratio = (old_logp - logp) * mask  # (N, T)",
+    (A, "    return high.max(dim=1).values > low.min(dim=1).values",
+     "    return high.max(dim=1).values >= low.min(dim=1).values", "every group counted as varying"),
+    (P, "    delta = (logp - old_logp) * mask", "    delta = (old_logp - logp) * mask",
      "the ratio inverted"),
-    (A, "        seq_log_ratio = log_ratio.sum(dim=1) / lengths  # (N,)", "        seq_log_ratio = log_ratio.sum(dim=1)  # (N,)",
+    (P, "        seq_log_ratio = delta.sum(dim=1) / lengths  # (N,)", "        seq_log_ratio = delta.sum(dim=1)  # (N,)",
      "GSPO's ratio a product, not a geometric mean"),
-    (A, "    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)",
+    (P, "    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)",
      "    clipped_ratio = ratio.clamp(1.0 - clip_high, 1.0 + clip_low)", "the clip bounds swapped"),
-    (A, "    return -torch.minimum(ratio * adv, clipped_ratio * adv)",
+    (P, "    return -torch.minimum(ratio * adv, clipped_ratio * adv)",
      "    return -torch.maximum(ratio * adv, clipped_ratio * adv)", "the surrogate's max for min"),
     (A, "    return torch.exp(delta) - delta - 1.0", "    return torch.exp(delta) - delta", "k3 without its -1"),
-    (A, "            weights = ratio.clamp(max=cap)\n        elif", "            weights = ratio\n        elif",
+    # token and sequence_ratio truncation share one return: each mutant uncaps its own level only
+    (A, "        return ratio.clamp(max=cap), capped, torch.zeros_like(capped)",
+     "        return (ratio if level == \"token\" else ratio.clamp(max=cap)), capped, torch.zeros_like(capped)",
      "token TIS weights uncapped"),
-    (A, "            weights = ratio.clamp(max=cap).expand_as(delta)", "            weights = ratio.expand_as(delta)",
+    (A, "        return ratio.clamp(max=cap), capped, torch.zeros_like(capped)",
+     "        return (ratio if level == \"sequence_ratio\" else ratio.clamp(max=cap)), capped, torch.zeros_like(capped)",
      "sequence_ratio TIS weights uncapped"),
-    (A, "            ratio = torch.exp(delta.sum(dim=1, keepdim=True))  # (N, 1) prod_t rho_t; inf past float range",
-     "            ratio = torch.exp(delta.mean(dim=1, keepdim=True))  # (N, 1)",
+    (A, "        ratio = torch.exp(delta.sum(dim=1, keepdim=True)).expand_as(delta)  # prod_t rho_t; inf past float range",
+     "        ratio = torch.exp(delta.mean(dim=1, keepdim=True)).expand_as(delta)  # (N, T)",
      "sequence_ratio's ratio a mean over the padded length, not the completion's product"),
-    (A, "            inside = (seq.abs() <= math.log(cap))", "            inside = (seq <= math.log(cap))",
+    (A, "            inside = seq.abs() <= math.log(cap)", "            inside = seq <= math.log(cap)",
      "sequence-level TIS masks one side only"),
     (A, "    n_seq = float((mask.sum(dim=1) > 0).sum()) if total_sequences is None",
      "    n_seq = float(per_token.shape[0]) if total_sequences is None", "masked sequences counted"),
@@ -67,7 +71,7 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "        per_token = per_token + beta * kl", "        per_token = per_token - beta * kl",
      "the KL penalty rewarded"),
     (A, "        per_token = per_token * tis_weight", "        per_token = per_token", "TIS weights ignored"),
-    (A, "    low = (ratio < 1.0 - clip_low) & (adv < 0)  # (N, T)", "    low = (ratio < 1.0 - clip_low) & (adv > 0)  # (N, T)",
+    (A, "    low = out.clipped & (adv < 0)  # (N, T)", "    low = out.clipped & (adv > 0)  # (N, T)",
      "clip_frac_low counts the wrong side"),
     (R, "        logp = torch.log_softmax(logits / temperature, dim=-1)", "        logp = torch.log_softmax(logits, dim=-1)",
      "the sampler ignores the temperature"),
@@ -96,10 +100,10 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "an errored row's finite reward (a cut row under mask_truncated) in its group's mean"),
     (A, "    kept = (count >= 2).float() * weight  # (B, G) the rows that get an advantage",
      "    kept = weight  # (B, G) the rows that get an advantage", "a lone valid row's reward in the batch std"),
-    (A, "    high = torch.where(valid, grouped, float(\"-inf\")).max(dim=1).values  # (B,)",
-     "    high = torch.where(valid, grouped, 0.0).max(dim=1).values  # (B,)",
+    (A, "    high = torch.where(valid, grouped, float(\"-inf\"))  # (B, G)",
+     "    high = torch.where(valid, grouped, 0.0)  # (B, G)",
      "an errored row makes its group vary"),
-    (B, "    valid = (valid & (valid.sum(dim=1, keepdim=True) >= 2)).reshape(-1)  # (N,)",
+    (B, "    valid = (valid & (valid.sum(dim=1, keepdim=True) >= needed)).reshape(-1)  # (N,)",
      "    valid = valid.reshape(-1)  # (N,)", "a group left with one valid row kept in the loss"),
     (B, "        batch.lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)",
      "        pass", "errored rows kept in the loss's normaliser"),
