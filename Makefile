@@ -33,8 +33,8 @@ train: $(STAMP)
 	echo; echo "next:"; \
 	echo "  source $(VENV)/bin/activate                  # grpo on PATH in this shell"; \
 	echo "  grpo report $$run     # report.png and report.html in the run's folder"; \
-	echo "  grpo eval --model $$run/model --task add --json   # greedy pass@1, pass@k, maj@k"; \
-	echo "  grpo train --data my.jsonl --rewards my_reward.py:score   # your own file and reward (README.md)"
+	echo "  grpo eval --model $$run/model --task <task> --json   # greedy pass@1, pass@k, maj@k; a --data run: --data FILE"; \
+	echo "  grpo train --data examples/subtract.jsonl --rewards examples/my_reward.py:score   # a file and reward of your own (README.md)"
 
 # also builds .venv-vllm for the vLLM engine's tests, which are skipped (the reason printed) where it could not be
 # built; under CI (CI=true) a failed build fails the run, so that CI never passes with none of them run

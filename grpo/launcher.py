@@ -7,9 +7,10 @@ terminal's SIGINT into a ``SignalException`` traceback and sends the signal on t
 terminal already signalled, so each gets two, and a second SIGINT stops a run at once, without its
 checkpoint. (Several machines still go through torchrun: README's multi-node section.)
 
-Here the workers run in a process group of their own, so that the terminal's Ctrl-C reaches this
-process alone, and it passes each SIGINT or SIGTERM on to every worker once: the first stops the run
-after the step with a checkpoint (grpo/interrupt.py), a second stops it at once. The exit status is
+Here each worker runs in a session of its own (setsid, so a process group of its own too), so that
+the terminal's Ctrl-C reaches this process alone, and it passes each SIGINT or SIGTERM on to every
+worker once: the first stops the run after the step with a checkpoint (grpo/interrupt.py), a second
+stops it at once. The exit status is
 the workers' (rank 0's when it failed): 130 after a SIGINT, 143 after a SIGTERM.
 """
 
@@ -49,8 +50,10 @@ def exit_status(codes: list[int | None]) -> int:
 def launch(nproc: int, argv: list[str]) -> int:
     """Run ``python -m grpo ARGV`` as ranks 0..nproc-1; wait for all; return their exit status."""
     port = free_port()
+    # A session of its own (and so a process group: setsid) for each worker, so the terminal's Ctrl-C
+    # reaches this process alone; start_new_session, unlike process_group=, runs on Python 3.10.
     procs = [subprocess.Popen([sys.executable, "-m", "grpo", *argv], env=worker_env(rank, nproc, port),
-                              process_group=0) for rank in range(nproc)]
+                              start_new_session=True) for rank in range(nproc)]
 
     def pass_on(signum: int, frame: object) -> None:
         for proc in procs:

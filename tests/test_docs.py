@@ -1,11 +1,14 @@
-"""The docs say what the code does: every command in a code block of README.md and docs/*.md runs or, where
-it needs what this machine lacks (a GPU, vLLM, a hub download, a file of the reader's own), at least parses
-with `grpo`'s own parser; every `make` target named exists; every option, metric or alarm named in backticks
-exists in the code.
+"""The docs say what the code does: every `grpo` command in a shell code block of README.md and docs/*.md
+parses with `grpo`'s own parser, and a train or preflight command also builds its TrainConfig (so an invalid
+value fails); those this machine can run (no GPU, vLLM, hub download or file of the reader's own) run; every
+`make` target named exists; every option, metric or alarm named in backticks exists in the code; every
+relative link resolves, and README links every page of docs/.
 
 Pages are found at run time (docs/*.md), so a page added later is checked the same way. Commands run in this
-process on a tiny random model, with small overrides (one step, a few held-out prompts, a fresh output
-folder) that keep the layer to a few minutes; `python examples/...` runs the embedded model (slow).
+process on a tiny random model, with small overrides for the options the command does not name itself (one
+step, a few held-out prompts, a fresh output folder) that keep the layer to a few minutes; a command whose
+documented outcome is a refusal (EXPECTED) runs as written and must give that outcome. `python examples/...`
+runs the embedded model (slow).
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def test_the_pages_have_commands_and_the_readme_stays_short():
 
 
 @pytest.mark.parametrize(("page", "argv"), GRPO_COMMANDS, ids=[f"{p}: grpo {' '.join(a)[:60]}" for p, a in GRPO_COMMANDS])
-def test_every_grpo_command_in_the_docs_parses(page, argv):
+def test_every_grpo_command_in_the_docs_parses(page, argv, monkeypatch):
     from grpo.cli.parser import build_parser
 
     if "--help" in argv:
@@ -116,9 +119,35 @@ def test_every_grpo_command_in_the_docs_parses(page, argv):
         assert stopped.value.code == 0
         return
     try:
-        build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as err:
         raise AssertionError(f"{page}: `grpo {' '.join(argv)}` does not parse") from err
+    if argv[0] in ("train", "preflight") and not getattr(args, "resume", None) and (
+            not args.config or (ROOT / args.config).is_file()):
+        from grpo.cli.train import _config_from_args
+        from grpo.config import ConfigError
+
+        monkeypatch.chdir(ROOT)  # a --config file is the repository's
+        try:
+            _config_from_args(args)  # as `grpo train` builds its config: choices and ranges checked
+        except ConfigError as err:
+            raise AssertionError(f"{page}: `grpo {' '.join(argv)}`: {err}") from err
+
+
+LINK = re.compile(r"\]\(([^()\s]+)\)")
+
+
+def test_every_relative_link_resolves_and_readme_links_every_page():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(prose(page)):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page_name(page)}: {target}")
+    assert not broken, "links to nothing: " + ", ".join(broken)
+    linked = set(LINK.findall(prose(ROOT / "README.md")))
+    unlinked = [page_name(p) for p in PAGES[1:] if page_name(p) not in {t.split("#")[0] for t in linked}]
+    assert not unlinked, "pages README.md does not link: " + ", ".join(unlinked)
 
 
 def makefile_targets() -> set[str]:
@@ -182,7 +211,38 @@ QUICK = {  # what keeps each kind of command to seconds
 }
 
 
-VERDICTS = {"preflight": "pre-flight", "check-reward": "scoring the maximum"}  # what each prints
+ALIASES = {"--preflight": ("--no-preflight",)}  # a QUICK option the command names by another spelling
+# The one line each check ends its verdict with; exit 1 is a verdict (a random model, a strict reward), not a failure.
+VERDICTS = {
+    "preflight": re.compile(r"^pre-flight: \d+ prompts x \d+ samples at <= \d+ tokens in \d+ s$", re.M),
+    "check-reward": re.compile(r"^gold (forms|solutions) scoring the maximum: \d+", re.M),
+}
+
+
+def failed(command: str, out: str) -> bool:
+    """Whether the printed verdict is a failure: a PROBLEM line; a probe row marked FAIL, or (a code reward's
+    audit) gold solutions short of the maximum."""
+    if command == "preflight":
+        return bool(re.search(r"^  PROBLEM \(", out, re.M))
+    gold = re.search(r"^gold solutions scoring the maximum: (\d+)/(\d+)", out, re.M)
+    return bool(re.search(r"  FAIL(: .*)?$", out, re.M)) or bool(gold and int(gold[1]) < int(gold[2]))
+
+# Commands whose documented outcome is a refusal: the exit status and how its one line on stderr starts.
+EXPECTED = {
+    ("train", "--group-size", "256", "--prompts-per-step", "64", "--max-new-tokens", "4096"):  # docs/memory.md
+        (2, "grpo train: error: not enough memory: the run needs about "),
+}
+
+
+def quick_options(command: str, argv: list[str]) -> list[str]:
+    """QUICK's overrides for ``command``, less those the command names itself."""
+    quick, out, i = QUICK.get(command, []), [], 0
+    while i < len(quick):
+        group = quick[i:i + 2] if i + 1 < len(quick) and not quick[i + 1].startswith("--") else quick[i:i + 1]
+        if not any(name in argv for name in (group[0], *ALIASES.get(group[0], ()))):
+            out += group
+        i += len(group)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -208,15 +268,17 @@ def as_quick(argv: list[str], tiny: Path, place: Path) -> list[str]:
     shutil.copytree(tiny / "run", run)
     words = [w.replace("runs/<run>", str(run)) for w in argv]
     command = words[0]
-    if command in ("train", "preflight") and "--resume" not in words:
-        words += [*QUICK[command], "--output", str(place / "out")]
+    if tuple(argv) in EXPECTED:  # the documented model and sizes: the refusal comes before any weight loads
+        words += [*quick_options(command, words), "--output", str(place / "out")]
+    elif command in ("train", "preflight") and "--resume" not in words:
+        words += [*quick_options(command, words), "--output", str(place / "out")]
         if "--model" not in words:
             words += ["--model", str(tiny / "model")]
     elif "--resume" in words:
         words = [w for i, w in enumerate(words) if w != "--steps" and (i == 0 or words[i - 1] != "--steps")]
         words += ["--steps", "2", "--no-progress"]
     else:
-        words += QUICK.get(command, [])
+        words += quick_options(command, words)
     return words
 
 
@@ -233,8 +295,14 @@ def test_every_grpo_command_this_machine_can_run_runs(argv, tiny, tmp_path, monk
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr()
-    if argv[0] in VERDICTS:  # exit 1 is the check's verdict (on a random model, on a strict reward), not a failure
-        assert code in (0, 1) and VERDICTS[argv[0]] in out.out + out.err, out.err[-2000:]
+    if tuple(argv) in EXPECTED:
+        status, start = EXPECTED[tuple(argv)]
+        lines = out.err.strip().splitlines()
+        assert code == status and len(lines) == 1 and lines[0].startswith(start), out.err[-2000:]
+        assert not (tmp_path / "out").exists()  # refused before anything was written
+    elif argv[0] in VERDICTS:
+        assert VERDICTS[argv[0]].search(out.out), out.out[-2000:] + out.err[-2000:]
+        assert code == (1 if failed(argv[0], out.out) else 0), out.out[-2000:] + out.err[-2000:]
     else:
         assert code == 0, out.err[-2000:]
 

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the pre-flight check (the same as --preflight off)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--nproc", type=int, default=1, metavar="INT",
-                       help="data-parallel processes on this machine: re-runs the command under torchrun (default: 1)")
+                       help="data-parallel processes on this machine, started by grpo itself with torchrun's environment; "
+                            "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
     ev = sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task")
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default="add", help="built-in task (default: add)")
