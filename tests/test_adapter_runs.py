@@ -81,7 +81,7 @@ def test_an_adapter_folder_is_refused_with_vllm_and_async_before_it_loads(adapte
 
 def test_an_adapter_folder_is_refused_with_vllm_under_fsdp_before_anything_launches(adapter_dir, monkeypatch,
                                                                                    capsys):
-    monkeypatch.setattr("grpo.distributed.launch", _must_not_launch)
+    monkeypatch.setattr("grpo.launcher.launch", _must_not_launch)
     monkeypatch.setattr("grpo.vllm_engine.find_python", lambda python="": "python")
     rc = cli_main(["train", "--model", str(adapter_dir), "--engine", "vllm", "--fsdp", "--nproc", "2",
                    "--steps", "1", "--no-preflight"])
@@ -102,7 +102,7 @@ def _children() -> list[psutil.Process]:
 
 
 def test_async_under_torchrun_is_refused_before_anything_launches_loads_or_forks(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr("grpo.distributed.launch", _must_not_launch)
+    monkeypatch.setattr("grpo.launcher.launch", _must_not_launch)
     monkeypatch.setattr("grpo.trainer.load_policy", _must_not_load)
     rc = cli_main(["train", "--nproc", "2", "--async-lag", "1", "--steps", "1", "--no-preflight",
                    "--output", str(tmp_path / "run")])
