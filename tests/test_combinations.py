@@ -27,7 +27,6 @@ from itertools import product
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import make_model, make_tokenizer
 from pairwise import all_pairs_of, pairwise, uncovered
 
