@@ -130,6 +130,7 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("combos")
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)
+    model.config.max_position_embeddings = 1024  # r1-zero's prompt is ~430 characters: vLLM checks this limit
     model.save_pretrained(root / "tiny")
     tokenizer.save_pretrained(root / "tiny")
     peft = get_peft_model(make_model(len(tokenizer), seed=3),
