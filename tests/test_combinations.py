@@ -124,22 +124,28 @@ def test_uncovered_names_the_missing_pairs():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """The tiny model saved as a folder, a rank-4 adapter of it saved as a user brings one, and a data file."""
-    from peft import LoraConfig, get_peft_model
-
+    """A data file, and per engine the tiny model saved as a folder with a rank-4 adapter of it saved as a
+    user brings one (vLLM's CPU attention takes head sizes of 32 and up: its model has 4 heads of 32)."""
     root = tmp_path_factory.mktemp("combos")
-    tokenizer = make_tokenizer()
-    model = make_model(len(tokenizer), seed=3)
-    model.config.max_position_embeddings = 1024  # r1-zero's prompt is ~430 characters: vLLM checks this limit
-    model.save_pretrained(root / "tiny")
-    tokenizer.save_pretrained(root / "tiny")
-    peft = get_peft_model(make_model(len(tokenizer), seed=3),
-                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    peft.peft_config["default"].base_model_name_or_path = str(root / "tiny")
-    peft.save_pretrained(root / "adapter")
+    for engine, hidden in (("own", 32), ("vllm", 128)):
+        _save_model_and_adapter(root / engine, hidden)
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
+
+
+def _save_model_and_adapter(where: Path, hidden: int) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3, hidden=hidden)
+    model.config.max_position_embeddings = 1024  # r1-zero's prompt is ~430 characters: vLLM checks this limit
+    model.save_pretrained(where / "tiny")
+    tokenizer.save_pretrained(where / "tiny")
+    peft = get_peft_model(make_model(len(tokenizer), seed=3, hidden=hidden),
+                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    peft.peft_config["default"].base_model_name_or_path = str(where / "tiny")
+    peft.save_pretrained(where / "adapter")
 
 
 def _vllm_python() -> str | None:
@@ -150,7 +156,7 @@ def _vllm_python() -> str | None:
 
 
 def _args(case, folders: Path) -> list[str]:
-    model = folders / ("adapter" if case["adapter"] == "folder" else "tiny")
+    model = folders / case["engine"] / ("adapter" if case["adapter"] == "folder" else "tiny")
     fmt = {"chat": ["--prompt-format", "chat"], "plain": ["--prompt-format", "plain"],
            "r1-zero": ["--prompt-format", "r1-zero"], "few-shot": ["--prompt-format", "chat", "--few-shot", "2"]}
     task = {"single": [], "tools": ["--tools", f"{PLUGINS}:echo", "--max-turns", "2"],
