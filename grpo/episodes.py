@@ -50,6 +50,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from grpo.combinations import TURNS_NEED_CHAT
 from grpo.config import ConfigError, TrainConfig
 from grpo.forward import has_sliding_window
 from grpo.prompts import PromptFormat, prompt_format
@@ -495,8 +496,7 @@ def make_agent(config: TrainConfig, task: object, tokenizer: object, *, tools: S
         return None, None
     fmt = prompt_format(tokenizer, config.prompt_format, config.chat_template)
     if fmt.name != "chat":
-        raise ConfigError(f"prompt format {fmt.name} writes one question and one answer; episodes with tools or an "
-                          "environment take turns, which need a chat template: a model that has one, or --chat-template FILE")
+        raise ConfigError(TURNS_NEED_CHAT.format(fmt=fmt.name))
     schemas: list[dict] = []
     box = None
     if make_env is None:

@@ -71,7 +71,7 @@ def _no_bomb_files_left_behind():
 # ---- test layers: every test belongs to one (its file's, unless it is marked with another), and
 # ``slow`` (the real embedded model) is counted beside them; the run ends with how many ran in each
 
-LAYERS = ("unit", "equivalence", "model", "vllm", "attack", "docs")
+LAYERS = ("unit", "equivalence", "model", "vllm", "attack", "docs", "combos")
 FILE_LAYERS = {
     "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams"),
     "model": ("test_trainer", "test_preflight", "test_filter_groups", "test_agent_training", "test_run_metrics",
@@ -83,6 +83,7 @@ FILE_LAYERS = {
     "vllm": ("test_vllm_engine", "test_vllm_sleep", "test_vllm_acceptance"),
     "attack": ("test_sandbox", "test_code_audit"),
     "docs": ("test_docs",),
+    "combos": ("test_combinations",),
 }  # any other file: unit
 
 
