@@ -3,6 +3,8 @@ the embedded model learning `add` under each objective at its recommended settin
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tiny_run import tiny_trainer
@@ -65,9 +67,12 @@ ADD_STEPS, ADD_EVAL = 10, 64
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("GRPO_OBJECTIVE_RUNS"),
+                    reason="six 10-step add runs on the embedded model take tens of minutes: GRPO_OBJECTIVE_RUNS=1 runs them")
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_each_objective_raises_held_out_accuracy_on_add(objective, tmp_path):
-    """10 steps on `add` at the objective's recommended settings raise held-out greedy accuracy by 15 points."""
+    """10 steps on `add` at the objective's recommended settings raise held-out greedy accuracy by 15 points
+    (opt-in, not in CI: not yet measured to pass for every objective; docs/objectives.md says so)."""
     from grpo import train
 
     result = train(TrainConfig(task="add", objective=objective, steps=ADD_STEPS, eval_size=ADD_EVAL, eval_every=-1,
