@@ -152,8 +152,11 @@ def screen_metrics(batch: Batch, seconds_generate: float) -> dict[str, float]:
     valid = (batch.generated_errors() == 0).view(grouped.shape)  # (R, G)
     zero_var = ~group_varies(grouped, valid, estimator=batch.rounds[0].estimator)  # (R,)
     tokens = batch.generated_lengths().view(grouped.shape).sum(dim=1).float()  # (R,)
-    zero_var_seconds = seconds_generate * float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
-    out = {"generate_wasted_frac": (zero_var_seconds + skipped) / max(seconds_generate + t_screen, 1e-9),
+    zero_var_share = float(tokens[zero_var].sum() / tokens.sum().clamp(min=1))
+    # with no screening the share is the tokens' alone: no clock in it, so a resumed run repeats it exactly
+    wasted = (zero_var_share if not screened else
+              (seconds_generate * zero_var_share + skipped) / max(seconds_generate + t_screen, 1e-9))
+    out = {"generate_wasted_frac": wasted,
            "time_screen": t_screen, "time_screen_skipped": skipped}
     predicted = torch.tensor([p for _, s in screened for p in s.predicted], dtype=torch.float64)
     observed = torch.cat([r.varies().cpu() for r, _ in screened]) if screened else torch.zeros(0, dtype=torch.bool)

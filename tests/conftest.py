@@ -97,7 +97,10 @@ def pytest_collection_modifyitems(config, items):
             module = item.path.stem
             layer = next((name for name, files in FILE_LAYERS.items() if module in files), "unit")
             item.add_marker(getattr(pytest.mark, layer))
-        _COUNTED[item.nodeid] = (layer, "slow") if item.get_closest_marker("slow") else (layer,)
+        counted = (layer, "slow") if item.get_closest_marker("slow") else (layer,)
+        _COUNTED[item.nodeid] = counted
+        # carried on the test's reports, so that a controller that did not collect (pytest -n) still counts
+        item.user_properties.append(("layers", counted))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -108,7 +111,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for report in terminalreporter.stats.get(outcome, []):
             if getattr(report, "when", "call") != "call" and outcome in ("passed", "failed"):
                 continue
-            for layer in _COUNTED.get(getattr(report, "nodeid", ""), ()):
+            carried = dict(getattr(report, "user_properties", ()) or ()).get("layers")
+            for layer in carried or _COUNTED.get(getattr(report, "nodeid", ""), ()):
                 counts[layer][outcome] = counts[layer].get(outcome, 0) + 1
     parts = [f"{layer} {counts[layer].get('passed', 0)}"
              + "".join(f" ({n} {outcome})" for outcome, n in counts[layer].items() if outcome != "passed")
