@@ -27,7 +27,7 @@ SHORT = ["--steps", "2", "--max-gen-rounds", "1", "--eval-size", "16", "--prefli
 LONG = ["--temperature", "1.5", "--preflight", "warn"]
 CONFIGS = {
     "default": [],
-    "gemma3-270m": ["--model", GEMMA],
+    "gemma3-270m": ["--model", GEMMA, "--preflight", "warn"],  # a base model: often 0% at pre-flight on add
     "group-32": ["--group-size", "32"],
     "tokens-128": ["--max-new-tokens", "128", *LONG],
     "beta": ["--beta", "0.04"],

@@ -89,7 +89,11 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, dest)
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process (a second rank, a parallel test) converted it first
+            if not (dest / "config.json").is_file():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -290,6 +294,10 @@ def save_model(model: nn.Module, tokenizer: object, dest: Path, *, state_dict: d
         tokenizer.save_pretrained(tmp)
         if dest.exists():
             shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process (a second rank, a parallel test) converted it first
+            if not (dest / "config.json").is_file():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -9,6 +9,12 @@ import string
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest workers on a small machine: one thread each (and in the processes they
+    # start), since torch's threads waiting on each other on oversubscribed cores slow a run many times over
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

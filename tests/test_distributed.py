@@ -78,9 +78,10 @@ def test_two_processes_make_the_update_of_one(two_process_results, index):
         moved = max((one["params"][k] - start[k]).abs().max().item() for k in start)
     assert moved > 5e-4  # the step did something worth comparing (Adam moves weights by about lr = 1e-3)
     # lr is 1e-3, not larger: Adam turns float-summation-order differences in near-zero gradients
-    # into differences of up to lr, and the comparison is to 1e-5
+    # into differences of up to lr, and the comparison is to 3e-5 (seen: 1.1e-5 on one weight of the
+    # same-prompt case with one thread on each side; a wrong update moves weights by about lr)
     for key, value in one["params"].items():
-        torch.testing.assert_close(two["params"][key], value, atol=1e-5, rtol=0, msg=key)
+        torch.testing.assert_close(two["params"][key], value, atol=3e-5, rtol=0, msg=key)
     if CASES[index].get("reward") == "raises_on_odd":
         assert 0 < one["metrics"]["errored_frac"] < 1, one["metrics"]["errored_frac"]
     for key in ("reward_mean", "reward_std", "zero_var_frac", "trained_sequences", "optimizer_steps", "errored_frac",
