@@ -9,7 +9,8 @@ with the current rules, as long as the evaluation schedule is the same (it is pl
 from the planned steps alone; a run recorded before that change is replayed on its own, time-based
 schedule, which the current trainer would not have used). The alarm window is summary.json's (what the
 run used), else config.json's; the subset's sizes come from config.json (eval_subset, eval_train,
-eval_size), which is what the trainer uses unless the data has fewer prompts than those.
+eval_size; the whole held-out set's size from summary.json's heldout_size where the run finished), which is
+what the trainer uses unless the data has fewer prompts than those.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ def replay(run: Path) -> dict[str, int]:
     steps = max(row["step"] for row in rows)
     train_n = int(config["eval_train"])
     subset = int(config["eval_subset"])
-    heldout_n = max(min(subset - train_n, int(config["eval_size"])), 1) if subset else int(config["eval_size"])
+    full_n = int(summary.get("heldout_size") or config["eval_size"])  # the whole held-out set, start and end
+    heldout_n = max(min(subset - train_n, full_n), 1) if subset else full_n
     window = int(summary.get("alarm_window") or config["alarm_window"])
     watched = any(row.get("heldout_subset_accuracy", row.get("heldout_accuracy")) is not None for row in rows)
     monitor = AlarmMonitor(int(config["steps"]), AlarmConfig(
-        window=window, no_signal_steps=int(config["no_signal_steps"]), heldout_n=heldout_n, train_n=train_n),
+        window=window, no_signal_steps=int(config["no_signal_steps"]), heldout_n=heldout_n, train_n=train_n,
+        full_n=full_n),
         watch_heldout=watched)
     raised: dict[str, int] = {}
     finals = [i for i, row in enumerate(rows) if row["step"] == steps and "reward_mean" not in row]

@@ -56,8 +56,10 @@ class AlarmConfig:
 
     window: int = 20  # steps before a verdict on learning; trailing steps the hacking trends are measured over
     heldout_n: int = 96  # prompts in the held-out subset (its binomial noise)
+    full_n: int = 0  # prompts in the whole held-out set, scored at the start and the end (0: not known)
     train_n: int = 32  # prompts in the training sample
-    stall_z: float = 3.0  # stall: reward's z plus held-out's (plus training sample's) under this
+    stall_z: float = 3.0  # stall: reward's z plus held-out's (plus training sample's) under this ...
+    heldout_rise_z: float = 2.0  # ... unless held-out accuracy alone rose by this many of its sds
     adv_nonzero_min: float = 0.1  # "advantages non-zero": at least this fraction on average
     checker_rise: float = 0.1  # checker/memorising: raw reward rising by more than this (and twice its noise) ...
     checker_follow: float = 0.6  # ... while held-out accuracy falls short of this share of it ...
@@ -127,12 +129,15 @@ def _rising(d_reward: float, sd_reward: float, floor: float) -> bool:
 
 
 def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series, train: Series,
-          cfg: AlarmConfig, first_try: Sequence[float] = ()) -> str | None:
+          cfg: AlarmConfig, first_try: Sequence[float] = (), full: Series = ()) -> str | None:
     """Since the start, the run not improving while advantages are non-zero: the raw reward's change
     and greedy accuracy's, on the held-out subset and on the training sample, each over its noise (z),
     sum to under ``stall_z``. A reward that rises while accuracy stays flat is a stall too (the sampler
     moving to easier prompts); checker_suspected or memorising may name it better. Falling is no
-    better than flat."""
+    better than flat. But held-out accuracy that rose by ``heldout_rise_z`` of its sds on its own (on the
+    subset's line, or from the start to the final evaluation of the whole held-out set, ``full``) is
+    learning: a sampled reward says less than that (the frontier sampler moves to harder prompts as the
+    model learns and holds the reward of its draws flat)."""
     heldout, train = _measured(heldout), _measured(train)
     if len(reward) < cfg.window or len(heldout) < MIN_EVALUATIONS:
         return None
@@ -141,6 +146,8 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series
     if not signal >= cfg.adv_nonzero_min:
         return None
     d_held, sd_held = accuracy_change(heldout, cfg.heldout_n)
+    if max(d_held / sd_held, _whole_set_z(full, heldout, cfg)) >= cfg.heldout_rise_z:
+        return None
     z = d_reward / sd_reward + d_held / sd_held
     if len(train) >= MIN_EVALUATIONS:
         d_train, sd_train = accuracy_change(train, cfg.train_n)
@@ -155,6 +162,17 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series
             + (f". {_divergence_cause(reward, tried, cfg)}" if memorised else ""))
 
 
+def _whole_set_z(full: Series, heldout: Series, cfg: AlarmConfig) -> float:
+    """The whole held-out set's change from the start to now over its noise, where it was scored now (the
+    final evaluation) and is larger than the subset; else -inf."""
+    full = _measured(full)
+    if len(full) < 2 or cfg.full_n <= cfg.heldout_n or full[-1][0] != heldout[-1][0] or full[0][0] != heldout[0][0]:
+        return -math.inf
+    (_, start), (_, end) = full[0], full[-1]
+    p = min(max((start + end) / 2, 0.02), 0.98)
+    return (end - start) / math.sqrt(2 * p * (1 - p) * (1 / cfg.full_n + OVERDISPERSION))
+
+
 def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
     """Most of the batch uninformative (groups whose rewards are all equal) for several steps in a row."""
     recent = signal[-cfg.no_signal_steps :]
@@ -166,46 +184,89 @@ def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
             "--max-new-tokens, or a reward with partial credit")
 
 
-def _reward_outruns_heldout(reward: Sequence[float], heldout: Series, cfg: AlarmConfig) -> float | None:
-    """The reward's change when it rises beyond its noise while held-out accuracy falls short of
-    ``checker_follow`` of it by more than ``-follow_z`` sds; else None."""
+def _line_ends(values: Sequence[float], steps: Sequence[float]) -> tuple[float, float]:
+    """The least-squares line's values at the first and the last of ``steps``."""
+    slope, intercept = np.polyfit(np.asarray(steps, dtype=float), np.asarray(values, dtype=float), 1)
+    return float(intercept + slope * steps[0]), float(intercept + slope * steps[-1])
+
+
+def sharpening(reward: Sequence[float], accuracy: Sequence[float], train: Series, train_n: int) -> float:
+    """The part of the raw reward's rise that sharpening explains, 0 where it explains none.
+
+    A sampled reward moves with the policy's entropy, a greedy accuracy does not: a policy that sharpens
+    raises its sampled accuracy towards its greedy one with no new ability (a times-table run: sampled
+    reward +0.319 while greedy accuracy rose 10 points on held-out prompts and 12.5 on training ones). So
+    the rise counted is the checker's verdict on the sampled completions (``accuracy``, per step) closing
+    its gap below the checker's greedy verdict on the training sample: the gap's shrinking, at most the
+    sampled accuracy's own rise (a reward the checker does not follow closes nothing), at most the
+    reward's. Each level is read off its least-squares line at the series' ends, and the shrinking is
+    counted less half an sd of the training sample's fitted change (its noise: 32 prompts), so that a gap
+    that only seems to close is seldom taken for sharpening (on tests/alarm_simulation.py's 200 runs of
+    each kind: with nothing taken off, 2 memorising runs fewer were caught; with a whole sd, 80 sharpening
+    runs were warned, against 61 with half)."""
+    acc = np.asarray(accuracy, dtype=float)
+    at = np.flatnonzero(np.isfinite(acc))
+    if len(at) < 3 or len(train) < MIN_EVALUATIONS:
+        return 0.0
+    a0, a1 = _line_ends(acc[at], at)
+    g0, g1 = _line_ends([a for _, a in train], [s for s, _ in train])
+    closed = max(g0 - a0, 0.0) - max(g1 - a1, 0.0) - 0.5 * accuracy_change(train, train_n)[1]
+    return float(min(max(min(closed, a1 - a0), 0.0), max(reward_change(reward)[0], 0.0)))
+
+
+def _reward_outruns_heldout(reward: Sequence[float], heldout: Series, cfg: AlarmConfig,
+                            sharpened: float = 0.0) -> float | None:
+    """The reward's change less ``sharpened`` (what sharpening explains), when that rises beyond the
+    reward's noise while held-out accuracy falls short of ``checker_follow`` of it by more than
+    ``-follow_z`` sds; else None."""
     if len(reward) < cfg.window or len(heldout) < MIN_EVALUATIONS:
         return None
     d_reward, sd_reward = reward_change(reward)
-    if not _rising(d_reward, sd_reward, cfg.checker_rise):
+    rise = d_reward - sharpened
+    if not _rising(rise, sd_reward, cfg.checker_rise):
         return None
     d_held, sd_held = accuracy_change(heldout, cfg.heldout_n)
-    return d_reward if (d_held - cfg.checker_follow * d_reward) / sd_held < cfg.follow_z else None
+    return rise if (d_held - cfg.checker_follow * rise) / sd_held < cfg.follow_z else None
 
 
-def _train_follows(train: Series, d_reward: float, cfg: AlarmConfig) -> bool:
+def _train_follows(train: Series, rise: float, cfg: AlarmConfig) -> bool:
     """Greedy accuracy on the training sample rose by at least ``train_follow`` of the reward's rise."""
-    return len(train) >= MIN_EVALUATIONS and accuracy_change(train, cfg.train_n)[0] >= cfg.train_follow * d_reward
+    return len(train) >= MIN_EVALUATIONS and accuracy_change(train, cfg.train_n)[0] >= cfg.train_follow * rise
+
+
+def _reward_rise(reward: Sequence[float], sharpened: float) -> str:
+    d_reward = reward_change(reward)[0]
+    said = f"raw training reward {d_reward:+.3f} over {len(reward)} steps"
+    return said + (f" ({sharpened:+.3f} of it sharpening: the sampled completions closing on greedy accuracy)"
+                   if sharpened > 0 else "")
 
 
 def checker_suspected(reward: Sequence[float], heldout: Series, train: Series, cfg: AlarmConfig,
-                      first_try: Sequence[float] = ()) -> str | None:
-    """Since the start, training reward rising while greedy accuracy by the task's checker follows it
-    neither on held-out prompts nor on the training sample (where measured): the reward pays for
-    something the checker does not."""
+                      first_try: Sequence[float] = (), accuracy: Sequence[float] = ()) -> str | None:
+    """Since the start, training reward rising, beyond what sharpening explains (``accuracy``: the
+    checker's verdict on the sampled completions, see ``sharpening``), while greedy accuracy by the task's
+    checker follows it neither on held-out prompts nor on the training sample (where measured): the reward
+    pays for something the checker does not."""
     heldout, train = _measured(heldout), _measured(train)
-    d_reward = _reward_outruns_heldout(reward, heldout, cfg)
-    if d_reward is None or _train_follows(train, d_reward, cfg):
+    sharpened = sharpening(reward, accuracy, train, cfg.train_n)
+    rise = _reward_outruns_heldout(reward, heldout, cfg, sharpened)
+    if rise is None or _train_follows(train, rise, cfg):
         return None
     trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
-    return (f"checker suspected: raw training reward {d_reward:+.3f} over {len(reward)} steps while "
+    return (f"checker suspected: {_reward_rise(reward, sharpened)} while "
             f"{_describe('held-out accuracy', heldout)}{trained}. {_divergence_cause(reward, first_try, cfg)}")
 
 
 def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: AlarmConfig,
-               first_try: Sequence[float] = ()) -> str | None:
-    """Training reward rising, greedy accuracy on the fixed training sample rising with it, and held-out
-    accuracy not following: the train/held-out gap grows while held-out is flat or falling, so the
+               first_try: Sequence[float] = (), accuracy: Sequence[float] = ()) -> str | None:
+    """Training reward rising beyond what sharpening explains (``sharpening``), greedy accuracy on the fixed
+    training sample rising with it, and held-out accuracy not following: the train/held-out gap grows while held-out is flat or falling, so the
     policy learns the training prompts' answers, not the task. Measured on the training sample; the
     first-try reward only adds a hint to the message."""
     heldout, train = _measured(heldout), _measured(train)
-    d_reward = _reward_outruns_heldout(reward, heldout, cfg)
-    if d_reward is None or not _train_follows(train, d_reward, cfg):
+    sharpened = sharpening(reward, accuracy, train, cfg.train_n)
+    rise = _reward_outruns_heldout(reward, heldout, cfg, sharpened)
+    if rise is None or not _train_follows(train, rise, cfg):
         return None
     tried = [x for x in first_try if math.isfinite(x)]
     hint = ""
@@ -213,7 +274,7 @@ def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: Ala
         hint = (f" (reward on prompts tried for the first time {float(np.mean(tried)):.2f} against "
                 f"{float(np.nanmean(reward)):.2f} overall)")
     return (f"memorising: {_describe('greedy accuracy on the training sample', train)} while "
-            f"{_describe('held-out accuracy', heldout)}, raw reward {d_reward:+.3f}{hint}: the policy learns the "
+            f"{_describe('held-out accuracy', heldout)}, {_reward_rise(reward, sharpened)}{hint}: the policy learns the "
             f"training prompts' answers, not the task. {_memorising_advice(cfg)}")
 
 
@@ -302,6 +363,7 @@ class AlarmMonitor:
         self.series: dict[str, list[float]] = {}
         self.heldout: list[tuple[int, float]] = []  # (step, accuracy on the held-out subset)
         self.train: list[tuple[int, float]] = []  # (step, accuracy on the fixed training sample)
+        self.full: list[tuple[int, float]] = []  # (step, accuracy on the whole held-out set): start and end
         self.active: dict[str, bool] = dict.fromkeys(ALARMS, False)
         self.messages: dict[str, str] = {}
         self.verdicts: dict[str, str | None] = {}  # the trend alarms' verdicts at the latest evaluation
@@ -312,7 +374,7 @@ class AlarmMonitor:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings.
         ``final``: the run's last evaluation, whose verdicts are raised without waiting for another."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
-                    "signal_frac", "reward_first_try"):
+                    "signal_frac", "reward_first_try", "accuracy"):
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
@@ -322,6 +384,8 @@ class AlarmMonitor:
             _put(self.heldout, step, float(watched))
             if metrics.get("train_sample_accuracy") is not None:
                 _put(self.train, step, float(metrics["train_sample_accuracy"]))
+            if metrics.get("heldout_accuracy") is not None:
+                _put(self.full, step, float(metrics["heldout_accuracy"]))
         messages = self._check(step)
         if watched is None:  # the verdicts on learning change only when accuracy is measured
             messages.update({name: self.verdicts.get(name) for name in TRENDS})
@@ -337,7 +401,8 @@ class AlarmMonitor:
 
     def state(self) -> dict:
         """What a checkpoint keeps, so that a resumed run's alarms see the steps before it."""
-        return {"series": self.series, "heldout": self.heldout, "train": self.train, "active": self.active,
+        return {"series": self.series, "heldout": self.heldout, "train": self.train, "full": self.full,
+                "active": self.active,
                 "verdicts": self.verdicts, "trend_held": self.trend_held}
 
     def load_state(self, state: dict | None) -> None:
@@ -345,6 +410,7 @@ class AlarmMonitor:
             self.series = {k: list(v) for k, v in state["series"].items()}
             self.heldout = [tuple(x) for x in state["heldout"]]
             self.train = [tuple(x) for x in state.get("train", [])]  # absent from older checkpoints
+            self.full = [tuple(x) for x in state.get("full", [])]  # absent from older checkpoints
             self.active.update({k: v for k, v in state["active"].items() if k in self.active})
             self.verdicts = dict(state.get("verdicts", {}))  # absent from older checkpoints
             self.trend_held = int(state.get("trend_held", 0))
@@ -369,12 +435,14 @@ class AlarmMonitor:
     def _check(self, step: int) -> dict[str, str | None]:
         cfg, series = self.config, self.series
         reward, first_try = series.get("reward_mean", []), series.get("reward_first_try", [])
+        accuracy = series.get("accuracy", [])
         recent_reward = self._recent("reward_mean")
         return {
             "no_signal": no_signal(series.get("signal_frac", []), cfg),
-            "checker_suspected": checker_suspected(reward, self.heldout, self.train, cfg, first_try),
-            "stall": stall(reward, series.get("adv_nonzero_frac", []), self.heldout, self.train, cfg, first_try),
-            "memorising": memorising(reward, self.heldout, self.train, cfg, first_try),
+            "checker_suspected": checker_suspected(reward, self.heldout, self.train, cfg, first_try, accuracy),
+            "stall": stall(reward, series.get("adv_nonzero_frac", []), self.heldout, self.train, cfg, first_try,
+                           self.full),
+            "memorising": memorising(reward, self.heldout, self.train, cfg, first_try, accuracy),
             "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),

@@ -439,7 +439,8 @@ class GRPOTrainer:
         main = self.world.is_main
         bar = StepProgress(cfg.steps, enabled=self.progress and main, silent=not main)
         alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
-                             heldout_n=subset_size(self), train_n=train_sample_size(self), sampler=cfg.sampler)
+                             heldout_n=subset_size(self), train_n=train_sample_size(self), sampler=cfg.sampler,
+                             full_n=len(self.heldout_prompts))
         answered = all(str(row.get("answer") or "").strip() for row in self.task.heldout)
         monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
         monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it

@@ -23,7 +23,7 @@ from grpo.alarms import OVERDISPERSION, AlarmConfig, AlarmMonitor
 from grpo.config import alarm_window_for
 from grpo.run_state import planned_schedule
 
-HELDOUT, TRAIN, COMPLETIONS = 96, 32, 64
+HELDOUT, TRAIN, COMPLETIONS, HELDOUT_ALL = 96, 32, 64, 256
 BATCH_SPREAD = 0.04  # sd of a step's reward mean from which prompts the batch drew
 
 
@@ -38,6 +38,8 @@ class Curves:
     first_try: Callable[[int], float]
     signal: float = 0.7  # share of the batch's groups whose rewards differ
     budget: bool = False  # a --data run under --minutes: planned for 20 steps, run for ``steps`` (until time ran out)
+    accuracy: Callable[[int], float] | None = None  # the checker's verdict on the sampled completions (the
+    # trainer's `accuracy`); None: the reward is the checker, so it reads the reward's own completions
 
 
 def _clip(p: float) -> float:
@@ -53,16 +55,22 @@ def _measure(rng: np.random.Generator, p: float, n: int, swing: float) -> float:
 def simulate(curves: Curves, seed: int, **thresholds: float) -> AlarmMonitor:
     """Feed one simulated run through the monitor as the trainer would; stop where it says stop."""
     rng = np.random.default_rng(seed)
+    checked = np.random.default_rng((seed, 1))  # the checker's own draws, apart, so that the others stay as they were
+    others = np.random.default_rng((seed, 2))  # the whole held-out set's prompts beyond the subset, likewise
     steps = curves.steps
     # under --minutes (a --data run: 100 steps at most, 10 minutes) the plan is 20 steps whatever runs
     every, planned = planned_schedule(100, 10.0) if curves.budget else planned_schedule(steps, 0.0)
-    monitor = AlarmMonitor(100 if curves.budget else steps,
-                           AlarmConfig(**{"window": alarm_window_for(planned), **thresholds}))
+    monitor = AlarmMonitor(100 if curves.budget else steps, AlarmConfig(
+        **{"window": alarm_window_for(planned), "full_n": HELDOUT_ALL, **thresholds}))
 
-    def evaluation(t: int) -> dict[str, float]:
+    def evaluation(t: int, whole: bool = False) -> dict[str, float]:
         swing = rng.normal() if t else 0.0  # the start is the untrained model; later ones swing together
-        return {"heldout_subset_accuracy": _measure(rng, curves.heldout(t), HELDOUT, swing),
-                "train_sample_accuracy": _measure(rng, curves.train(t), TRAIN, swing)}
+        out = {"heldout_subset_accuracy": _measure(rng, curves.heldout(t), HELDOUT, swing),
+               "train_sample_accuracy": _measure(rng, curves.train(t), TRAIN, swing)}
+        if whole:  # the start and the end score the whole held-out set, the subset among it
+            rest = _measure(others, curves.heldout(t), HELDOUT_ALL - HELDOUT, swing)
+            out["heldout_accuracy"] = (out["heldout_subset_accuracy"] * HELDOUT + rest * (HELDOUT_ALL - HELDOUT)) / HELDOUT_ALL
+        return out
 
     raised: set[str] = set()
 
@@ -70,7 +78,7 @@ def simulate(curves: Curves, seed: int, **thresholds: float) -> AlarmMonitor:
         monitor.observe(t, m, final=final)
         raised.update(name for name, on in monitor.active.items() if on)
 
-    observe(0, evaluation(0))
+    observe(0, evaluation(0, whole=True))
     monitor.stopped = None
     for t in range(1, steps + 1):
         p = _clip(curves.reward(t) + rng.normal(0, BATCH_SPREAD))
@@ -78,12 +86,14 @@ def simulate(curves: Curves, seed: int, **thresholds: float) -> AlarmMonitor:
              "signal_frac": _clip(curves.signal + rng.normal(0, 0.05)), "completion_len": 10 + rng.normal(0, 0.3),
              "repeat_ngram_frac": 0.01, "entropy": 0.5,
              "reward_first_try": rng.binomial(16, _clip(curves.first_try(t))) / 16 if t % 2 else float("nan")}
+        m["accuracy"] = m["reward_mean"] if curves.accuracy is None else \
+            checked.binomial(COMPLETIONS, _clip(curves.accuracy(t))) / COMPLETIONS
         if t % every == 0 and t < steps:
             m.update(evaluation(t))
         observe(t, m)
         monitor.stopped = monitor.stopping()
         if monitor.stopped or t == steps:  # the final evaluation runs after a stop too
-            observe(t, evaluation(t), final=True)
+            observe(t, evaluation(t, whole=True), final=True)
             break
     monitor.raised = raised
     return monitor
@@ -137,7 +147,8 @@ def gamed_checker(rng: np.random.Generator) -> Curves:
     steps, h0, r0 = int(rng.integers(10, 21)), rng.uniform(0.03, 0.5), rng.uniform(0.05, 0.3)
     flat = lambda t: h0  # noqa: E731
     reward = _linear(r0, rng.uniform(0.3, 0.6), steps)
-    return Curves(steps, flat, flat, reward, reward)
+    checked = h0 * rng.uniform(0.6, 1.0)  # what the checker passes of the samples: no more than greedy, and flat
+    return Curves(steps, flat, flat, reward, reward, accuracy=lambda t: checked)
 
 
 def no_signal(rng: np.random.Generator) -> Curves:
@@ -156,7 +167,37 @@ def memorising(rng: np.random.Generator) -> Curves:
     return Curves(steps, held, train, _linear(h0 + 0.05, gain, steps), lambda t: h0)
 
 
+def sharpening_learner(rng: np.random.Generator) -> Curves:
+    """A --data run under --minutes (planned for 20 steps, run for 21-40) on an easy file, as the 144-row
+    times table that raised checker_suspected at step 35 (raw reward +0.319, held-out greedy 71.7% -> 81.7%,
+    training sample 84.4% -> 96.9%): greedy accuracy high and rising 5 to 12 points on held-out and training
+    prompts alike, while the sampled reward, which starts 0.2 to 0.35 below the greedy training accuracy,
+    closes most of that gap as the policy sharpens (its entropy falls), with no new ability."""
+    steps, h0, gain = int(rng.integers(21, 41)), rng.uniform(0.5, 0.8), rng.uniform(0.05, 0.12)
+    g0 = min(h0 + rng.uniform(0.0, 0.15), 0.85)
+    gap0 = rng.uniform(0.2, 0.35)
+    gap1 = gap0 * rng.uniform(0.2, 0.6)
+    held, train = _linear(h0, gain, steps), _linear(g0, gain, steps)
+    reward = lambda t: train(t) - gap0 + (gap0 - gap1) * t / steps  # noqa: E731
+    return Curves(steps, held, train, reward, reward, budget=True)
+
+
+def frontier_learner(rng: np.random.Generator) -> Curves:
+    """A --data run under --minutes (planned for 20 steps, run for 21-40) drawing at the frontier, as the
+    subtraction run that raised stall at step 26 (subset 3.1% -> 13.5%, full held-out 5.5% -> 17.2%, raw
+    reward +0.037): greedy accuracy rising 10 to 15 points on held-out and training prompts, while the
+    sampler moves to harder prompts as the model learns, so the reward of the prompts it draws stays flat
+    (-0.03 to +0.05). Its first tries are the uniform draws among them: they follow the held-out accuracy."""
+    steps, h0, gain = int(rng.integers(21, 41)), rng.uniform(0.03, 0.3), rng.uniform(0.10, 0.15)
+    held = _linear(h0, gain, steps)
+    reward = _linear(rng.uniform(0.15, 0.4), rng.uniform(-0.03, 0.05), steps)
+    return Curves(steps, held, held, reward, held, budget=True)
+
+
 LEARNERS = {"slow": slow_learner, "fast": fast_learner, "slow_budget": long_slow_learner}
+# learners in the shapes of two reported false warnings (issue 34, item 16), counted like learners but held
+# to no target: at these sizes many of them cannot be told from a stall (bench/README.md)
+REPORTED = {"sharpening": sharpening_learner, "frontier": frontier_learner}
 FAILURES = {"stall": (stalled, ("stall", "checker_suspected")), "checker": (gamed_checker, ("checker_suspected",)),
             "no_signal": (no_signal, ("no_signal",)), "memorising": (memorising, ("memorising",))}
 
@@ -170,7 +211,7 @@ def runs(kind: Callable[[np.random.Generator], Curves], n: int = 40, seed: int =
 def rates(n: int = 40, seed: int = 0, **thresholds: float) -> dict[str, tuple[int, int]]:
     """For learners: (runs warned by a stopping alarm, runs stopped); for failures: (caught, stopped)."""
     out = {}
-    for name, kind in LEARNERS.items():
+    for name, kind in {**LEARNERS, **REPORTED}.items():
         monitors = runs(kind, n, seed, **thresholds)
         out[name] = (sum(bool(m.raised) for m in monitors),
                      sum(m.stopped is not None for m in monitors))
@@ -181,6 +222,10 @@ def rates(n: int = 40, seed: int = 0, **thresholds: float) -> dict[str, tuple[in
     return out
 
 
-if __name__ == "__main__":
-    for seed in range(3):
-        print(seed, rates(seed=seed))
+if __name__ == "__main__":  # bench/README.md's table: seed 0, and the sums over seeds 0-4
+    totals: dict[str, tuple[int, int]] = {}
+    for seed in range(5):
+        measured = rates(seed=seed)
+        print(seed, measured, flush=True)
+        totals = {k: (totals.get(k, (0, 0))[0] + a, totals.get(k, (0, 0))[1] + b) for k, (a, b) in measured.items()}
+    print("seeds 0-4", totals)

@@ -126,8 +126,9 @@ def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch
 
 # Of 40 simulated runs of each kind (seed 0): learners, runs warned by any alarm and runs stopped;
 # failures, runs caught by their alarm and runs stopped. bench/README.md states these numbers.
-RATES = {"slow": (1, 0), "fast": (0, 0), "slow_budget": (1, 0), "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40),
-         "memorising": (36, 0)}
+# The reported shapes (sharpening, frontier) are counted as learners are, held to no target.
+RATES = {"slow": (0, 0), "fast": (0, 0), "slow_budget": (1, 0), "sharpening": (15, 13), "frontier": (27, 26),
+         "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40), "memorising": (36, 0)}
 TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, failures at least
 
 
@@ -151,24 +152,30 @@ def test_each_failure_is_caught_only_by_its_rule(monkeypatch, rule, failure):
 
 
 def replay(steps: int, reward: list[float], heldout: dict[int, float], train: dict[int, float] | None = None,
-           window: int = 10) -> dict[str, int]:
+           window: int = 10, *, whole: dict[int, float] | None = None, checked: bool = False,
+           messages: dict[str, str] | None = None, **sizes: int) -> dict[str, int]:
     """Feed measured series through the monitor as the trainer does (the last evaluation final); return
-    each alarm's first step."""
-    monitor = AlarmMonitor(steps, AlarmConfig(window=window))
+    each alarm's first step. ``whole``: the whole held-out set's accuracy (start and end); ``checked``:
+    the reward is the task's checker, so the step's ``accuracy`` is its reward's; ``messages``: filled
+    with each alarm's first message; ``sizes``: heldout_n, full_n."""
+    monitor = AlarmMonitor(steps, AlarmConfig(window=window, **sizes))
     raised: dict[str, int] = {}
 
     def observe(step: int, m: dict, final: bool = False) -> None:
-        for name in monitor.observe(step, m, final=final)[1]:
+        for name, message in monitor.observe(step, m, final=final)[1].items():
             raised.setdefault(name, step)
+            if messages is not None:
+                messages.setdefault(name, message)
 
     def evaluation(step: int) -> dict:
         return {"heldout_subset_accuracy": heldout[step],
-                **({"train_sample_accuracy": train[step]} if train else {})}
+                **({"train_sample_accuracy": train[step]} if train else {}),
+                **({"heldout_accuracy": whole[step]} if whole and step in whole else {})}
 
     observe(0, evaluation(0))
     for step in range(1, steps + 1):
         m = {"reward_mean": reward[step - 1], "adv_nonzero_frac": 0.4, "signal_frac": 0.6, "completion_len": 11.5,
-             "repeat_ngram_frac": 0.0, "entropy": 0.3}
+             "repeat_ngram_frac": 0.0, "entropy": 0.3, **({"accuracy": reward[step - 1]} if checked else {})}
         observe(step, {**m, **(evaluation(step) if step in heldout and step < steps else {})})
     observe(steps, evaluation(steps), final=True)
     return raised
@@ -192,6 +199,71 @@ def test_a_slow_noisy_subtraction_run_is_not_stopped():
     reward = list(np.linspace(0.08, 0.2, 10) + rng.normal(0, 0.04, 10))
     heldout = {0: 0.023, 2: 0.055, 4: 0.031, 6: 0.086, 8: 0.062, 10: 0.109}
     assert replay(10, reward, heldout, window=6) == {}
+
+
+EVERY_4 = [0, 4, 8, 12, 16, 20, 24, 28, 32]  # a --data run under --minutes: planned for 20 steps, so every 4
+
+
+def test_a_subtraction_run_at_the_frontier_whose_held_out_rose_is_no_stall():
+    # issue 34, item 16: `grpo train --data` on two-digit subtractions drawing at the frontier, out of time
+    # at step 26: the subset (96 prompts) 3.1% -> 13.5%, the whole held-out set (256) 5.5% -> 17.2%, raw
+    # reward +0.037, and stall warned at step 26. Measured: the ends and the reward's change. Made up to
+    # match: the subset's dips between the ends, the training sample's 32 prompts, and the reward's steps
+    # (+0.037 under the batch's noise), chosen so that the old rules warn where they did, at step 26 alone
+    reward = [0.283, 0.331, 0.075, 0.224, 0.297, 0.322, 0.284, 0.339, 0.27, 0.29, 0.272, 0.201, 0.219,
+              0.296, 0.243, 0.358, 0.363, 0.398, 0.293, 0.381, 0.248, 0.258, 0.316, 0.332, 0.223, 0.219]
+    steps = [*EVERY_4[:7], 26]
+    heldout = {s: n / 96 for s, n in zip(steps, [3, 7, 4, 9, 5, 8, 6, 13], strict=True)}
+    train = {s: n / 32 for s, n in zip(steps, [2, 1, 3, 2, 2, 3, 2, 3], strict=True)}
+    whole = {0: 14 / 256, 26: 44 / 256}
+    assert replay(26, reward, heldout, train, whole=whole, heldout_n=96, full_n=256) == {}
+    # the rule it still is: the same subset, with the whole set as flat as the subset's line says, stalls
+    flat = {0: 14 / 256, 26: 24 / 256}
+    assert replay(26, reward, heldout, train, whole=flat, heldout_n=96, full_n=256) == {"stall": 26}
+
+
+def test_a_times_table_run_that_sharpens_is_not_a_suspected_checker():
+    # issue 34, item 16: `grpo train --data` on a 144-row times table, out of time at step 35: raw reward
+    # +0.319 while greedy accuracy rose 71.7% -> 81.7% on 60 held-out prompts and 84.4% -> 96.9% on the
+    # training sample (32); checker_suspected warned at step 35. Measured: those ends and the reward's
+    # change. Made up: the dips between the ends and the reward's steps (0.50 -> 0.82: sampled completions
+    # closing on greedy accuracy as the policy sharpens). The reward is the checker (exact match), so the
+    # step's `accuracy` is its reward's
+    reward = [0.497, 0.53, 0.515, 0.443, 0.563, 0.549, 0.51, 0.575, 0.574, 0.579, 0.576, 0.611, 0.556, 0.594,
+              0.588, 0.651, 0.633, 0.625, 0.61, 0.646, 0.669, 0.664, 0.752, 0.747, 0.57, 0.621, 0.716, 0.713,
+              0.754, 0.764, 0.868, 0.716, 0.762, 0.893, 0.832]
+    steps = [*EVERY_4, 35]
+    heldout = {s: n / 60 for s, n in zip(steps, [43, 44, 46, 45, 47, 46, 48, 47, 49, 49], strict=True)}
+    train = {s: n / 32 for s, n in zip(steps, [27, 28, 29, 28, 30, 30, 31, 30, 31, 31], strict=True)}
+    said: dict[str, str] = {}
+    assert replay(35, reward, heldout, train, checked=True, heldout_n=60, full_n=60) == {}
+    # without the checker's verdict on the samples (no `accuracy`: a run logged before it was), nothing is
+    # taken for sharpening, and the same run warns as it did
+    assert replay(35, reward, heldout, train, heldout_n=60, full_n=60, messages=said) == {"checker_suspected": 35}
+    assert "raw training reward +0.319 over 35 steps while held-out accuracy 71.7% -> 81.7%" in said["checker_suspected"]
+
+
+def test_sharpening_counts_the_sampled_accuracy_closing_on_greedy_and_nothing_the_checker_does_not_pass():
+    steps = [0, 4, 8, 12, 16, 20]
+    train = [(s, 0.85 + 0.1 * s / 20) for s in steps]  # greedy on the training sample 0.85 -> 0.95
+    sampled = list(np.linspace(0.5, 0.8, 21))  # the checker's verdict on the samples 0.5 -> 0.8
+    noise = alarms.accuracy_change(train, 32)[1] / 2  # the gap's shrinking is counted less this
+    # the gap below greedy shrank from 0.35 to 0.15: 0.2 of the rise is sharpening
+    assert alarms.sharpening(sampled, sampled, train, 32) == pytest.approx(0.2 - noise)
+    # a reward rising while the checker's verdict stays flat closes no gap: none of it is sharpening
+    assert alarms.sharpening(sampled, [0.5] * 21, train, 32) == 0.0
+    # a sampled accuracy above greedy has no gap to close; nor does a run without the checker's verdict
+    assert alarms.sharpening(sampled, sampled, [(s, 0.4) for s in steps], 32) == 0.0
+    assert alarms.sharpening(sampled, [], train, 32) == 0.0
+
+
+def test_the_whole_held_out_set_counts_only_at_an_evaluation_that_scored_it():
+    cfg = AlarmConfig(heldout_n=96, full_n=256)
+    heldout = [(0, 0.05), (4, 0.06), (8, 0.1)]
+    assert alarms._whole_set_z([(0, 0.055), (8, 0.172)], heldout, cfg) == pytest.approx(
+        0.117 / np.sqrt(2 * 0.1135 * 0.8865 * (1 / 256 + alarms.OVERDISPERSION)))
+    assert alarms._whole_set_z([(0, 0.055), (4, 0.172)], heldout, cfg) == -np.inf  # not scored now
+    assert alarms._whole_set_z([(0, 0.055), (8, 0.172)], heldout, AlarmConfig(heldout_n=96)) == -np.inf  # size unknown
 
 
 def test_memorising_is_measured_on_the_training_sample_and_the_first_tries_only_hint():
