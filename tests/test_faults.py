@@ -173,6 +173,60 @@ def test_a_reward_that_hangs_counts_as_a_timeout_within_the_limit(tmp_path, tiny
     assert first["time_step"] < 2 + 10
 
 
+SANDBOXED_FOREVER = ONCE + """
+from grpo.rewards.sandbox import Limits, run_python
+
+def score(completion, example):
+    # a sandboxed program that sleeps ten minutes: under bwrap the first call, weak the others
+    mode = 'strict' if once('strict') else 'weak'
+    open(f'called-{mode}-{os.getpid()}', 'w').close()
+    run_python('import time\\ntime.sleep(600)', Limits(wall_seconds=600), mode=mode)
+    return 0.0
+"""
+
+
+def started(pid: int) -> bytes | None:
+    """The start time of a live process (not a zombie): what tells it from a later one given its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else fields[19]
+
+
+def test_a_trainer_killed_outright_leaves_no_worker_or_sandbox_behind(tmp_path, tiny_model_dir):
+    (tmp_path / "forever.py").write_text(SANDBOXED_FOREVER)
+    proc = start(tmp_path, tiny_model_dir, "--steps", "2", "--rewards", "forever.py:score",
+                 "--reward-timeout", "600")
+    kids: dict[int, bytes] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("called-*"))) < 2:  # both reward workers are in a sandboxed call
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the rewards were never called"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the sandboxes start their programs
+        kids = {pid: t for pid in descendants(proc.pid) if (t := started(pid)) is not None}
+        names = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids]
+        assert any(n.startswith(b"bwrap") for n in names) and len(kids) >= 5, names  # forker, 2 workers, 2 runs
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait()  # not communicate(): a survivor holds its copy of the pipes open
+        left = list(kids)
+        while left and time.monotonic() < killed + 5:
+            left = [pid for pid in left if started(pid) == kids[pid]]
+            time.sleep(0.05)
+        print(f"fault: the trainer SIGKILLed -> its {len(kids)} descendants gone in {time.monotonic() - killed:.1f} s")
+        assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
+        proc.stderr.close()
+        for pid, t in kids.items():  # the weak sandboxes run in sessions of their own: killpg misses them
+            if started(pid) == t:
+                os.kill(pid, signal.SIGKILL)
+
 HANGING_ENV = ONCE + '''
 from pathlib import Path
 
