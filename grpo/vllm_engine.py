@@ -262,15 +262,13 @@ class VLLMEngine:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:  # alive but not answering: the socket broke
             pass
-        code = self.proc.returncode
-        who = f"the vLLM worker (pid {self.proc.pid})"
+        code, who = self.proc.returncode, f"the vLLM worker (pid {self.proc.pid})"
         if code in (-signal.SIGKILL, 128 + signal.SIGKILL):  # its log ends wherever the kill found it
-            return _explain("killed", f"{who} was killed by SIGKILL {when}", when != "during the run",
-                            self.memory, self.log)
+            return _explain("killed", f"{who} was killed by SIGKILL {when}", False, self.memory, self.log)
         tail = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
         last = tail[-1].strip() if tail else "no output"
-        signalled = code is not None and code < 0
-        how = f"was killed by {signal.Signals(-code).name}" if signalled else f"exited with code {code}"
+        how = ("stopped answering" if code is None else f"was killed by {signal.Signals(-code).name}" if code < 0
+               else f"exited with code {code}")
         kind = "memory" if "memory" in last.lower() else "other"
         return _explain(kind, f"{who} {how} {when}: {last}", when != "during the run", self.memory, self.log)
 
