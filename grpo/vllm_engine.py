@@ -175,7 +175,8 @@ class VLLMEngine:
         # not torchrun's variables: vLLM sets up torch.distributed for itself, and an inherited rank, world
         # or agent store would have it join the trainer's world instead
         inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith("TORCHELASTIC_")}
-        env = {**inherited, "GRPO_VLLM_AUTHKEY": key.hex(), "PYTHONPATH": str(WORKER.parent),
+        env = {**inherited, "GRPO_VLLM_AUTHKEY": key.hex(), "GRPO_VLLM_TRAINER": str(os.getpid()),
+               "PYTHONPATH": str(WORKER.parent),
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
                                                            self.cpus or f"0-{os.cpu_count() - 1}")}
         if self.cuda_device is not None:  # vLLM samples on the trainer's own GPU (one engine per process)
@@ -218,8 +219,9 @@ class VLLMEngine:
         """End the worker process and remove its files (the log stays only when something failed)."""
         if self.conn is not None:
             try:
-                self.conn.send(("close",))
-                self.conn.poll(30)
+                if self.proc is not None and self.proc.poll() is None:  # else no one answers: no 30 s wait
+                    self.conn.send(("close",))
+                    self.conn.poll(30)
             except OSError:
                 pass
             self.conn.close()
@@ -260,11 +262,15 @@ class VLLMEngine:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:  # alive but not answering: the socket broke
             pass
+        code, who = self.proc.returncode, f"the vLLM worker (pid {self.proc.pid})"
+        if code in (-signal.SIGKILL, 128 + signal.SIGKILL):  # its log ends wherever the kill found it
+            return _explain("killed", f"{who} was killed by SIGKILL {when}", False, self.memory, self.log)
         tail = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
         last = tail[-1].strip() if tail else "no output"
-        kind = "memory" if self.proc.returncode in (-9, 137) or "memory" in last.lower() else "other"
-        return _explain(kind, f"the worker exited with code {self.proc.returncode} {when}: {last}",
-                        when != "during the run", self.memory, self.log)
+        how = ("stopped answering" if code is None else f"was killed by {signal.Signals(-code).name}" if code < 0
+               else f"exited with code {code}")
+        kind = "memory" if "memory" in last.lower() else "other"
+        return _explain(kind, f"{who} {how} {when}: {last}", when != "during the run", self.memory, self.log)
 
     def generate(self, prompt_ids: list[list[int]], *, group_size: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop_strings: tuple[str, ...] = (),
@@ -468,6 +474,9 @@ def _explain(kind: str, text: str, starting: bool, memory: float, log: Path) -> 
         return (f"--engine vllm: not enough memory for vLLM ({first}); lower --vllm-memory (now {memory:g}) "
                 f"if the machine is short of memory, raise it if vLLM found too little room for its KV cache "
                 f"(log: {log})")
+    if kind == "killed":  # SIGKILL comes from outside: a user, or the kernel when memory runs out
+        return (f"--engine vllm: {first} (if not by hand, the out-of-memory killer: check `dmesg`, and lower "
+                f"--vllm-memory, now {memory:g}, if the machine is short of memory) (log: {log})")
     what = "could not start" if starting else "failed"
     hint = "; check the engine's options" if kind == "option" else ""
     return f"--engine vllm: vLLM {what}: {first}{hint} (log: {log})"

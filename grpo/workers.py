@@ -16,6 +16,10 @@ pool before it moves the model), which costs one fork per pool; otherwise it is
 started as a fresh interpreter, which then needs the functions to be
 importable by name (a module's function, not a lambda or a closure), and a
 pool says so when they are not.
+
+The forker and every worker end when their parent does (see
+grpo.parent_death): a trainer that is killed outright, SIGKILL included,
+leaves none of them behind, busy or not.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from dataclasses import dataclass
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Generic, TypeVar
+
+from grpo.parent_death import die_with_parent
 
 R = TypeVar("R")
 STOP_GRACE = 1.0  # seconds a worker has to return once asked, before it is killed
@@ -128,7 +134,7 @@ class _Forker:
         else:
             ctx = mp.get_context("fork")
             self.conn, child = ctx.Pipe()
-            self.proc = ctx.Process(target=_forker_main, args=(child, serve, args), daemon=True)
+            self.proc = ctx.Process(target=_forker_main, args=(child, serve, args, os.getpid()), daemon=True)
             self.proc.start()
             child.close()
         try:
@@ -171,7 +177,7 @@ def _start_fresh(serve: Callable[..., None], args: tuple) -> tuple[subprocess.Po
     """The forker as a new interpreter (not multiprocessing's spawn or forkserver, which would run the
     user's main script again in it); ``serve`` and ``args`` travel pickled, functions by name."""
     ours, theirs = socket.socketpair()
-    code = f"from grpo.workers import _fresh_forker; _fresh_forker({theirs.fileno()})"
+    code = f"from grpo.workers import _fresh_forker; _fresh_forker({theirs.fileno()}, {os.getpid()})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=env)
     theirs.close()
@@ -191,15 +197,16 @@ def _start_fresh(serve: Callable[..., None], args: tuple) -> tuple[subprocess.Po
     return proc, conn
 
 
-def _fresh_forker(fd: int) -> None:
+def _fresh_forker(fd: int, trainer: int) -> None:
     from grpo.user_code import import_user_module
 
+    die_with_parent(trainer)  # before the imports: a user's module can take long to load
     conn = Connection(fd)
     for name, path in conn.recv().items():  # under the names they were loaded by (a file's stem)
         if name not in sys.modules:
             import_user_module(path, "worker", RuntimeError)
     serve, args = conn.recv()  # imports the modules of the other functions
-    _forker_main(conn, serve, args)
+    _forker_main(conn, serve, args, trainer)
 
 
 def _not_importable(err: BaseException) -> str:
@@ -209,8 +216,11 @@ def _not_importable(err: BaseException) -> str:
             "set reward_workers=0")
 
 
-def _forker_main(conn: Connection, serve: Callable[..., None], args: tuple) -> None:
-    """Fork a worker on ("fork",), kill one on ("kill", pid); on None or EOF end every worker and return."""
+def _forker_main(conn: Connection, serve: Callable[..., None], args: tuple, trainer: int) -> None:
+    """Fork a worker on ("fork",), kill one on ("kill", pid); on None or EOF end every worker and return.
+    Killed with ``trainer``, the process that started it: a forked forker holds a copy of the trainer's
+    end of the pipe, so it would never see the EOF."""
+    die_with_parent(trainer)
     for sig in (signal.SIGINT, signal.SIGTERM):  # as the workers: Ctrl-C lets the trainer finish its step
         signal.signal(sig, signal.SIG_IGN)
     conn.send("ready")
@@ -225,9 +235,10 @@ def _forker_main(conn: Connection, serve: Callable[..., None], args: tuple) -> N
             break
         if message[0] == "fork":
             ours, theirs = socket.socketpair()
-            pid = os.fork()
+            forker, pid = os.getpid(), os.fork()
             if pid == 0:  # the worker: never returns into this loop
                 try:
+                    die_with_parent(forker)  # the forker's end, with the trainer's or by a kill
                     conn.close()
                     ours.close()
                     _serve(serve, Connection(theirs.detach()), *args)

@@ -58,12 +58,6 @@ REFUSED = (  # (what a case holds, the refusal's text)
     ({"async_lag": 1, "engine": "vllm", "adapter": "folder"}, ASYNC_VLLM_LORA),
     *(({"format": f, "task": t}, TURNS_NEED_CHAT) for f in ("plain", "r1-zero") for t in ("tools", "environment")),
 )
-# found by this suite, not yet narrowed down: in these cases of two processes, the resumed run's step-2
-# reward/<name>_std differs from the straight run's (0.354 against 0.177 measured in the first), every other
-# metric equal; the other two-process case (lora-rank, chat, environment) resumes to the same metrics
-RESUME_TWO_PROCESSES = "defect: reward/<name>_std of a resumed two-process run is not the straight run's"
-KNOWN_RESUME = ("own-folder-0.0-2x2-0-2-mask_truncated-r1-zero-single-raises",
-                "own-none-0.04-1x1-0-2-no_mask_truncated-plain-single-raises")
 
 
 def refusal(case) -> str | None:
@@ -236,9 +230,7 @@ def eval_prompts(monkeypatch):
 
 
 def _run_case(case):
-    known = _id(case) in KNOWN_RESUME
-    marks = [pytest.mark.xfail(reason=RESUME_TWO_PROCESSES, strict=True)] if known else []
-    return pytest.param(case, marks=marks, id=_id(case))
+    return pytest.param(case, id=_id(case))
 
 
 def _refused_case(held, text):

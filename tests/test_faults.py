@@ -173,6 +173,60 @@ def test_a_reward_that_hangs_counts_as_a_timeout_within_the_limit(tmp_path, tiny
     assert first["time_step"] < 2 + 10
 
 
+SANDBOXED_FOREVER = ONCE + """
+from grpo.rewards.sandbox import Limits, run_python
+
+def score(completion, example):
+    # a sandboxed program that sleeps ten minutes: under bwrap the first call, weak the others
+    mode = 'strict' if once('strict') else 'weak'
+    open(f'called-{mode}-{os.getpid()}', 'w').close()
+    run_python('import time\\ntime.sleep(600)', Limits(wall_seconds=600), mode=mode)
+    return 0.0
+"""
+
+
+def started(pid: int) -> bytes | None:
+    """The start time of a live process (not a zombie): what tells it from a later one given its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else fields[19]
+
+
+def test_a_trainer_killed_outright_leaves_no_worker_or_sandbox_behind(tmp_path, tiny_model_dir):
+    (tmp_path / "forever.py").write_text(SANDBOXED_FOREVER)
+    proc = start(tmp_path, tiny_model_dir, "--steps", "2", "--rewards", "forever.py:score",
+                 "--reward-timeout", "600")
+    kids: dict[int, bytes] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("called-*"))) < 2:  # both reward workers are in a sandboxed call
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the rewards were never called"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the sandboxes start their programs
+        kids = {pid: t for pid in descendants(proc.pid) if (t := started(pid)) is not None}
+        names = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids]
+        assert any(n.startswith(b"bwrap") for n in names) and len(kids) >= 5, names  # forker, 2 workers, 2 runs
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait()  # not communicate(): a survivor holds its copy of the pipes open
+        left = list(kids)
+        while left and time.monotonic() < killed + 5:
+            left = [pid for pid in left if started(pid) == kids[pid]]
+            time.sleep(0.05)
+        print(f"fault: the trainer SIGKILLed -> its {len(kids)} descendants gone in {time.monotonic() - killed:.1f} s")
+        assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stdout.close()
+        proc.stderr.close()
+        for pid, t in kids.items():  # the weak sandboxes run in sessions of their own: killpg misses them
+            if started(pid) == t:
+                os.kill(pid, signal.SIGKILL)
+
 HANGING_ENV = ONCE + '''
 from pathlib import Path
 
@@ -276,3 +330,74 @@ def test_a_full_disk_at_a_checkpoint_says_so_in_one_line_and_keeps_the_previous_
     resumed, metrics = run_resumed(tmp_path, "--steps", "3")  # the disk has room again
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [m["step"] for m in metrics if "optimizer_steps" in m][-2:] == [2, 3]
+
+
+def vllm_python() -> str | None:
+    """The Python with vLLM the vLLM tests use (tests/test_combinations.py), or None."""
+    for venv in (Path("/work/main/.venv-vllm"), ROOT / ".venv-vllm"):
+        if (venv / "bin" / "python").is_file():
+            return str(venv / "bin" / "python")
+    return os.environ.get("GRPO_VLLM_PYTHON") or None
+
+
+@pytest.mark.vllm
+def test_the_vllm_worker_killed_mid_run_ends_it_in_one_line_naming_the_worker(tmp_path):
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no .venv-vllm (/work/main/.venv-vllm or the project's), no GRPO_VLLM_PYTHON: make vllm")
+    tokenizer = make_tokenizer()  # vLLM's CPU attention takes head sizes of 32 and up: 4 heads of 32
+    make_model(len(tokenizer), seed=3, hidden=128).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    proc = start(tmp_path, tmp_path / "tiny", "--engine", "vllm", "--vllm-python", python, "--steps", "1000",
+                 "--eval-every", "-1")
+    try:
+        wait_for_steps(tmp_path / "run", 2, proc, timeout=900)  # vLLM's start on the CPU: a minute or more
+        worker = next(pid for pid in descendants(proc.pid)
+                      if b"grpo_vllm_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(worker, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    seconds = time.monotonic() - killed
+    print(f"fault: the vLLM worker SIGKILLed mid-run -> the run ended in {seconds:.1f} s")
+    named = [line for line in err.splitlines() if f"vLLM worker (pid {worker})" in line]
+    assert proc.returncode not in (0, None) and len(named) == 1 and "Traceback" not in err, err[-3000:]
+    assert "killed by SIGKILL" in named[0] and seconds < 60, (named, seconds)
+
+
+# a trainer (this program) that starts a stand-in for the vLLM worker as vllm_engine.py does, in a session of
+# its own; the stand-in starts a process of its group, as vLLM starts its engine's, and watches the trainer
+VLLM_TRAINER = """import os, subprocess, sys, time
+worker = '''import os, subprocess, sys
+sys.path.insert(0, sys.argv[2])
+from grpo_vllm_worker import end_with_trainer
+engine = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
+print(os.getpid(), engine.pid, flush=True)
+end_with_trainer(int(sys.argv[1]), every=0.05)
+'''
+subprocess.Popen([sys.executable, '-c', worker, str(os.getpid()), sys.argv[1]], start_new_session=True)
+time.sleep(600)
+"""
+
+
+def test_the_vllm_worker_and_its_engine_processes_end_with_a_trainer_killed_outright():
+    side = str(ROOT / "grpo" / "vllm_side")
+    trainer = subprocess.Popen([sys.executable, "-c", VLLM_TRAINER, side], stdout=subprocess.PIPE, text=True)
+    group: dict[int, bytes] = {}
+    try:
+        group = {pid: started(pid) for pid in map(int, trainer.stdout.readline().split())}
+        assert len(group) == 2 and None not in group.values()
+        trainer.kill()
+        trainer.wait()
+        deadline = time.monotonic() + 5
+        while any(started(pid) == t for pid, t in group.items()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid, t in group.items() if started(pid) == t] == []
+    finally:
+        trainer.kill()
+        trainer.stdout.close()
+        for pid, t in group.items():
+            if started(pid) == t:
+                os.kill(pid, signal.SIGKILL)

@@ -1,5 +1,7 @@
 """Built-in rewards on hand-written completions, and the weighted, worker-pool scorer."""
 
+import math
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from grpo.rewards import (
     soft_overlong_penalty,
     think_format,
 )
+from grpo.rewards.combine import pool_score_metrics, pooled_std
 
 ROW = {"prompt": "How many eggs?", "answer": "18"}
 
@@ -156,6 +159,28 @@ def test_a_failed_call_is_left_out_of_its_reward_mean_as_its_row_is_of_reward_me
     assert metrics["reward/half"] == pytest.approx(2.5 / 3)
     assert metrics["reward/half"] == pytest.approx(total[~total.isnan()].mean().item())  # reward_mean's rows
     assert metrics["reward/half_std"] == pytest.approx(torch.tensor([1.0, 0.5, 1.0]).std().item())
+
+
+def test_a_reward_std_pooled_over_parts_is_the_std_of_all_their_verdicts():
+    def half(completion: str, example: dict) -> float:
+        if completion == "x":
+            raise ValueError("cannot read x")
+        return {"18": 1.0, "17": 0.5}.get(completion, 0.0)
+
+    texts = ["18", "17", "x", "x", "18", "0", "17", "x"]  # verdicts 1, .5 | none | 1, 0, .5
+    with pytest.warns(RuntimeWarning):
+        whole = combine_rewards([half])(texts, [ROW] * 8)[1]
+        parts = [(2, combine_rewards([half])(texts[i : i + 2], [ROW] * 2)[1]) for i in (0, 2)]
+        parts.append((4, combine_rewards([half])(texts[4:], [ROW] * 4)[1]))
+    pooled = pool_score_metrics(parts)
+    # by hand: verdicts 1, .5, 1, 0, .5, mean .6, squares .16+.01+.16+.36+.01 = .7, / 4: std sqrt(.175)
+    assert pooled["reward/half_std"] == pytest.approx(math.sqrt(0.175)) == whole["reward/half_std"]
+    assert pooled["reward/half"] == pytest.approx(0.6) and pooled["reward_errors/half"] == 3
+    one = pool_score_metrics([(8, whole)])  # the same rows as one batch (one process, one round)
+    assert (one["reward/half_std"], one["reward/half"]) == (pooled["reward/half_std"], pooled["reward/half"])
+    # a part without a verdict adds nothing
+    assert pool_score_metrics(parts[:2])["reward/half_std"] == pool_score_metrics(parts[:1])["reward/half_std"]
+    assert pooled_std([(2, 0.75, 0.5), (0, 0.0, 0.0)]) == 0.5 and pooled_std([(1, 1.0, 0.0)] * 2) == 0.0
 
 
 def test_on_error_raise_stops_with_one_line():

@@ -12,6 +12,7 @@ run (``"raise"``). Never a silent success.
 from __future__ import annotations
 
 import math
+import struct
 import traceback
 import warnings
 from collections.abc import Mapping, Sequence
@@ -178,7 +179,8 @@ class RewardScorer:
         because the trainer sums these values across processes and rounds key by key.
         """
         name = self.names[k]
-        scored = raw[~raw.isnan()]  # (M,) M <= N: the samples this function scored
+        scored = raw[~raw.isnan()].double()  # (M,) M <= N: the samples this function scored; float64, so
+        # that its mean and std pool over processes and rounds as exactly as one batch's (pool_score_metrics)
         out = {
             f"reward/{name}": scored.mean().item() if len(scored) else 0.0,
             f"reward/{name}_std": scored.std().item() if len(scored) > 1 else 0.0,
@@ -212,26 +214,74 @@ def pool_score_metrics(parts: Sequence[tuple[int, Mapping[str, float]]]) -> dict
 
     A count (``reward_errors/``, ``reward_timeouts/``, ``reward_none/``) is the sum over the parts, as
     ``errored/*`` counts rows. ``reward/<name>`` is a mean over the calls with a verdict, so each part
-    weighs by its verdicts, n_p - errors_p - none_p: sum_p mean_p * v_p / sum_p v_p. Any other value
-    (a std, a verl-style extra) weighs by the part's rows; a std so pooled is not the pooled std.
+    weighs by its verdicts, n_p - errors_p - none_p: sum_p mean_p * v_p / sum_p v_p (pooled_mean);
+    ``reward/<name>_std`` is the std of all those verdicts (pooled_std). So the same rows give the same
+    mean and std however processes and rounds split them: a run resumed on another number of processes
+    logs the straight run's. Any other value (a verl-style extra) weighs by the part's rows.
     """
     keys = list(dict.fromkeys(key for _, m in parts for key in m))
 
-    def weight(key: str, rows: int, m: Mapping[str, float]) -> float:
-        name = key.removeprefix("reward/")
-        if f"reward_errors/{name}" not in keys:
-            return float(rows)
+    def verdicts(name: str, rows: int, m: Mapping[str, float]) -> float:
         return rows - m.get(f"reward_errors/{name}", 0.0) - m.get(f"reward_none/{name}", 0.0)
+
+    def scored(key: str) -> str | None:
+        """The reward whose verdicts ``key`` summarises (its mean or its std), or None."""
+        name = key.removeprefix("reward/")
+        for candidate in (name, name.removesuffix("_std")):
+            if key.startswith("reward/") and f"reward_errors/{candidate}" in keys:
+                return candidate
+        return None
 
     out = {}
     for key in keys:
+        name = scored(key)
         if key.startswith(COUNTS):
             out[key] = sum(m.get(key, 0.0) for _, m in parts)
-            continue
-        weights = [weight(key, rows, m) for rows, m in parts]
-        total = sum(weights)
-        out[key] = sum(w * m.get(key, 0.0) for w, (_, m) in zip(weights, parts, strict=True)) / total if total else 0.0
+        elif name is not None:  # its verdicts' mean or std
+            stats = [(verdicts(name, rows, m), m.get(f"reward/{name}", 0.0), m.get(f"reward/{name}_std", 0.0))
+                     for rows, m in parts]
+            out[key] = pooled_std(stats) if key == f"reward/{name}_std" else pooled_mean(stats)
+        else:
+            total = sum(rows for rows, _ in parts)
+            out[key] = sum(rows * m.get(key, 0.0) for rows, m in parts) / total if total else 0.0
     return out
+
+
+def pooled_mean(parts: Sequence[tuple[float, float, float]]) -> float:
+    """The mean of the union of several samples, from each one's (count n_p, mean m_p, std): sum_p n_p m_p /
+    sum_p n_p, rounded to float32 as pooled_std is (0 when no part has a sample)."""
+    parts = [p for p in parts if p[0] > 0]
+    if len(parts) == 1:
+        return _float32(parts[0][1])
+    n = sum(count for count, _, _ in parts)
+    return _float32(sum(count * m for count, m, _ in parts) / n) if n else 0.0
+
+
+def pooled_std(parts: Sequence[tuple[float, float, float]]) -> float:
+    """The sample std of the union of several samples, from each one's (count n_p, mean m_p, sample std s_p):
+    with N = sum n_p and M = sum n_p m_p / N,
+
+        s^2 = (sum_p (n_p - 1) s_p^2 + sum_p n_p (m_p - M)^2) / (N - 1)
+
+    (Chan, Golub and LeVeque's pairwise update, all at once). A part with no sample adds nothing. The
+    result is rounded to float32, as a lone part's std is: the parts' stds and means are float64
+    (RewardScorer._metrics), so the rounding of float64's last bits, which depends on the split, is gone
+    and one batch and the same rows in parts log the same number.
+    """
+    parts = [p for p in parts if p[0] > 0]
+    n = sum(count for count, _, _ in parts)
+    if len(parts) == 1:
+        return _float32(parts[0][2])
+    if n <= 1:
+        return 0.0
+    mean = sum(count * m for count, m, _ in parts) / n
+    within = sum((count - 1) * s * s for count, _, s in parts)
+    between = sum(count * (m - mean) ** 2 for count, m, _ in parts)
+    return _float32(math.sqrt(max(within + between, 0.0) / (n - 1)))
+
+
+def _float32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def combine_rewards(

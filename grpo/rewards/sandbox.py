@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from grpo.parent_death import die_with_parent
 from grpo.rewards.base import RewardError
 
 MODES = ("strict", "weak")
@@ -304,10 +305,11 @@ def _command(mode: str, limits: Limits) -> tuple[list[str], Callable[[], None] |
     if user is not None and mode == "weak":
         os.chown(work, user.uid, user.gid)
     os.chmod(work, 0o700)
+    parent = os.getpid()  # weak and none: the child dies with us, as bwrap's --die-with-parent does
     if mode == "weak":
         _warn_weak()
-        return runner, lambda: _enter_weak(user), work
-    return [sys.executable, *runner[1:]], None, work
+        return runner, lambda: (_enter_weak(user), die_with_parent(parent)), work
+    return [sys.executable, *runner[1:]], lambda: die_with_parent(parent), work
 
 
 def _environment(mode: str, work: Path) -> dict[str, str]:

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import Listener
 
@@ -197,8 +199,18 @@ def serve(conn: object) -> None:
             conn.send(("error", _error_kind(err), f"{type(err).__name__}: {err}"))
 
 
+def end_with_trainer(trainer: int, every: float = 0.5) -> None:
+    """Kill this process group (the worker and vLLM's engine processes) once the trainer is gone, however it
+    ended: a trainer killed outright (SIGKILL) runs no clean-up, and our parent becomes another process."""
+    while os.getppid() == trainer:
+        time.sleep(every)
+    os.killpg(0, signal.SIGKILL)
+
+
 def main() -> None:
     key = bytes.fromhex(os.environ.pop("GRPO_VLLM_AUTHKEY"))  # not inherited by vLLM's own processes
+    trainer = int(os.environ.pop("GRPO_VLLM_TRAINER", os.getppid()))  # its pid, taken before it started us
+    threading.Thread(target=end_with_trainer, args=(trainer,), daemon=True, name="end-with-trainer").start()
     with Listener(sys.argv[1], family="AF_UNIX", authkey=key) as listener, listener.accept() as conn:
         serve(conn)
 
