@@ -216,12 +216,16 @@ class RunShape:
 
     @classmethod
     def from_config(cls, config: object, prompt_tokens: int, *, tool_workers: int = 0) -> RunShape:
-        """From a settled TrainConfig (its token limit known)."""
+        """From a settled TrainConfig (its token limit known). An adapter folder as ``--model`` trains its
+        adapter, at the folder's rank, as ``--lora-rank`` would (grpo.models.adapter_folder_rank)."""
+        from grpo.models import adapter_folder_rank
+
+        rank = config.lora_rank or adapter_folder_rank(str(config.model))
         return cls(
             group_size=config.group_size, prompts_per_step=config.prompts_per_step,
             max_new_tokens=config.max_new_tokens, prompt_tokens=prompt_tokens,
             micro_batch_tokens=config.micro_batch_tokens, gradient_checkpointing=config.gradient_checkpointing,
-            beta=config.beta, lora_rank=config.lora_rank, steps=config.steps,
+            beta=config.beta, lora_rank=rank, steps=config.steps,
             optimizer_steps_per_step=config.minibatches * config.epochs, eval_batch_size=config.eval_batch_size,
             eval_rows=config.eval_size, eval_samples=config.eval_samples,
             preflight_rows=0 if config.preflight == "off" else config.preflight_prompts * config.group_size,
@@ -366,7 +370,7 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     groups = max(1, run.prompts_per_step // device.world)
     phases["the update"] = {**(lasting if later else no_adam), **update_terms(model, run, device, groups)}
     eval_rows = min(run.eval_batch_size, max(1, math.ceil(run.eval_rows / device.world))) * max(1, run.eval_samples)
-    if run.eval_rows and own:
+    if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine
         phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, context, act)}
     if run.save_model:
         phases["saving the model"] = {**lasting, **saving_terms(model, run)}

@@ -137,13 +137,15 @@ def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, devic
                     adaptable: Collection[str], say: Callable[[str], None] = print) -> tuple[dict, Prediction]:
     """The changes that bring the predicted need under device.available, in order and only to
     ``adaptable`` options: micro_batch_tokens halved (while above one row and MIN_MICRO_BATCH), gradient
-    checkpointing on, eval_batch_size halved (to 1); each change said. Returns the changes and the
+    checkpointing on, eval_batch_size halved (to 1); a change the later ones made needless undone; each
+    change said. Returns the changes and the
     prediction after them; a need still over what is free raises ConfigError, one line naming the largest
     term and the option that shrinks it."""
     changes: dict = {}
 
-    def now() -> Prediction:
-        return predict(model, RunShape.from_config(dataclasses.replace(config, **changes), prompt_tokens), device)
+    def now(trial: dict | None = None) -> Prediction:
+        settled = dataclasses.replace(config, **(changes if trial is None else trial))
+        return predict(model, RunShape.from_config(settled, prompt_tokens), device)
 
     pred = now()
     fits = lambda p: device.available is None or p.needed <= device.available  # noqa: E731
@@ -163,6 +165,12 @@ def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, devic
             pred = now()
     if not fits(pred):  # adapting is not enough: the one line says what to change, and nothing else is said
         raise ConfigError(refusal(pred, device.available))
+    for name in list(changes)[:-1]:  # a change the later ones made needless is undone (a smaller
+        # micro-batch does not help when evaluation is the peak)
+        trial = {k: v for k, v in changes.items() if k != name}
+        if fits(now(trial)):
+            changes = trial
+    pred = now()
     for name, value in changes.items():
         say(f"memory: {name} {getattr(config, name)} -> {value} (predicted need {gib(pred.needed)}, "
             f"{gib(device.available)} available)")

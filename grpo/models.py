@@ -218,6 +218,18 @@ def is_adapter_folder(name: str) -> bool:
     return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
 
 
+def adapter_folder_rank(name: str) -> int:
+    """The rank (``r``) of the adapter a folder given as ``--model`` holds, read from its adapter_config.json
+    before anything loads; 0 for anything that is not an adapter folder (or names no rank)."""
+    if not is_adapter_folder(name):
+        return 0
+    try:
+        found = json.loads((Path(name).expanduser() / "adapter_config.json").read_text(encoding="utf-8"))
+        return int(found.get("r", 0) or 0) if isinstance(found, dict) else 0
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
 def trains_adapter(model: nn.Module) -> bool:
     """Whether training ``model`` trains a LoRA adapter on a frozen base (a peft model), however the adapter
     came: ``--lora-rank`` (``add_lora``) or an adapter folder as ``--model``. The one test the trainer, the

@@ -164,3 +164,34 @@ def test_the_model_agrees_with_published_figures():
     assert states == 16 * gpt2.params  # 16 x 1.5e9 = 24 GB (this shape counts a gated MLP: 2.0B parameters)
     # ... and (section 3.2) its activations at sequence 1K and batch 32 take about 8 GB with checkpointing
     assert 7e9 < terms["activations"] < 9e9
+
+
+def test_an_adapter_folder_as_model_is_predicted_as_the_adapter_it_trains(tmp_path):
+    # an adapter folder leaves --lora-rank at 0: counted as a full fine-tune, the optimizer's 8 P and the
+    # reference's 4 P under --beta would refuse runs that fit
+    import json
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": "x"}))
+    as_folder = _config(model=str(folder), beta=0.04)
+    as_rank = _config(lora_rank=16, beta=0.04)
+    assert RunShape.from_config(as_folder, 40).lora_rank == 16
+    one, two = (predict(WIDE, RunShape.from_config(c, 40), Device("cpu")) for c in (as_folder, as_rank))
+    assert one.terms == two.terms and "reference" not in one.terms
+
+
+def test_evaluation_is_counted_under_the_vllm_engine():
+    # greedy evaluation decodes on the trainer's own policy whatever engine samples
+    config = dataclasses.replace(_config(engine="vllm", eval_size=4096), eval_batch_size=4096)
+    pred = predict(WIDE, RunShape.from_config(config, 40), Device("cpu"))
+    assert "evaluation" in pred.phases and pred.phase == "evaluation"
+
+
+def test_adapting_undoes_changes_that_do_not_help_the_peak():
+    # evaluation is the peak: halving eval_batch_size fits; a smaller micro-batch and checkpointing are undone
+    config = dataclasses.replace(_config(eval_size=4096), eval_batch_size=4096)
+    available = _need(dataclasses.replace(config, eval_batch_size=1024)) + 1
+    changes, pred = adapt_to_memory(WIDE, config, 40, Device("cpu", available=available),
+                                    {"micro_batch_tokens", "gradient_checkpointing", "eval_batch_size"}, print)
+    assert list(changes) == ["eval_batch_size"] and changes["eval_batch_size"] < 4096 and pred.needed <= available
