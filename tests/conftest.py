@@ -77,7 +77,7 @@ def _no_bomb_files_left_behind():
 # ---- test layers: every test belongs to one (its file's, unless it is marked with another), and
 # ``slow`` (the real embedded model) is counted beside them; the run ends with how many ran in each
 
-LAYERS = ("unit", "equivalence", "model", "vllm", "attack", "docs", "combos")
+LAYERS = ("unit", "equivalence", "model", "vllm", "attack", "docs", "combos", "faults")
 FILE_LAYERS = {
     "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams"),
     "model": ("test_trainer", "test_preflight", "test_filter_groups", "test_agent_training", "test_run_metrics",
@@ -85,11 +85,12 @@ FILE_LAYERS = {
               "test_coming_from_trl", "test_embedded", "test_agent_embedded", "test_example",
               "test_architectures", "test_model_folders", "test_prompts", "test_errored_rows", "test_token_budget",
               "test_adapter_runs",
-              "test_objectives_training", "test_faults"),
+              "test_objectives_training"),
     "vllm": ("test_vllm_engine", "test_vllm_sleep", "test_vllm_acceptance"),
     "attack": ("test_sandbox", "test_code_audit"),
     "docs": ("test_docs",),
     "combos": ("test_combinations",),
+    "faults": ("test_faults",),
 }  # any other file: unit
 
 

@@ -80,6 +80,17 @@ def partial_dirs(run_dir: Path) -> list[str]:
     return [p.name for p in root.iterdir() if p.name.startswith(".tmp-")] if root.is_dir() else []
 
 
+def _wait_for_a_write(run_dir: Path, pid: int, deadline: float) -> None:
+    """Until a checkpoint's temporary folder (not a pruned one's) appears, the run ends or the deadline."""
+    while time.monotonic() < deadline and not any(not n.startswith(".tmp-del-") for n in partial_dirs(run_dir)):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                return  # it ended (not reaped here: the caller's waitpid sees how)
+        except OSError:
+            return
+        time.sleep(0.0005)
+
+
 def kill_trials(work: Path, kills_wanted: int, seed: int, duration: float) -> dict:
     rng = random.Random(seed)
     report = {"kills": 0, "mid_write": 0, "mid_prune": 0, "before_first_checkpoint": 0,
@@ -93,7 +104,10 @@ def kill_trials(work: Path, kills_wanted: int, seed: int, duration: float) -> di
         before = checkpoint.read_meta(latest)["step"] if latest else 0
         report["resumes"] += latest is not None
         pid = spawn(run, latest is not None, work / f"resumed-{chain}.log")
-        time.sleep(rng.uniform(0.0, 0.75 * duration))  # most kills land before the end
+        if report["kills"] % 4 == 3:  # every fourth kill aimed at a checkpoint being written
+            _wait_for_a_write(run, pid, deadline=time.monotonic() + duration)
+        else:
+            time.sleep(rng.uniform(0.0, 0.75 * duration))  # most kills land before the end
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
