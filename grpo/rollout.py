@@ -28,7 +28,6 @@ from grpo.forward import (
     left_pad,
     output_head,
     positions,
-    reserve,
     select_rows,
 )
 from grpo.streams import stream_uniforms
@@ -247,7 +246,7 @@ def sample_turn(
     so no number is used twice); without it rows draw from ``generator``.
     """
     device = state.attn.device
-    cache, attn, next_pos, logits = reserve(state.cache, max_new_tokens), state.attn, state.next_pos, state.logits
+    cache, attn, next_pos, logits = state.cache, state.attn, state.next_pos, state.logits
     tokens, logprobs, lengths, stopped = _turn_buffers(attn.shape[0], max_new_tokens, tokenizer.pad_token_id, device)
     paused: list[tuple[Tensor, DecodeState]] = []
     active = torch.arange(attn.shape[0], device=device)  # rows of the full batch still decoding

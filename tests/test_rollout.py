@@ -340,34 +340,3 @@ def test_the_worker_asks_vllm_for_the_truncated_distributions_log_probs():
     options = worker.sampling_options(request)
     assert (options["temperature"], options["top_p"], options["top_k"], options["logprobs"]) == (0.7, 0.9, 5, 0)
     assert worker.sampling_options({**request, "top_k": 0})["top_k"] == -1  # vLLM's "no top-k"
-
-
-def test_decoding_writes_each_new_position_in_place_and_samples_what_the_growing_cache_samples(
-        tiny_model, tokenizer, monkeypatch):
-    """The reserved cache (grpo.forward.reserve) changes no number: the same streams draw the same tokens
-    with the same log-probs as transformers' own cache, which copies every row's keys at every step;
-    and its update writes into one buffer (the keys it returns share their storage step after step)."""
-    import grpo.rollout as rollout
-    from grpo.forward import encode_prompt_batch, reserve
-    from grpo.streams import stream_keys
-
-    prompts = _prompts(tokenizer, ["1+2?", "What is 30+4?", "hi"])  # uneven lengths: padding, rows leaving
-    keys = stream_keys(0, 1, 0, torch.arange(12))
-    reserved = generate(tiny_model, tokenizer, prompts, group_size=4, max_new_tokens=16, streams=keys)
-    monkeypatch.setattr(rollout, "reserve", lambda cache, extra: cache)
-    plain = generate(tiny_model, tokenizer, prompts, group_size=4, max_new_tokens=16, streams=keys)
-    assert plain.lengths.float().std() > 0  # rows left the batch at different steps
-    assert torch.equal(reserved.completion_ids, plain.completion_ids)
-    assert torch.equal(reserved.logprobs, plain.logprobs)
-
-    with torch.no_grad():
-        cache = reserve(encode_prompt_batch(tiny_model.get_decoder(), prompts, 2, tokenizer.pad_token_id).cache, 8)
-    layer = cache.layers[0]
-    width, storage = layer.keys.shape[-2], layer.keys.untyped_storage().data_ptr()
-    new = torch.ones_like(layer.keys[..., :1, :])
-    for step in range(1, 9):
-        k, _ = layer.update(new, new.clone())
-        assert k.shape[-2] == width + step and k.untyped_storage().data_ptr() == storage
-    layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]  # assigned from outside
-    k, _ = layer.update(new * 2, new * 2)
-    assert k.shape[-2] == width + 1 and torch.equal(k[..., -1:, :], new * 2)
