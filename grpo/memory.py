@@ -153,6 +153,8 @@ class Prediction:
     phases: dict[str, int] = field(default_factory=dict)
     reserved: int = 0
     per_process: bool = False
+    worst: int = 0  # the peak with every completion at the token limit, when ``peak`` assumes measured lengths
+    completion: int = 0  # the longest completion ``peak`` assumes, in tokens
 
     @property
     def needed(self) -> int:
@@ -167,14 +169,17 @@ class Prediction:
         return {"predicted_peak_bytes": self.peak, "needed_bytes": self.needed, "available_bytes": available,
                 "phase": self.phase, "terms": dict(self.terms), "other_processes": dict(self.others),
                 "phases": dict(self.phases), "reserved_bytes": self.reserved or None,
-                "per_process": self.per_process}
+                "per_process": self.per_process, "completion_tokens": self.completion,
+                "worst_case_peak_bytes": self.worst or None}
 
     def describe(self, available: int | None = None) -> str:
         who = "each process's" if self.per_process else "the trainer's"
         parts = ", ".join(f"{name} {gib(v)}" for name, v in self.largest())
         free = f" of {gib(available)} available" if available is not None else ""
         beside = f" (+{gib(sum(self.others.values()))} in other processes)" if self.others else ""
-        return f"memory: {who} predicted peak {gib(self.peak)}{beside}{free}, in {self.phase}: {parts}"
+        lengths = (f" at the completion lengths measured here (the longest {self.completion} tokens; "
+                   f"{gib(self.worst)} if they reach the token limit)") if self.worst else ""
+        return f"memory: {who} predicted peak {gib(self.peak)}{lengths}{beside}{free}, in {self.phase}: {parts}"
 
 
 def gib(n: float) -> str:
@@ -213,6 +218,14 @@ class RunShape:
     tool_workers: int = 0
     fsdp: bool = False
     save_model: bool = True
+    # the longest completion assumed in sampling and in the update's micro-batches (0: max_new_tokens, the
+    # worst case the check before loading must assume); pre-flight's measured lengths set it
+    completion_tokens: int = 0
+
+    @property
+    def completion(self) -> int:
+        """Tokens of the longest completion the prediction assumes: completion_tokens, at most the limit."""
+        return min(self.completion_tokens or self.max_new_tokens, self.max_new_tokens)
 
     @classmethod
     def from_config(cls, config: object, prompt_tokens: int, *, tool_workers: int = 0) -> RunShape:
@@ -271,9 +284,9 @@ def sampling_terms(model: ModelShape, rows: int, tokens: int, dtype_bytes: int) 
 def micro_batch_tokens(run: RunShape, groups: int) -> tuple[int, int]:
     """(tokens, rows) of the largest micro-batch of ``groups`` groups: whole groups packed up to
     micro_batch_tokens, each group costing its prompt once plus G x its longest completion
-    (grpo/update.py ``micro_batches``), with every completion at max_new_tokens; a group over the budget is
-    split by rows (at least one)."""
-    p, t, g = run.prompt_tokens, run.max_new_tokens, run.group_size
+    (grpo/update.py ``micro_batches``), with every group's longest completion at ``run.completion``; a
+    group over the budget is split by rows (at least one)."""
+    p, t, g = run.prompt_tokens, run.completion, run.group_size
     group_cost = p + g * t
     if group_cost > run.micro_batch_tokens:
         rows = max(1, (run.micro_batch_tokens - p) // max(t, 1))
@@ -295,9 +308,11 @@ def activation_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int, d
     return model.layers * per_layer + repeated_prompt
 
 
-def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int) -> dict[str, int]:
+def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
+                 *, first_only: bool = False) -> dict[str, int]:
     """The update's transient part, its micro-batches packed from ``groups`` groups: gradients 4 P_train
-    (a 1/world shard under FSDP; with a single micro-batch only what they exceed its activations by), one
+    (a 1/world shard under FSDP; with a single micro-batch, or when only the first runs as pre-flight's
+    timing does, only what they exceed its activations by), one
     micro-batch's activations, one chunk of the log-prob head's logits
     (LOGIT_CHUNK_TOKENS x V fp32, twice), and on CUDA autocast's bf16 copies of the layers' weights (2
     bytes per parameter outside the embeddings)."""
@@ -307,7 +322,7 @@ def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int) 
     tokens, rows = micro_batch_tokens(run, groups)
     activations = activation_bytes(model, run, tokens, rows, act)
     gradients = int(4 * trained / shard)
-    if groups * (run.prompt_tokens + run.group_size * run.max_new_tokens) <= run.micro_batch_tokens:
+    if first_only or groups * (run.prompt_tokens + run.group_size * run.completion) <= run.micro_batch_tokens:
         # one micro-batch: its gradients come into being in backward as its activations go (the optimiser
         # set them to None), so only what they exceed the activations by adds to the peak
         gradients = max(0, gradients - activations)
@@ -353,15 +368,15 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     own process: the trainer then holds no KV cache."""
     lasting = lasting_terms(model, run, device)
     act = 4 if device.kind == "cpu" else 2
-    context = max(run.prompt_tokens + run.max_new_tokens, 1)
+    context = max(run.prompt_tokens + run.completion, 1)
     no_adam = {k: v for k, v in lasting.items() if k != "optimizer"}
     own = run.engine == "own"
     phases: dict[str, dict[str, int]] = {}
     if run.preflight_rows and own:
         phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act)}
-    if run.preflight_rows:  # it times a forward and backward of its first micro-batch, of all its groups
-        phases["the pre-flight's timed update"] = {
-            **no_adam, **update_terms(model, run, device, run.preflight_rows // run.group_size)}
+    if run.preflight_rows:  # it times a forward and backward of its first micro-batch only, of all its groups
+        phases["the pre-flight's timed update"] = {**no_adam, **update_terms(
+            model, run, device, run.preflight_rows // run.group_size, first_only=True)}
     if own:
         rows = max(1, run.prompts_per_step // device.world) * run.group_size
         before = lasting if run.steps >= 2 else no_adam
@@ -370,8 +385,10 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     groups = max(1, run.prompts_per_step // device.world)
     phases["the update"] = {**(lasting if later else no_adam), **update_terms(model, run, device, groups)}
     eval_rows = min(run.eval_batch_size, max(1, math.ceil(run.eval_rows / device.world))) * max(1, run.eval_samples)
-    if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine
-        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, context, act)}
+    if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine; its
+        # lengths are not the sampled ones pre-flight measured: at the limit
+        limit = max(run.prompt_tokens + run.max_new_tokens, 1)
+        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, limit, act)}
     if run.save_model:
         phases["saving the model"] = {**lasting, **saving_terms(model, run)}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
@@ -380,4 +397,4 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     reserved = int(peak * (1 + CUDA_RESERVE_SLACK)) + CUDA_CONTEXT if device.kind == "cuda" else 0
     return Prediction(peak=peak, phase=phase, terms=terms, others=other_processes(model, run, device),
                       phases={k: sum(v.values()) for k, v in phases.items()}, reserved=reserved,
-                      per_process=device.world > 1)
+                      per_process=device.world > 1, completion=run.completion)

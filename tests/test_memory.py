@@ -19,7 +19,7 @@ from grpo.memory import (
     micro_batch_tokens,
     predict,
 )
-from grpo.memory_check import adapt_to_memory
+from grpo.memory_check import adapt_to_memory, measured_completion, trainer_prediction
 
 # L 2, H 8, I 16, 2 heads and 1 KV head of 4 dims, V 10, tied embeddings
 TINY = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, tied=True)
@@ -195,3 +195,61 @@ def test_adapting_undoes_changes_that_do_not_help_the_peak():
     changes, pred = adapt_to_memory(WIDE, config, 40, Device("cpu", available=available),
                                     {"micro_batch_tokens", "gradient_checkpointing", "eval_batch_size"}, print)
     assert list(changes) == ["eval_batch_size"] and changes["eval_batch_size"] < 4096 and pred.needed <= available
+
+
+def test_the_preflight_timing_runs_one_micro_batch_so_its_gradients_replace_activations():
+    # pre-flight times the first micro-batch of its 2 groups only (grpo/preflight.py update_seconds), its
+    # gradients set to None before: at 20 tokens a micro-batch the step's update keeps the first
+    # micro-batch's gradients (4 P) while the second runs, the timing never does
+    p = 1272
+    run = dataclasses.replace(RUN, micro_batch_tokens=20, preflight_rows=8)
+    pred = predict(TINY, run, Device("cpu"))
+    activations = 17 * 2 * 152 * 4 + 4 * 5 * 64  # one group: 17 tokens, its 4 rows' prompt cache
+    logits = LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4
+    assert pred.phases["the pre-flight's timed update"] == CPU_BASELINE + 4 * p + activations + logits
+    assert pred.phases["the update"] == CPU_BASELINE + 12 * p + 4 * p + activations + logits
+
+
+def test_measured_completion_lengths_shrink_sampling_and_the_update_but_not_evaluation():
+    # completions of at most 1 token instead of the limit's 3: sampling's cache 8 rows x (5 + 1) x 64
+    # bytes; a group costs 5 + 4 x 1 = 9 tokens, both in one micro-batch: 18 tokens, their 8 rows' prompt
+    # cache; greedy evaluation is not what pre-flight sampled: at the limit, 1 row x (5 + 3) x 64
+    p = 1272
+    short = predict(TINY, dataclasses.replace(RUN, completion_tokens=1), Device("cpu"))
+    logits = LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4
+    assert short.completion == 1
+    assert short.phases["sampling"] == CPU_BASELINE + 12 * p + 8 * 6 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
+    assert short.phases["the update"] == CPU_BASELINE + 12 * p + 18 * 2 * 152 * 4 + 8 * 5 * 64 + logits
+    assert short.phases["evaluation"] == CPU_BASELINE + 12 * p + 1 * 8 * 64 + SAMPLING_LOGIT_COPIES * 1 * 10 * 4
+    # a measured length above the limit is the limit
+    assert dataclasses.replace(RUN, completion_tokens=9).completion == 3
+
+
+def test_measured_lengths_count_only_where_sound():
+    assert measured_completion([4, 9, 7], [False] * 3, multi_turn=False) == 9
+    assert measured_completion([4, 64, 7], [False, True, False], multi_turn=False) == 0  # one cut: the limit
+    assert measured_completion([4, 9, 7], [False] * 3, multi_turn=True) == 0  # tool replies in completions
+    assert measured_completion([], [], multi_turn=False) == 0
+
+
+def _trainer(config: TrainConfig) -> object:
+    from types import SimpleNamespace
+
+    import torch
+
+    wide = {"num_hidden_layers": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+            "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "tie_word_embeddings": True}
+    return SimpleNamespace(config=config, model=SimpleNamespace(config=wide), train_prompts=[[1] * 40],
+                           device=torch.device("cpu"), world=SimpleNamespace(size=1), toolbox=None, agent=None)
+
+
+def test_the_prediction_beside_the_first_step_uses_preflight_lengths_and_keeps_the_worst_case():
+    trainer = _trainer(_config())  # a 64-token limit
+    worst, _ = trainer_prediction(trainer)
+    short, _ = trainer_prediction(trainer, [10] * 64, [False] * 64)
+    assert worst.worst == 0 and worst.completion == 64
+    assert short.completion == 10 and short.worst == worst.peak and short.peak < worst.peak
+    assert short.to_dict(None)["worst_case_peak_bytes"] == worst.peak
+    assert "the longest 10 tokens" in short.describe()
+    cut, _ = trainer_prediction(trainer, [10] * 63 + [64], [False] * 63 + [True])
+    assert cut.peak == worst.peak and cut.worst == 0
