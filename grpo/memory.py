@@ -33,9 +33,12 @@ GIB = 1024**3
 MIB = 1024**2
 
 # Measured on this project's CPU machine (docs/memory.md): python + torch + transformers + peft + grpo
-# imported and the tokenizer loaded came to 406 MiB resident; the task's rows and the run's own
-# objects on top, before any weight: the resident set every process starts with.
-CPU_BASELINE = 450 * MIB
+# imported came to 359 MiB resident; the task's rows and the run's own objects on top, before any weight
+# or tokenizer: the resident set every process starts with.
+CPU_BASELINE = 400 * MIB
+# A fast tokenizer's resident size follows its vocabulary: measured (docs/memory.md) 57 MiB for
+# SmolLM2's 49,152 tokens (1.2 KB a token), 449 MiB for Gemma 3's 262,144 (1.8 KB); the larger rate.
+TOKENIZER_BYTES_PER_TOKEN = 1800
 # A CUDA context (kernels and cuBLAS workspace) is host and device memory outside the allocator's count;
 # torch.cuda.max_memory_allocated does not see it: only the reserve check includes it.
 CUDA_CONTEXT = 500 * MIB
@@ -258,6 +261,7 @@ def lasting_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str,
     trained = model.lora_params(run.lora_rank) if run.lora_rank else model.params
     weights = model.params + trained if run.lora_rank else model.params
     terms = {"baseline": CPU_BASELINE if device.kind == "cpu" else 0,
+             "tokenizer": TOKENIZER_BYTES_PER_TOKEN * model.vocab if device.kind == "cpu" else 0,
              "weights": int(4 * weights / shard) + (4 * model.layer_params if shard > 1 else 0),
              "optimizer": int(8 * trained / shard)}
     if run.beta > 0 and not run.lora_rank:
@@ -312,7 +316,8 @@ def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
                  *, first_only: bool = False) -> dict[str, int]:
     """The update's transient part, its micro-batches packed from ``groups`` groups: gradients 4 P_train
     (a 1/world shard under FSDP; with a single micro-batch, or when only the first runs as pre-flight's
-    timing does, only what they exceed its activations by), one
+    timing does, only what they exceed its activations by, and at least the output layer's 4 V H,
+    which backward makes first), one
     micro-batch's activations, one chunk of the log-prob head's logits
     (LOGIT_CHUNK_TOKENS x V fp32, twice), and on CUDA autocast's bf16 copies of the layers' weights (2
     bytes per parameter outside the embeddings)."""
@@ -324,8 +329,10 @@ def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
     gradients = int(4 * trained / shard)
     if first_only or groups * (run.prompt_tokens + run.group_size * run.completion) <= run.micro_batch_tokens:
         # one micro-batch: its gradients come into being in backward as its activations go (the optimiser
-        # set them to None), so only what they exceed the activations by adds to the peak
-        gradients = max(0, gradients - activations)
+        # set them to None), so only what they exceed the activations by adds to the peak; but the output
+        # layer's, V x H (the embeddings' when tied), comes first, while every activation is alive
+        head = 0 if run.lora_rank else int(4 * model.vocab * model.hidden / shard)
+        gradients = max(head, gradients - activations)
     terms = {"gradients": gradients, "activations": activations,
              "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * model.vocab * 4}
     if device.kind == "cuda":

@@ -34,6 +34,7 @@ SHRINKS = {
     "logits_chunk": "a model with a smaller vocabulary",
     "autocast_weights": "--lora-rank",
     "baseline": "nothing grpo can change (the interpreter and its libraries)",
+    "tokenizer": "nothing grpo can change (the model's tokenizer)",
     "reward_workers": "--reward-workers",
     "tool_workers": "fewer tool workers",
     "vllm": "--vllm-memory",

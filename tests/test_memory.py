@@ -13,6 +13,7 @@ from grpo.memory import (
     LOGIT_CHUNK_COPIES,
     LOGIT_CHUNK_TOKENS,
     SAMPLING_LOGIT_COPIES,
+    TOKENIZER_BYTES_PER_TOKEN,
     Device,
     ModelShape,
     RunShape,
@@ -23,6 +24,8 @@ from grpo.memory_check import adapt_to_memory, measured_completion, trainer_pred
 
 # L 2, H 8, I 16, 2 heads and 1 KV head of 4 dims, V 10, tied embeddings
 TINY = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, tied=True)
+# what a CPU process holds before its weights: the interpreter and libraries, and the tokenizer of V = 10
+BASE = CPU_BASELINE + TOKENIZER_BYTES_PER_TOKEN * 10
 RUN = RunShape(group_size=4, prompts_per_step=2, max_new_tokens=3, prompt_tokens=5, micro_batch_tokens=100,
                eval_batch_size=1, eval_rows=1, reward_workers=0)
 
@@ -52,8 +55,10 @@ def test_predicted_terms_by_hand_on_the_cpu():
     pred = predict(TINY, RUN, Device("cpu"))
     p = 1272
     # update: 34 tokens x 2 layers x 152 floats x 4 bytes = 41344; prompt cache repeated: 8 rows x 5 x 64 = 2560
-    # one micro-batch: its gradients (4 P = 5088) come as its activations (43904) go, adding nothing
-    update = {"baseline": CPU_BASELINE, "weights": 4 * p, "optimizer": 8 * p, "gradients": 0,
+    # one micro-batch: its gradients (4 P = 5088) come as its activations (43904) go, adding nothing but
+    # the output layer's (tied: the embeddings', 4 x V 10 x H 8 = 320), which backward makes first
+    update = {"baseline": CPU_BASELINE, "tokenizer": TOKENIZER_BYTES_PER_TOKEN * 10, "weights": 4 * p,
+              "optimizer": 8 * p, "gradients": 320,
               "activations": 41344 + 2560, "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4}
     assert pred.phase == "the update" and pred.terms == update
     assert pred.peak == sum(update.values())
@@ -61,7 +66,7 @@ def test_predicted_terms_by_hand_on_the_cpu():
     two = predict(TINY, dataclasses.replace(RUN, micro_batch_tokens=20), Device("cpu"))
     assert two.phases["the update"] == sum({**update, "gradients": 4 * p, "activations": 17 * 2 * 152 * 4 + 4 * 5 * 64}.values())
     # sampling: 8 rows x (5 + 3) tokens x 64 bytes; logits 3 x 8 rows x 10 x 4 bytes; AdamW's state from step 2
-    sampling = CPU_BASELINE + 12 * p + 8 * 8 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
+    sampling = BASE + 12 * p + 8 * 8 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
     assert pred.phases["sampling"] == sampling
     # gradient checkpointing: each layer's input 34 x 2 x 8 x 4 = 2176, one layer's set 34 x 152 x 4 = 20672
     ckpt = predict(TINY, dataclasses.replace(RUN, gradient_checkpointing=True), Device("cpu"))
@@ -200,14 +205,14 @@ def test_adapting_undoes_changes_that_do_not_help_the_peak():
 def test_the_preflight_timing_runs_one_micro_batch_so_its_gradients_replace_activations():
     # pre-flight times the first micro-batch of its 2 groups only (grpo/preflight.py update_seconds), its
     # gradients set to None before: at 20 tokens a micro-batch the step's update keeps the first
-    # micro-batch's gradients (4 P) while the second runs, the timing never does
+    # micro-batch's gradients (4 P) while the second runs, the timing only the output layer's (4 V H = 320)
     p = 1272
     run = dataclasses.replace(RUN, micro_batch_tokens=20, preflight_rows=8)
     pred = predict(TINY, run, Device("cpu"))
     activations = 17 * 2 * 152 * 4 + 4 * 5 * 64  # one group: 17 tokens, its 4 rows' prompt cache
     logits = LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4
-    assert pred.phases["the pre-flight's timed update"] == CPU_BASELINE + 4 * p + activations + logits
-    assert pred.phases["the update"] == CPU_BASELINE + 12 * p + 4 * p + activations + logits
+    assert pred.phases["the pre-flight's timed update"] == BASE + 4 * p + 320 + activations + logits
+    assert pred.phases["the update"] == BASE + 12 * p + 4 * p + activations + logits
 
 
 def test_measured_completion_lengths_shrink_sampling_and_the_update_but_not_evaluation():
@@ -218,9 +223,9 @@ def test_measured_completion_lengths_shrink_sampling_and_the_update_but_not_eval
     short = predict(TINY, dataclasses.replace(RUN, completion_tokens=1), Device("cpu"))
     logits = LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * 10 * 4
     assert short.completion == 1
-    assert short.phases["sampling"] == CPU_BASELINE + 12 * p + 8 * 6 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
-    assert short.phases["the update"] == CPU_BASELINE + 12 * p + 18 * 2 * 152 * 4 + 8 * 5 * 64 + logits
-    assert short.phases["evaluation"] == CPU_BASELINE + 12 * p + 1 * 8 * 64 + SAMPLING_LOGIT_COPIES * 1 * 10 * 4
+    assert short.phases["sampling"] == BASE + 12 * p + 8 * 6 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
+    assert short.phases["the update"] == BASE + 12 * p + 320 + 18 * 2 * 152 * 4 + 8 * 5 * 64 + logits
+    assert short.phases["evaluation"] == BASE + 12 * p + 1 * 8 * 64 + SAMPLING_LOGIT_COPIES * 1 * 10 * 4
     # a measured length above the limit is the limit
     assert dataclasses.replace(RUN, completion_tokens=9).completion == 3
 
@@ -253,3 +258,14 @@ def test_the_prediction_beside_the_first_step_uses_preflight_lengths_and_keeps_t
     assert "the longest 10 tokens" in short.describe()
     cut, _ = trainer_prediction(trainer, [10] * 63 + [64], [False] * 63 + [True])
     assert cut.peak == worst.peak and cut.worst == 0
+
+
+def test_the_output_layers_gradient_is_made_while_every_activation_is_alive():
+    # backward starts at the output layer: its gradient (4 V H) exists beside all of one micro-batch's
+    # activations; the layers' gradients come as those go. A vocabulary of 10,000 (Gemma-like, V H is
+    # most of P): 4 x 10000 x 8 = 320000 bytes, more than 4 P - activations; under LoRA the head is frozen
+    big = dataclasses.replace(TINY, vocab=10_000)
+    assert predict(big, RUN, Device("cpu")).terms["gradients"] == 4 * 10_000 * 8
+    assert predict(big, dataclasses.replace(RUN, lora_rank=2), Device("cpu")).terms["gradients"] == 0
+    # and the tokenizer's resident size follows the vocabulary (1.8 KB a token)
+    assert predict(big, RUN, Device("cpu")).terms["tokenizer"] == 10_000 * TOKENIZER_BYTES_PER_TOKEN
