@@ -57,6 +57,11 @@ LOGIT_CHUNK_TOKENS = 256
 LOGIT_CHUNK_COPIES = 2
 
 
+# config.json model_type prefixes: four norms a layer (Gemma 2, 3); q/k norms (Gemma 3, Qwen3, OLMo 2)
+SANDWICH_NORMS = ("gemma2", "gemma3")
+QK_NORMS = ("gemma3", "qwen3", "olmo2")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What memory depends on in a decoder-only model: H hidden, I intermediate, heads and KV heads of
@@ -72,6 +77,8 @@ class ModelShape:
     tied: bool
     experts: int = 1  # a mixture of experts' experts per layer (their MLPs all held)
     expert_intermediate: int = 0
+    norms: int = 2  # H-wide norms per layer: 2 in a Llama block, 4 in Gemma 2 and 3 (before and after each part)
+    qk_norm: bool = False  # a norm on each head's queries and keys (Gemma 3, Qwen3, OLMo 2)
 
     @classmethod
     def from_config(cls, config: Mapping | object) -> ModelShape:
@@ -83,6 +90,7 @@ class ModelShape:
         hidden = int(get("hidden_size") or get("n_embd") or get("d_model"))
         heads = int(get("num_attention_heads") or get("n_head"))
         experts = int(get("num_experts") or get("num_local_experts") or 1)
+        kind = str(get("model_type") or "")
         return cls(
             layers=int(get("num_hidden_layers") or get("n_layer")),
             hidden=hidden,
@@ -94,6 +102,8 @@ class ModelShape:
             tied=bool(get("tie_word_embeddings", True)),
             experts=experts,
             expert_intermediate=int(get("moe_intermediate_size") or 0) if experts > 1 else 0,
+            norms=4 if kind.startswith(SANDWICH_NORMS) else 2,
+            qk_norm=kind.startswith(QK_NORMS),
         )
 
     @property
@@ -105,7 +115,7 @@ class ModelShape:
             mlp = self.experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
         else:
             mlp = 3 * self.hidden * self.intermediate
-        return attn + mlp + 2 * self.hidden
+        return attn + mlp + self.norms * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def params(self) -> int:
@@ -124,13 +134,15 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def activation_floats_per_token(self) -> int:
-        """Values one layer keeps for backward per token: the inputs of its two norms and their outputs
-        (4 H), q, k, v before and after the rotary embedding (2 (H + 2 kv d)), the attention's output and
-        the keys and values repeated to every head (3 H), gate, up, act(gate) and their product (4 I)."""
+        """Values one layer keeps for backward per token: the inputs of its norms and their outputs
+        (2 H each: 4 H in a Llama block, 8 H in Gemma's), q, k, v before and after the rotary embedding
+        (2 (H + 2 kv d)), the attention's output and the keys and values repeated to every head (3 H),
+        gate, up, act(gate) and their product (4 I); with q/k norms, q and k before them (2 (q + kv))."""
         kv = self.kv_heads * self.head_dim
         q = self.heads * self.head_dim
         i = self.expert_intermediate if self.experts > 1 else self.intermediate
-        return 4 * self.hidden + 2 * (q + 2 * kv) + 3 * q + 4 * i
+        qk = 2 * (q + kv) if self.qk_norm else 0
+        return 2 * self.norms * self.hidden + 2 * (q + 2 * kv) + 3 * q + 4 * i + qk
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def gguf_config(path: Path) -> dict:
     arch = field("general.architecture")
     heads = field(f"{arch}.attention.head_count")
     hidden = field(f"{arch}.embedding_length")
-    return {"num_hidden_layers": field(f"{arch}.block_count"), "hidden_size": hidden,
+    return {"model_type": arch, "num_hidden_layers": field(f"{arch}.block_count"), "hidden_size": hidden,
             "intermediate_size": field(f"{arch}.feed_forward_length"), "num_attention_heads": heads,
             "num_key_value_heads": field(f"{arch}.attention.head_count_kv") or heads,
             "head_dim": field(f"{arch}.attention.key_length") or hidden // heads,

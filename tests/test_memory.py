@@ -269,3 +269,18 @@ def test_the_output_layers_gradient_is_made_while_every_activation_is_alive():
     assert predict(big, dataclasses.replace(RUN, lora_rank=2), Device("cpu")).terms["gradients"] == 0
     # and the tokenizer's resident size follows the vocabulary (1.8 KB a token)
     assert predict(big, RUN, Device("cpu")).terms["tokenizer"] == 10_000 * TOKENIZER_BYTES_PER_TOKEN
+
+
+def test_gemma_blocks_keep_four_norms_and_query_key_norms():
+    # Gemma 3 270M's config: a Gemma block norms before and after attention and the MLP (4 norms, each
+    # keeping its input and output: 8 H) and each head's queries and keys (q and k before the norm:
+    # 2 (q + kv)); q = 4 x 256 = 1024, kv = 256: 8 x 640 + 2 (1024 + 512) + 3 x 1024 + 4 x 2048 + 2 x 1280
+    gemma = ModelShape.from_config({"model_type": "gemma3_text", "num_hidden_layers": 18, "hidden_size": 640,
+                                    "intermediate_size": 2048, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                    "head_dim": 256, "vocab_size": 262144})
+    assert gemma.norms == 4 and gemma.qk_norm
+    assert gemma.activation_floats_per_token() == 5120 + 3072 + 3072 + 8192 + 2560
+    llama = ModelShape.from_config({"model_type": "llama", "num_hidden_layers": 18, "hidden_size": 640,
+                                    "intermediate_size": 2048, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                    "head_dim": 256, "vocab_size": 262144})
+    assert llama.activation_floats_per_token() == 2560 + 3072 + 3072 + 8192
