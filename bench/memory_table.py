@@ -88,9 +88,15 @@ def repredict(folder: Path, saved: dict) -> dict:
     worst = predict(model, run, device)
     longest = measured_completion(saved.get("sample_lengths") or [], [saved.get("truncated_frac", 1.0) > 0],
                                   multi_turn=False)
-    at = predict(model, dataclasses.replace(run, completion_tokens=longest), device) if longest else worst
-    return {"predicted": at.peak, "worst": worst.peak, "phase": at.phase,
-            "phases": {k: round(v / 2**30, 3) for k, v in at.phases.items()}}
+    at = dataclasses.replace(run, completion_tokens=longest)
+    now = predict(model, at, device)
+    # the prediction assumes every group of a step trained; the run may have trained fewer (groups whose
+    # rewards are all equal filtered out or skipped): predicted again for the most it trained in a step
+    lines = (folder / "metrics.jsonl").read_text().splitlines() if (folder / "metrics.jsonl").exists() else []
+    trained = max((json.loads(x).get("trained_groups", 0) for x in lines), default=0)
+    as_trained = predict(model, dataclasses.replace(at, prompts_per_step=trained), device).peak if trained else None
+    return {"predicted": now.peak, "worst": worst.peak, "phase": now.phase, "trained_groups": trained,
+            "as_trained": as_trained, "phases": {k: round(v / 2**30, 3) for k, v in now.phases.items()}}
 
 
 def measured_commands(out: Path) -> dict[str, str]:
@@ -104,7 +110,7 @@ def row(r: dict) -> str:
     gib = lambda n: f"{n / 2**30:.2f}" if n else "-"  # noqa: E731
     ratio = f"{r['predicted'] / r['measured'] - 1:+.0%}" if r["measured"] and r["predicted"] else "-"
     return (f"| {r['name']} | `{r['command']}` | {gib(r['predicted'])} | {gib(r['worst'])} | {gib(r['measured'])} "
-            f"| {ratio} | {r['phase']} |")
+            f"| {ratio} | {r['phase']} | {r.get('trained_groups')} | {gib(r.get('as_trained'))} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print("| configuration | command | predicted GiB | at the token limit | measured GiB | predicted vs measured "
-          "| peak phase |")
-    print("|---|---|---|---|---|---|---|")
+          "| peak phase | most groups a step trained | predicted for those |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.only:
         if args.reread:  # the command the run was measured with, from results.jsonl (CONFIGS may have moved on)
             result = {"name": name, "command": measured_commands(args.out).get(name, "?"), "rc": None,

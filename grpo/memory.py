@@ -55,6 +55,10 @@ SAMPLING_LOGIT_COPIES = 3
 # the fp32 copy of the weight when the head runs in bf16; see grpo/logprobs.py.
 LOGIT_CHUNK_TOKENS = 256
 LOGIT_CHUNK_COPIES = 2
+# Gradient checkpointing keeps far more than each layer's input here: measured with bench/memory_probe.py
+# (SmolLM2-135M, 1128 tokens, docs/memory.md), the forward kept 0.8 GiB with it against 1.8 GiB without,
+# and the backward then added the gradients whole (0.5 GiB) where without it they replace activations.
+CHECKPOINT_KEPT = 0.5
 
 
 # config.json model_type prefixes: four norms a layer (Gemma 2, 3); q/k norms (Gemma 3, Qwen3, OLMo 2)
@@ -316,12 +320,15 @@ def activation_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int, d
     """Activations one micro-batch keeps for backward: tokens x L x (values per token per layer) x bytes
     (``ModelShape.activation_floats_per_token``), and the prompt's KV cache repeated for each row. With
     gradient checkpointing each layer keeps only its input (tokens x L x H) and one layer's full set is
-    alive while it is recomputed."""
+    alive while it is recomputed; but no less than CHECKPOINT_KEPT of the activations without it, what
+    was measured to stay alive (the layers' caches and their recompute's state, grpo/logprobs.py)."""
     per_layer = tokens * model.activation_floats_per_token() * dtype_bytes
     repeated_prompt = kv_cache_bytes(model, rows, run.prompt_tokens, dtype_bytes)
+    full = model.layers * per_layer + repeated_prompt
     if run.gradient_checkpointing:
-        return tokens * model.layers * model.hidden * dtype_bytes + per_layer + repeated_prompt
-    return model.layers * per_layer + repeated_prompt
+        inputs = tokens * model.layers * model.hidden * dtype_bytes + per_layer + repeated_prompt
+        return max(inputs, int(CHECKPOINT_KEPT * full))
+    return full
 
 
 def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
@@ -343,8 +350,10 @@ def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
         # one micro-batch: its gradients come into being in backward as its activations go (the optimiser
         # set them to None), so only what they exceed the activations by adds to the peak; but the output
         # layer's, V x H (the embeddings' when tied), comes first, while every activation is alive
+        # Under checkpointing backward frees little (measured: it adds the gradients whole)
         head = 0 if run.lora_rank else int(4 * model.vocab * model.hidden / shard)
-        gradients = max(head, gradients - activations)
+        if not run.gradient_checkpointing:
+            gradients = max(head, gradients - activations)
     terms = {"gradients": gradients, "activations": activations,
              "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * model.vocab * 4}
     if device.kind == "cuda":
