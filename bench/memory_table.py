@@ -96,7 +96,7 @@ def repredict(folder: Path, saved: dict) -> dict:
     trained = max((json.loads(x).get("trained_groups", 0) for x in lines), default=0)
     as_trained = predict(model, dataclasses.replace(at, prompts_per_step=trained), device).peak if trained else None
     return {"predicted": now.peak, "worst": worst.peak, "phase": now.phase, "trained_groups": trained,
-            "as_trained": as_trained, "phases": {k: round(v / 2**30, 3) for k, v in now.phases.items()}}
+            "as_trained": as_trained, "before_loading": before_loading(config, model, device), "phases": {k: round(v / 2**30, 3) for k, v in now.phases.items()}}
 
 
 def measured_commands(out: Path) -> dict[str, str]:
@@ -106,11 +106,23 @@ def measured_commands(out: Path) -> dict[str, str]:
     return {r["name"]: r["command"] for r in map(json.loads, lines)}
 
 
+def before_loading(config: object, model: object, device: object) -> int:
+    """The check before the weights load: the prompt's length estimated from its characters (a built-in
+    task's longest prompt, with its few-shot examples), every completion at the token limit."""
+    from grpo.memory import RunShape, estimate_prompt_tokens, predict
+    from grpo.memory_check import longest_prompt_chars
+    from grpo.tasks.builtin import get_task
+
+    tokens = estimate_prompt_tokens(longest_prompt_chars(get_task(config.task)) * (1 + config.few_shot))
+    return predict(model, RunShape.from_config(config, tokens), device).peak
+
+
 def row(r: dict) -> str:
     gib = lambda n: f"{n / 2**30:.2f}" if n else "-"  # noqa: E731
     ratio = f"{r['predicted'] / r['measured'] - 1:+.0%}" if r["measured"] and r["predicted"] else "-"
     return (f"| {r['name']} | `{r['command']}` | {gib(r['predicted'])} | {gib(r['worst'])} | {gib(r['measured'])} "
-            f"| {ratio} | {r['phase']} | {r.get('trained_groups')} | {gib(r.get('as_trained'))} |")
+            f"| {ratio} | {r['phase']} | {r.get('trained_groups')} | {gib(r.get('as_trained'))} "
+            f"| {gib(r.get('before_loading'))} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     print("| configuration | command | predicted GiB | at the token limit | measured GiB | predicted vs measured "
-          "| peak phase | most groups a step trained | predicted for those |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| peak phase | most groups a step trained | predicted for those | before loading |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.only:
         if args.reread:  # the command the run was measured with, from results.jsonl (CONFIGS may have moved on)
             result = {"name": name, "command": measured_commands(args.out).get(name, "?"), "rc": None,
