@@ -59,6 +59,8 @@ LOGIT_CHUNK_COPIES = 2
 # (SmolLM2-135M, 1128 tokens, docs/memory.md), the forward kept 0.8 GiB with it against 1.8 GiB without,
 # and the backward then added the gradients whole (0.5 GiB) where without it they replace activations.
 CHECKPOINT_KEPT = 0.5
+# Copies of the gradients a multi-process step's all-reduce makes on a CPU: the flat one and gloo's own.
+SYNC_COPIES_CPU = 2
 
 
 # config.json model_type prefixes: four norms a layer (Gemma 2, 3); q/k norms (Gemma 3, Qwen3, OLMo 2)
@@ -361,6 +363,16 @@ def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
     return terms
 
 
+def sync_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str, int]:
+    """Summing the gradients over processes without FSDP (grpo/distributed.py ``sync_gradients``): the
+    gradients (4 P_train), their flat copy for one all-reduce (4 P_train), and on a CPU gloo's working
+    buffer, taken as one more copy (the 2-process run's measured peak lies between two copies and three,
+    docs/memory.md)."""
+    trained = model.lora_params(run.lora_rank) if run.lora_rank else model.params
+    copies = SYNC_COPIES_CPU if device.kind == "cpu" else 1
+    return {"gradients": 4 * trained, "flat_gradients": copies * 4 * trained}
+
+
 def saving_terms(model: ModelShape, run: RunShape) -> dict[str, int]:
     """Writing the final model: safetensors serialises every tensor's bytes before it writes (4 P); a
     LoRA policy is first copied and merged (4 P more, the adapter's 4 P_lora with it)."""
@@ -417,6 +429,8 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
         # lengths are not the sampled ones pre-flight measured: at the limit
         limit = max(run.prompt_tokens + run.max_new_tokens, 1)
         phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, limit, act)}
+    if device.world > 1 and not run.fsdp:
+        phases["the gradient sync"] = {**(lasting if later else no_adam), **sync_terms(model, run, device)}
     if run.save_model:
         phases["saving the model"] = {**lasting, **saving_terms(model, run)}
     phase = max(phases, key=lambda k: sum(phases[k].values()))

@@ -26,6 +26,7 @@ SHRINKS = {
     "weights": "a smaller --model (or --nproc with --fsdp to shard it)",
     "optimizer": "--lora-rank (AdamW then keeps the adapter's moments only)",
     "gradients": "--lora-rank",
+    "flat_gradients": "--lora-rank or --fsdp (the all-reduce's copies of the gradients)",
     "reference": "--beta 0 (no reference copy) or --lora-rank (the base is the reference)",
     "async_copy": "--async-lag 0",
     "kv_cache": "--prompts-per-step, --group-size or --max-new-tokens",

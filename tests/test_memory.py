@@ -299,3 +299,13 @@ def test_checkpointing_keeps_at_least_the_measured_share_and_adds_the_gradients_
     ckpt = predict(WIDE, dataclasses.replace(run, gradient_checkpointing=True), Device("cpu")).terms
     assert ckpt["activations"] == plain["activations"] // 2
     assert ckpt["gradients"] == 4 * WIDE.params  # one micro-batch: backward frees little to make room
+
+
+def test_several_processes_sum_their_gradients_through_flat_copies():
+    # without FSDP each process keeps its gradients (4 P = 5088), their flat copy for the all-reduce and,
+    # on a CPU, gloo's working buffer: 3 x 5088 beside weights and AdamW's moments (12 P)
+    p = 1272
+    pred = predict(TINY, RUN, Device("cpu", world=2))
+    assert pred.phases["the gradient sync"] == BASE + 12 * p + 3 * 4 * p
+    assert "the gradient sync" not in predict(TINY, dataclasses.replace(RUN, fsdp=True), Device("cpu", world=2)).phases
+    assert "the gradient sync" not in predict(TINY, RUN, Device("cpu")).phases
