@@ -37,10 +37,10 @@ CONFIGS = {
     "default": [],
     # a base model: 0% at pre-flight on add without examples (docs/data.md runs it with --few-shot 3)
     "gemma3-270m": ["--model", GEMMA, "--few-shot", "3", "--preflight", "warn", *TRAIN_ALL],
-    "group-32": ["--group-size", "32"],
+    "group-32": ["--group-size", "32", *TRAIN_ALL],
     "tokens-128": ["--max-new-tokens", "128", *LONG],
-    "beta": ["--beta", "0.04"],
-    "lora": ["--lora-rank", "16"],
+    "beta": ["--beta", "0.04", *TRAIN_ALL],
+    "lora": ["--lora-rank", "16", *TRAIN_ALL],
     # the defaults with every group trained, and the same with gradient checkpointing
     "train-all": TRAIN_ALL,
     "ckpt": ["--gradient-checkpointing", *TRAIN_ALL],
