@@ -2,6 +2,7 @@
 
     B=8 python bench/memory_probe.py      # 8 groups of 8 rows: 45 prompt + 12 completion tokens each
     B=16 python bench/memory_probe.py     # twice the tokens: the difference is the activations a token
+    CKPT=1 B=8 python bench/memory_probe.py   # with gradient checkpointing
 
 Prints VmHWM (the kernel's peak resident set, GiB) after the imports, the load of the embedded model,
 the forward and the backward, the peak reset between them. Random tokens; the weights are SmolLM2-135M's.
@@ -43,7 +44,8 @@ def main() -> None:
     rollout = Rollout(prompt_ids=prompts, completion_ids=torch.randint(100, 1000, (b * g, t)),
                       mask=torch.ones(b * g, t), logprobs=torch.zeros(b * g, t),
                       truncated=torch.zeros(b * g, dtype=torch.bool), texts=[""] * (b * g), group_size=g)
-    logp, _ = rollout_logprobs(policy.model, rollout, 0, temperature=0.7)
+    ckpt = os.environ.get("CKPT") == "1"  # gradient checkpointing, as --gradient-checkpointing trains
+    logp, _ = rollout_logprobs(policy.model, rollout, 0, temperature=0.7, checkpoint_layers=ckpt)
     print("forward", status("VmHWM"), "rss", status("VmRSS"), flush=True)
     logp.sum().backward()
     print("backward", status("VmHWM"), "rss", status("VmRSS"), flush=True)

@@ -33,9 +33,12 @@ GIB = 1024**3
 MIB = 1024**2
 
 # Measured on this project's CPU machine (docs/memory.md): python + torch + transformers + peft + grpo
-# imported and the tokenizer loaded came to 406 MiB resident; the task's rows and the run's own
-# objects on top, before any weight: the resident set every process starts with.
-CPU_BASELINE = 450 * MIB
+# imported came to 359 MiB resident; the task's rows and the run's own objects on top, before any weight
+# or tokenizer: the resident set every process starts with.
+CPU_BASELINE = 400 * MIB
+# A fast tokenizer's resident size follows its vocabulary: measured (docs/memory.md) 57 MiB for
+# SmolLM2's 49,152 tokens (1.2 KB a token), 449 MiB for Gemma 3's 262,144 (1.8 KB); the larger rate.
+TOKENIZER_BYTES_PER_TOKEN = 1800
 # A CUDA context (kernels and cuBLAS workspace) is host and device memory outside the allocator's count;
 # torch.cuda.max_memory_allocated does not see it: only the reserve check includes it.
 CUDA_CONTEXT = 500 * MIB
@@ -52,6 +55,17 @@ SAMPLING_LOGIT_COPIES = 3
 # the fp32 copy of the weight when the head runs in bf16; see grpo/logprobs.py.
 LOGIT_CHUNK_TOKENS = 256
 LOGIT_CHUNK_COPIES = 2
+# Gradient checkpointing keeps far more than each layer's input here: measured with bench/memory_probe.py
+# (SmolLM2-135M, 1128 tokens, docs/memory.md), the forward kept 0.8 GiB with it against 1.8 GiB without,
+# and the backward then added the gradients whole (0.5 GiB) where without it they replace activations.
+CHECKPOINT_KEPT = 0.5
+# Copies of the gradients a multi-process step's all-reduce makes on a CPU: the flat one and gloo's own.
+SYNC_COPIES_CPU = 2
+
+
+# config.json model_type prefixes: four norms a layer (Gemma 2, 3); q/k norms (Gemma 3, Qwen3, OLMo 2)
+SANDWICH_NORMS = ("gemma2", "gemma3")
+QK_NORMS = ("gemma3", "qwen3", "olmo2")
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,8 @@ class ModelShape:
     tied: bool
     experts: int = 1  # a mixture of experts' experts per layer (their MLPs all held)
     expert_intermediate: int = 0
+    norms: int = 2  # H-wide norms per layer: 2 in a Llama block, 4 in Gemma 2 and 3 (before and after each part)
+    qk_norm: bool = False  # a norm on each head's queries and keys (Gemma 3, Qwen3, OLMo 2)
 
     @classmethod
     def from_config(cls, config: Mapping | object) -> ModelShape:
@@ -80,6 +96,7 @@ class ModelShape:
         hidden = int(get("hidden_size") or get("n_embd") or get("d_model"))
         heads = int(get("num_attention_heads") or get("n_head"))
         experts = int(get("num_experts") or get("num_local_experts") or 1)
+        kind = str(get("model_type") or "")
         return cls(
             layers=int(get("num_hidden_layers") or get("n_layer")),
             hidden=hidden,
@@ -91,6 +108,8 @@ class ModelShape:
             tied=bool(get("tie_word_embeddings", True)),
             experts=experts,
             expert_intermediate=int(get("moe_intermediate_size") or 0) if experts > 1 else 0,
+            norms=4 if kind.startswith(SANDWICH_NORMS) else 2,
+            qk_norm=kind.startswith(QK_NORMS),
         )
 
     @property
@@ -102,7 +121,7 @@ class ModelShape:
             mlp = self.experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
         else:
             mlp = 3 * self.hidden * self.intermediate
-        return attn + mlp + 2 * self.hidden
+        return attn + mlp + self.norms * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def params(self) -> int:
@@ -121,13 +140,15 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def activation_floats_per_token(self) -> int:
-        """Values one layer keeps for backward per token: the inputs of its two norms and their outputs
-        (4 H), q, k, v before and after the rotary embedding (2 (H + 2 kv d)), the attention's output and
-        the keys and values repeated to every head (3 H), gate, up, act(gate) and their product (4 I)."""
+        """Values one layer keeps for backward per token: the inputs of its norms and their outputs
+        (2 H each: 4 H in a Llama block, 8 H in Gemma's), q, k, v before and after the rotary embedding
+        (2 (H + 2 kv d)), the attention's output and the keys and values repeated to every head (3 H),
+        gate, up, act(gate) and their product (4 I); with q/k norms, q and k before them (2 (q + kv))."""
         kv = self.kv_heads * self.head_dim
         q = self.heads * self.head_dim
         i = self.expert_intermediate if self.experts > 1 else self.intermediate
-        return 4 * self.hidden + 2 * (q + 2 * kv) + 3 * q + 4 * i
+        qk = 2 * (q + kv) if self.qk_norm else 0
+        return 2 * self.norms * self.hidden + 2 * (q + 2 * kv) + 3 * q + 4 * i + qk
 
 
 @dataclass(frozen=True)
@@ -153,6 +174,8 @@ class Prediction:
     phases: dict[str, int] = field(default_factory=dict)
     reserved: int = 0
     per_process: bool = False
+    worst: int = 0  # the peak with every completion at the token limit, when ``peak`` assumes measured lengths
+    completion: int = 0  # the longest completion ``peak`` assumes, in tokens
 
     @property
     def needed(self) -> int:
@@ -167,14 +190,17 @@ class Prediction:
         return {"predicted_peak_bytes": self.peak, "needed_bytes": self.needed, "available_bytes": available,
                 "phase": self.phase, "terms": dict(self.terms), "other_processes": dict(self.others),
                 "phases": dict(self.phases), "reserved_bytes": self.reserved or None,
-                "per_process": self.per_process}
+                "per_process": self.per_process, "completion_tokens": self.completion,
+                "worst_case_peak_bytes": self.worst or None}
 
     def describe(self, available: int | None = None) -> str:
         who = "each process's" if self.per_process else "the trainer's"
         parts = ", ".join(f"{name} {gib(v)}" for name, v in self.largest())
         free = f" of {gib(available)} available" if available is not None else ""
         beside = f" (+{gib(sum(self.others.values()))} in other processes)" if self.others else ""
-        return f"memory: {who} predicted peak {gib(self.peak)}{beside}{free}, in {self.phase}: {parts}"
+        lengths = (f" at the completion lengths measured here (the longest {self.completion} tokens; "
+                   f"{gib(self.worst)} if they reach the token limit)") if self.worst else ""
+        return f"memory: {who} predicted peak {gib(self.peak)}{lengths}{beside}{free}, in {self.phase}: {parts}"
 
 
 def gib(n: float) -> str:
@@ -213,6 +239,14 @@ class RunShape:
     tool_workers: int = 0
     fsdp: bool = False
     save_model: bool = True
+    # the longest completion assumed in sampling and in the update's micro-batches (0: max_new_tokens, the
+    # worst case the check before loading must assume); pre-flight's measured lengths set it
+    completion_tokens: int = 0
+
+    @property
+    def completion(self) -> int:
+        """Tokens of the longest completion the prediction assumes: completion_tokens, at most the limit."""
+        return min(self.completion_tokens or self.max_new_tokens, self.max_new_tokens)
 
     @classmethod
     def from_config(cls, config: object, prompt_tokens: int, *, tool_workers: int = 0) -> RunShape:
@@ -245,6 +279,7 @@ def lasting_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str,
     trained = model.lora_params(run.lora_rank) if run.lora_rank else model.params
     weights = model.params + trained if run.lora_rank else model.params
     terms = {"baseline": CPU_BASELINE if device.kind == "cpu" else 0,
+             "tokenizer": TOKENIZER_BYTES_PER_TOKEN * model.vocab if device.kind == "cpu" else 0,
              "weights": int(4 * weights / shard) + (4 * model.layer_params if shard > 1 else 0),
              "optimizer": int(8 * trained / shard)}
     if run.beta > 0 and not run.lora_rank:
@@ -271,9 +306,9 @@ def sampling_terms(model: ModelShape, rows: int, tokens: int, dtype_bytes: int) 
 def micro_batch_tokens(run: RunShape, groups: int) -> tuple[int, int]:
     """(tokens, rows) of the largest micro-batch of ``groups`` groups: whole groups packed up to
     micro_batch_tokens, each group costing its prompt once plus G x its longest completion
-    (grpo/update.py ``micro_batches``), with every completion at max_new_tokens; a group over the budget is
-    split by rows (at least one)."""
-    p, t, g = run.prompt_tokens, run.max_new_tokens, run.group_size
+    (grpo/update.py ``micro_batches``), with every group's longest completion at ``run.completion``; a
+    group over the budget is split by rows (at least one)."""
+    p, t, g = run.prompt_tokens, run.completion, run.group_size
     group_cost = p + g * t
     if group_cost > run.micro_batch_tokens:
         rows = max(1, (run.micro_batch_tokens - p) // max(t, 1))
@@ -287,17 +322,23 @@ def activation_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int, d
     """Activations one micro-batch keeps for backward: tokens x L x (values per token per layer) x bytes
     (``ModelShape.activation_floats_per_token``), and the prompt's KV cache repeated for each row. With
     gradient checkpointing each layer keeps only its input (tokens x L x H) and one layer's full set is
-    alive while it is recomputed."""
+    alive while it is recomputed; but no less than CHECKPOINT_KEPT of the activations without it, what
+    was measured to stay alive (the layers' caches and their recompute's state, grpo/logprobs.py)."""
     per_layer = tokens * model.activation_floats_per_token() * dtype_bytes
     repeated_prompt = kv_cache_bytes(model, rows, run.prompt_tokens, dtype_bytes)
+    full = model.layers * per_layer + repeated_prompt
     if run.gradient_checkpointing:
-        return tokens * model.layers * model.hidden * dtype_bytes + per_layer + repeated_prompt
-    return model.layers * per_layer + repeated_prompt
+        inputs = tokens * model.layers * model.hidden * dtype_bytes + per_layer + repeated_prompt
+        return max(inputs, int(CHECKPOINT_KEPT * full))
+    return full
 
 
-def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int) -> dict[str, int]:
+def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,
+                 *, first_only: bool = False) -> dict[str, int]:
     """The update's transient part, its micro-batches packed from ``groups`` groups: gradients 4 P_train
-    (a 1/world shard under FSDP; with a single micro-batch only what they exceed its activations by), one
+    (a 1/world shard under FSDP; with a single micro-batch, or when only the first runs as pre-flight's
+    timing does, only what they exceed its activations by, and at least the output layer's 4 V H,
+    which backward makes first), one
     micro-batch's activations, one chunk of the log-prob head's logits
     (LOGIT_CHUNK_TOKENS x V fp32, twice), and on CUDA autocast's bf16 copies of the layers' weights (2
     bytes per parameter outside the embeddings)."""
@@ -307,15 +348,29 @@ def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int) 
     tokens, rows = micro_batch_tokens(run, groups)
     activations = activation_bytes(model, run, tokens, rows, act)
     gradients = int(4 * trained / shard)
-    if groups * (run.prompt_tokens + run.group_size * run.max_new_tokens) <= run.micro_batch_tokens:
+    if first_only or groups * (run.prompt_tokens + run.group_size * run.completion) <= run.micro_batch_tokens:
         # one micro-batch: its gradients come into being in backward as its activations go (the optimiser
-        # set them to None), so only what they exceed the activations by adds to the peak
-        gradients = max(0, gradients - activations)
+        # set them to None), so only what they exceed the activations by adds to the peak; but the output
+        # layer's, V x H (the embeddings' when tied), comes first, while every activation is alive
+        # Under checkpointing backward frees little (measured: it adds the gradients whole)
+        head = 0 if run.lora_rank else int(4 * model.vocab * model.hidden / shard)
+        if not run.gradient_checkpointing:
+            gradients = max(head, gradients - activations)
     terms = {"gradients": gradients, "activations": activations,
              "logits_chunk": LOGIT_CHUNK_COPIES * LOGIT_CHUNK_TOKENS * model.vocab * 4}
     if device.kind == "cuda":
         terms["autocast_weights"] = 2 * model.layers * model.layer_params // shard
     return terms
+
+
+def sync_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str, int]:
+    """Summing the gradients over processes without FSDP (grpo/distributed.py ``sync_gradients``): the
+    gradients (4 P_train), their flat copy for one all-reduce (4 P_train), and on a CPU gloo's working
+    buffer, taken as one more copy (the 2-process run's measured peak lies between two copies and three,
+    docs/memory.md)."""
+    trained = model.lora_params(run.lora_rank) if run.lora_rank else model.params
+    copies = SYNC_COPIES_CPU if device.kind == "cpu" else 1
+    return {"gradients": 4 * trained, "flat_gradients": copies * 4 * trained}
 
 
 def saving_terms(model: ModelShape, run: RunShape) -> dict[str, int]:
@@ -353,15 +408,15 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     own process: the trainer then holds no KV cache."""
     lasting = lasting_terms(model, run, device)
     act = 4 if device.kind == "cpu" else 2
-    context = max(run.prompt_tokens + run.max_new_tokens, 1)
+    context = max(run.prompt_tokens + run.completion, 1)
     no_adam = {k: v for k, v in lasting.items() if k != "optimizer"}
     own = run.engine == "own"
     phases: dict[str, dict[str, int]] = {}
     if run.preflight_rows and own:
         phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act)}
-    if run.preflight_rows:  # it times a forward and backward of its first micro-batch, of all its groups
-        phases["the pre-flight's timed update"] = {
-            **no_adam, **update_terms(model, run, device, run.preflight_rows // run.group_size)}
+    if run.preflight_rows:  # it times a forward and backward of its first micro-batch only, of all its groups
+        phases["the pre-flight's timed update"] = {**no_adam, **update_terms(
+            model, run, device, run.preflight_rows // run.group_size, first_only=True)}
     if own:
         rows = max(1, run.prompts_per_step // device.world) * run.group_size
         before = lasting if run.steps >= 2 else no_adam
@@ -370,8 +425,12 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     groups = max(1, run.prompts_per_step // device.world)
     phases["the update"] = {**(lasting if later else no_adam), **update_terms(model, run, device, groups)}
     eval_rows = min(run.eval_batch_size, max(1, math.ceil(run.eval_rows / device.world))) * max(1, run.eval_samples)
-    if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine
-        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, context, act)}
+    if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine; its
+        # lengths are not the sampled ones pre-flight measured: at the limit
+        limit = max(run.prompt_tokens + run.max_new_tokens, 1)
+        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, limit, act)}
+    if device.world > 1 and not run.fsdp:
+        phases["the gradient sync"] = {**(lasting if later else no_adam), **sync_terms(model, run, device)}
     if run.save_model:
         phases["saving the model"] = {**lasting, **saving_terms(model, run)}
     phase = max(phases, key=lambda k: sum(phases[k].values()))
@@ -380,4 +439,4 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     reserved = int(peak * (1 + CUDA_RESERVE_SLACK)) + CUDA_CONTEXT if device.kind == "cuda" else 0
     return Prediction(peak=peak, phase=phase, terms=terms, others=other_processes(model, run, device),
                       phases={k: sum(v.values()) for k, v in phases.items()}, reserved=reserved,
-                      per_process=device.world > 1)
+                      per_process=device.world > 1, completion=run.completion)

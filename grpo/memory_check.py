@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from grpo.config import ConfigError
@@ -26,6 +26,7 @@ SHRINKS = {
     "weights": "a smaller --model (or --nproc with --fsdp to shard it)",
     "optimizer": "--lora-rank (AdamW then keeps the adapter's moments only)",
     "gradients": "--lora-rank",
+    "flat_gradients": "--lora-rank or --fsdp (the all-reduce's copies of the gradients)",
     "reference": "--beta 0 (no reference copy) or --lora-rank (the base is the reference)",
     "async_copy": "--async-lag 0",
     "kv_cache": "--prompts-per-step, --group-size or --max-new-tokens",
@@ -34,6 +35,7 @@ SHRINKS = {
     "logits_chunk": "a model with a smaller vocabulary",
     "autocast_weights": "--lora-rank",
     "baseline": "nothing grpo can change (the interpreter and its libraries)",
+    "tokenizer": "nothing grpo can change (the model's tokenizer)",
     "reward_workers": "--reward-workers",
     "tool_workers": "fewer tool workers",
     "vllm": "--vllm-memory",
@@ -82,7 +84,7 @@ def gguf_config(path: Path) -> dict:
     arch = field("general.architecture")
     heads = field(f"{arch}.attention.head_count")
     hidden = field(f"{arch}.embedding_length")
-    return {"num_hidden_layers": field(f"{arch}.block_count"), "hidden_size": hidden,
+    return {"model_type": arch, "num_hidden_layers": field(f"{arch}.block_count"), "hidden_size": hidden,
             "intermediate_size": field(f"{arch}.feed_forward_length"), "num_attention_heads": heads,
             "num_key_value_heads": field(f"{arch}.attention.head_count_kv") or heads,
             "head_dim": field(f"{arch}.attention.key_length") or hidden // heads,
@@ -212,9 +214,22 @@ def check_memory(config: object, task: object, world: int) -> object:
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def trainer_prediction(trainer: object) -> tuple[Prediction | None, int | None]:
+def measured_completion(lengths: Sequence[int], truncated: Sequence[bool], multi_turn: bool) -> int:
+    """The longest completion pre-flight measured, for the prediction beside the first step, where that
+    is sound; 0 (assume the token limit) where it is not: no samples, a multi-turn run (its completions
+    hold tool and environment replies), or any sample cut at the limit (the longest row of a batch
+    decides its cache and each group's packing, so one cut row in the check means steps will have them)."""
+    if not lengths or multi_turn or any(truncated):
+        return 0
+    return max(lengths)
+
+
+def trainer_prediction(trainer: object, lengths: Sequence[int] = (),
+                       truncated: Sequence[bool] = ()) -> tuple[Prediction | None, int | None]:
     """The prediction for a built trainer (its model's config, its prompts' longest tokenisation, its
-    settled config) and what is free for a process now."""
+    settled config) and what is free for a process now. Given pre-flight's completion ``lengths`` (and
+    which were ``truncated``), at those lengths where that is sound (``measured_completion``), with the
+    peak at the token limit kept beside it (``Prediction.worst``)."""
     config = trainer.config
     raw = trainer.model.config
     prompt_tokens = max((len(p) for p in trainer.train_prompts), default=0)
@@ -231,7 +246,14 @@ def trainer_prediction(trainer: object) -> tuple[Prediction | None, int | None]:
     pool = getattr(getattr(trainer, "toolbox", None), "pool", None)
     run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
     model = model_shape(raw)
-    return (None if model is None else predict(model, run, device)), device.available
+    if model is None:
+        return None, device.available
+    worst = predict(model, run, device)
+    measured = measured_completion(lengths, truncated, getattr(trainer, "agent", None) is not None)
+    if not measured or measured >= run.max_new_tokens:
+        return worst, device.available
+    at_lengths = predict(model, dataclasses.replace(run, completion_tokens=measured), device)
+    return dataclasses.replace(at_lengths, worst=worst.peak), device.available
 
 
 def measured_peak(device_type: str) -> int:
@@ -254,8 +276,10 @@ def say_measured_memory(trainer: object, step: int) -> None:
     used = measured_peak(trainer.device.type)
     trainer.memory["measured_after_first_step_bytes"] = used
     what = "max allocated" if trainer.device.type == "cuda" else "peak resident"
+    worst = trainer.memory.get("worst_case_peak_bytes")
+    limit = f" ({gib(worst)} if completions reach the token limit)" if worst else ""
     print(f"memory: after step {step}, {what} {gib(used)}; predicted peak "
-          f"{gib(trainer.memory['predicted_peak_bytes'])}", flush=True)
+          f"{gib(trainer.memory['predicted_peak_bytes'])}{limit}", flush=True)
     path = trainer.run_dir / "preflight.json" if trainer.run_dir is not None else None
     if path is not None and path.exists():
         saved = json.loads(path.read_text())

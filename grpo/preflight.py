@@ -419,7 +419,7 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         per_row = mean_tokens(samples.lengths, limit)
         report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * per_row
         report.sample_lengths = list(samples.lengths)
-    prediction, available = trainer_prediction(trainer)
+    prediction, available = trainer_prediction(trainer, samples.lengths, samples.truncated)
     if prediction is not None:
         report.memory, report.memory_line = prediction.to_dict(available), prediction.describe(available)
         report.memory["prompt_tokens"] = max((len(p) for p in trainer.train_prompts), default=0)
