@@ -26,10 +26,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # ends with the commands a user types next, in a fresh shell (where the venv is not active); <run> is the
-# newest folder under runs/, the one just written unless ARGS gave --output; eval's --task or --data is the
-# run's, read from its config.json (grpo eval scores the task it is given, not the run's)
+# newest folder under runs/, the one just written unless ARGS gave --output; eval's --task or --data, and
+# --rewards, are the run's, read from its config.json (grpo eval scores what it is given, not the run's)
 EVAL_SOURCE := import json, shlex, sys; c = json.load(open(sys.argv[1])); \
-	print("--data " + shlex.quote(c["data"]) if c.get("data") else "--task " + c.get("task", "add"))
+	print("--data " + shlex.quote(c["data"]) if c.get("data") else "--task " + c.get("task", "add"), \
+	      *(["--rewards", *map(shlex.quote, c["rewards"])] if c.get("rewards") else []))
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
 	@run=$$(ls -td runs/*/ 2>/dev/null | head -n 1); run=$${run%/}; run=$${run:-runs/<run>}; \

@@ -330,7 +330,8 @@ def test_every_example_command_runs(words):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 @pytest.mark.parametrize(("config", "source"), [("", "--task add"), ('{"task": "countdown", "data": ""}', "--task countdown"),
-                                                ('{"task": "add", "data": "my rows.jsonl"}', "--data 'my rows.jsonl'")])
+                                                ('{"task": "add", "data": "my rows.jsonl", "rewards": ["r.py:score"]}',
+                                                 "--data 'my rows.jsonl' --rewards r.py:score")])
 def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path, config, source):
     """`make train` in a fresh shell leaves the venv inactive: its last lines say to activate it, then name the
     report, the evaluation and a run on the user's own file, for the run just written (a stand-in grpo here,
