@@ -329,12 +329,18 @@ def test_every_example_command_runs(words):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path):
+@pytest.mark.parametrize(("config", "source"), [("", "--task add"), ('{"task": "countdown", "data": ""}', "--task countdown"),
+                                                ('{"task": "add", "data": "my rows.jsonl", "rewards": ["r.py:score"]}',
+                                                 "--data 'my rows.jsonl' --rewards r.py:score")])
+def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path, config, source):
     """`make train` in a fresh shell leaves the venv inactive: its last lines say to activate it, then name the
-    report, the evaluation and a run on the user's own file, for the run just written (a stand-in grpo here)."""
+    report, the evaluation and a run on the user's own file, for the run just written (a stand-in grpo here,
+    whose config.json names the run's task or data file; none: the default task): commands to paste as they are,
+    no <placeholder>, which the shell would read as a redirection."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "grpo").write_text("#!/bin/sh\nmkdir -p runs/20261202-120000-add\n")
+    write = f"printf '%s' '{config}' > runs/20261202-120000-add/config.json\n" if config else ""
+    (fake / "grpo").write_text("#!/bin/sh\nmkdir -p runs/20261202-120000-add\n" + write)
     (fake / "grpo").chmod(0o755)
     result = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "train", f"BIN={fake}", "STAMP="],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -343,7 +349,8 @@ def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path):
     after = lines[lines.index("next:") + 1:]
     assert after[0] == "source .venv/bin/activate"
     assert "grpo report runs/20261202-120000-add" in after
-    assert any(line.startswith("grpo eval --model runs/20261202-120000-add/model") for line in after)
+    assert f"grpo eval --model runs/20261202-120000-add/model {source} --json" in after
+    assert not any("<" in line for line in after)
     assert any(line.startswith("grpo train --data ") for line in after)
     from grpo.cli.parser import build_parser
 

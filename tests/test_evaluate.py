@@ -110,6 +110,12 @@ def test_cli_eval_on_a_users_file_scores_the_split_training_held_out(tmp_path):
     (run / "config.json").write_text(json.dumps({"max_new_tokens": 72}))
     assert _run_token_limit(str(run / "model")) == 72
     assert _run_token_limit(str(tmp_path)) == 0  # not a run's model folder
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["eval"]
+    helps = {a.dest: a.help for a in sub._actions}
+    assert "grpo train --data makes" in helps["data"] and "--rows" in helps["data"]  # --help says what is scored
+    assert "not the run's" in helps["task"]  # eval of a --data run's model without --data scores add
 
 
 def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monkeypatch):

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
     ev = sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task")
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
-    ev.add_argument("--task", default="add", help="built-in task (default: add)")
+    ev.add_argument("--task", default="add",
+                    help="built-in task scored without --data (default: add, not the run's: give a run's --task or --data)")
     ev.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
     ev.add_argument("--max-new-tokens", type=int, default=0,
                     help="tokens per answer (default 0: for a model saved by grpo train, its run's limit from "
@@ -122,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
     """grpo eval reads data, prompts and rewards as training does, so a held-out file is scored as trained."""
-    ev.add_argument("--data", default="", help="evaluate on this dataset file or folder (its first --eval-size rows) instead of a task's held-out split")
+    ev.add_argument("--data", default="", help="evaluate on this dataset file or folder instead of a task's held-out split: "
+                    "the held-out split grpo train --data makes of it, or its first --eval-size rows (--rows)")
     ev.add_argument("--prompt-field", default="", help="the data's prompt column")
     ev.add_argument("--answer-field", default="", help="the data's answer column")
     ev.add_argument("--system-prompt", default="", help="system message before every prompt")
