@@ -115,7 +115,34 @@ def test_cli_eval_on_a_users_file_scores_the_split_training_held_out(tmp_path):
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["eval"]
     helps = {a.dest: a.help for a in sub._actions}
     assert "grpo train --data makes" in helps["data"] and "--rows" in helps["data"]  # --help says what is scored
-    assert "not the run's" in helps["task"]  # eval of a --data run's model without --data scores add
+    assert "the run's" in helps["task"] and "trained on" in helps["eval_size"]
+
+
+@pytest.mark.parametrize("run, given, expected", [
+    # a run's model, nothing given: the run's task and its held-out split, no wider
+    ({"task": "countdown", "data": "", "eval_size": 64}, [], ("countdown", "", 64, "heldout", [])),
+    ({"task": "countdown", "data": "", "eval_size": 64}, ["--eval-size", "256"], ("countdown", "", 64, "heldout", [])),
+    ({"task": "countdown", "data": "", "eval_size": 64}, ["--eval-size", "16"], ("countdown", "", 16, "heldout", [])),
+    # a --data run: its file and its rewards, weights and style
+    ({"task": "add", "data": "mine.jsonl", "eval_size": 40, "rewards": ["r.py:score"], "reward_weights": [2.0],
+      "reward_style": "trl"}, [], ("add", "mine.jsonl", 40, "heldout", ["r.py:score"])),
+    # a separate --eval-data file: its first rows, as training scored it
+    ({"task": "add", "data": "mine.jsonl", "eval_data": "test.jsonl", "eval_size": 40}, [],
+     ("add", "test.jsonl", 40, "first", [])),
+    # another task given: nothing inherited, the usual 256
+    ({"task": "countdown", "data": "", "eval_size": 64}, ["--task", "add"], ("add", "", 256, "heldout", [])),
+    # not a run's model
+    ({}, [], ("add", "", 256, "heldout", [])),
+])
+def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_with_its_rewards(run, given, expected):
+    from grpo.cli import build_parser
+    from grpo.cli.eval import _inherit_source
+
+    args = build_parser().parse_args(["eval", *given])
+    _inherit_source(args, run)
+    assert (args.task, args.data, args.eval_size, args.rows, args.rewards) == expected
+    if run.get("rewards"):
+        assert (args.reward_weights, args.reward_style) == ([2.0], "trl")
 
 
 def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import typing
 from dataclasses import replace
 from pathlib import Path
@@ -72,6 +73,29 @@ def _training_rows(args: argparse.Namespace, config: TrainConfig) -> list:
 EPISODE_FIELDS = ("tools", "env", "max_turns", "max_episode_tokens", "turn_discount", "tool_timeout")
 
 
+def _inherit_source(args: argparse.Namespace, run: dict) -> None:
+    """What a run's model is scored on, unless --task or --data says: the run's held-out prompts (its task's
+    or data file's split, or its --eval-data file's first rows) with its --rewards. Scoring the run's own
+    split, the split is never wider than the run's: a wider one holds prompts the run trained on."""
+    if run and args.task is None and not args.data:
+        args.task, args.data = run.get("task", "add"), run.get("eval_data") or run.get("data", "")
+        args.rows = "first" if run.get("eval_data") else args.rows
+        if not args.rewards and run.get("rewards"):
+            args.rewards, args.reward_weights = list(run["rewards"]), list(run.get("reward_weights") or [])
+            args.reward_style = run.get("reward_style", "auto")
+    args.task = args.task or "add"
+    own = bool(run) and args.data == (run.get("eval_data") or run.get("data", "")) and (
+        bool(args.data) or args.task == run.get("task", "add"))
+    run_size = run.get("eval_size") if own and isinstance(run.get("eval_size"), int) else None
+    if run_size and not run.get("eval_data") and args.rows == "heldout":
+        if args.eval_size and args.eval_size > run_size:
+            print(f"grpo eval: scoring the run's {run_size} held-out prompts (a wider split holds prompts it "
+                  "trained on)", file=sys.stderr)
+        args.eval_size = min(args.eval_size or run_size, run_size)
+    elif args.eval_size is None:
+        args.eval_size = run_size or 256
+
+
 def _run_config(model: str) -> dict:
     """The config.json of the run that saved ``model`` (runs/<run>/model beside runs/<run>/config.json),
     or {} when it is not a grpo run's model."""
@@ -117,6 +141,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.prompts import run_prompts, run_task, settle_format
     from grpo.rewards import combine_rewards
 
+    run = _run_config(args.model)
+    _inherit_source(args, run)
     if args.eval_size <= 0 or args.max_new_tokens < 0:
         raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
     if args.reward_timeout <= 0:
@@ -126,7 +152,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.temperature <= 0 and args.samples:
         raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
     check_model(args.model)
-    run = _run_config(args.model)
     # prompts as the run rendered them (its format, template, system prompt, few-shot examples, stop
     # strings), each unless given here
     config = _eval_config(args, run)

@@ -78,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
     ev = sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task")
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
-    ev.add_argument("--task", default="add",
-                    help="built-in task scored without --data (default: add, not the run's: give a run's --task or --data)")
-    ev.add_argument("--eval-size", type=int, default=256, help="held-out prompts (default: 256)")
+    ev.add_argument("--task", default=None,
+                    help="built-in task scored without --data (default: for a model grpo train saved, the run's "
+                         "task or --data file with its --rewards; else add)")
+    ev.add_argument("--eval-size", type=int, default=None,
+                    help="held-out prompts (default: the run's, for its own task or data, and never more: a wider "
+                         "split holds prompts it trained on; else 256)")
     ev.add_argument("--max-new-tokens", type=int, default=0,
                     help="tokens per answer (default 0: for a model saved by grpo train, its run's limit from "
                          "config.json, so it scores as it trained; else the task's own setting, or 256 for --data)")
