@@ -75,7 +75,8 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "clip_frac_low counts the wrong side"),
     (R, "        logp = torch.log_softmax(logits / temperature, dim=-1)", "        logp = torch.log_softmax(logits, dim=-1)",
      "the sampler ignores the temperature"),
-    (R, "        token = inverse_cdf(probs, uniforms)", "        token = inverse_cdf(logp.exp(), uniforms)",
+    # (drawing from logp.exp() instead is no longer a mutant: logp is the truncated distribution's by then)
+    (R, "        probs = kept.softmax(dim=-1)", "        probs = logp.softmax(dim=-1)",
      "top-k/top-p filtering ignored by the draw"),
     (R, "    u = u.clamp(min=torch.finfo(cdf.dtype).tiny)", "    u = u.clamp(min=0.0)",
      "a uniform of exactly 0 draws a masked token"),
