@@ -90,7 +90,7 @@ FILE_LAYERS = {
     "attack": ("test_sandbox", "test_code_audit"),
     "docs": ("test_docs",),
     "combos": ("test_combinations",),
-    "faults": ("test_faults",),
+    "faults": ("test_faults", "test_faults_checkpoint"),
 }  # any other file: unit
 
 

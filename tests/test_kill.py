@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_model, make_tokenizer
+from test_faults_checkpoint import REWARD, rows
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
@@ -53,12 +55,14 @@ def _wait_for_steps(run: Path, n: int, proc: subprocess.Popen, timeout: float = 
 
 
 def test_sigterm_checkpoints_says_where_and_the_run_resumes(tmp_path, tiny_model_dir):
-    # also: a YAML config with a command-line override, and the effective config in the run
+    # also: a YAML config with a command-line override, and the effective config in the run; rewards that vary,
+    # so that the prompt sampler's state and the weights move, and a resume that lost them shows
+    (tmp_path / "vary.py").write_text(REWARD)
     (tmp_path / "run.yaml").write_text(
         f"model: {tiny_model_dir}\ntask: add\nsteps: 1000\nsave_every: 1000\nprompts_per_step: 2\n"
         "group_size: 2\nmax_new_tokens: 4\neval_size: 4\ndevice: cpu\nthreads: 1\nsave_model: false\nlr: 0.5\n"
-        "preflight: 'off'\nearly_stop: false\n"
-    )
+        "preflight: 'off'\nearly_stop: false\neval_every: 5\nalarm_window: 10\nrewards: vary.py:score\n"
+    )  # the schedule given, not planned from the steps: the straight run below plans fewer
     proc = _start(tmp_path, "--config", "run.yaml", "--lr", "1e-3", "--output", "run")
     _wait_for_steps(tmp_path / "run", 2, proc)
     proc.send_signal(signal.SIGTERM)
@@ -77,11 +81,24 @@ def test_sigterm_checkpoints_says_where_and_the_run_resumes(tmp_path, tiny_model
     os.chdir(tmp_path)
     try:
         assert main(["train", "--resume", "run", "--steps", str(step + 2), "--no-progress"]) == 0
+        # the straight run: the same command, the same steps, uninterrupted
+        assert main(["train", "--config", "run.yaml", "--lr", "1e-3", "--steps", str(step + 2), "--output", "straight",
+                     "--no-progress"]) == 0
     finally:
         os.chdir(ROOT)
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == [*range(0, step + 3), step + 2]  # first and last lines: held-out accuracy
     assert (tmp_path / "run" / "summary.json").exists()
+    assert rows(tmp_path / "run") == rows(tmp_path / "straight")  # all but timings, bitwise
+    assert latest_weights(tmp_path / "run") == latest_weights(tmp_path / "straight")
+
+
+def latest_weights(run: Path) -> dict[str, list]:
+    """The latest checkpoint's trainable weights, as lists (compared exactly)."""
+    from grpo import checkpoint
+
+    weights = torch.load(checkpoint.latest(run) / checkpoint.WEIGHTS, weights_only=True)
+    return {name: tensor.tolist() for name, tensor in weights.items()}
 
 
 def test_a_second_sigint_stops_at_once(tmp_path, tiny_model_dir):
