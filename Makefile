@@ -26,19 +26,15 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # ends with the commands a user types next, in a fresh shell (where the venv is not active); <run> is the
-# newest folder under runs/, the one just written unless ARGS gave --output; eval's --task or --data, and
-# --rewards, are the run's, read from its config.json (grpo eval scores what it is given, not the run's)
-EVAL_SOURCE := import json, shlex, sys; c = json.load(open(sys.argv[1])); \
-	print("--data " + shlex.quote(c["data"]) if c.get("data") else "--task " + c.get("task", "add"), \
-	      *(["--rewards", *map(shlex.quote, c["rewards"])] if c.get("rewards") else []))
+# newest folder under runs/, the one just written unless ARGS gave --output; grpo eval of a run's model scores
+# the run's own held-out prompts with its rewards (its config.json)
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
 	@run=$$(ls -td runs/*/ 2>/dev/null | head -n 1); run=$${run%/}; run=$${run:-runs/<run>}; \
-	source=$$($(PYTHON) -c '$(EVAL_SOURCE)' "$$run/config.json" 2>/dev/null) || source="--task add"; \
 	echo; echo "next:"; \
 	echo "  source $(VENV)/bin/activate                  # grpo on PATH in this shell"; \
 	echo "  grpo report $$run     # report.png and report.html in the run's folder"; \
-	echo "  grpo eval --model $$run/model $$source --json   # greedy pass@1, pass@k, maj@k"; \
+	echo "  grpo eval --model $$run/model --json   # greedy pass@1, pass@k, maj@k on the run's held-out prompts"; \
 	echo "  grpo train --data examples/subtract.jsonl --rewards examples/my_reward.py:score   # a file and reward of your own (README.md)"
 
 # TEST_JOBS pytest workers (pytest-xdist, an idle one takes tests from a busy one), one torch thread each (tests/conftest.py);
