@@ -264,17 +264,15 @@ def test_an_environment_step_that_hangs_ends_its_episode_as_errored_within_the_l
 
 def vllm_python() -> str | None:
     """The Python with vLLM the vLLM tests use (tests/test_combinations.py), or None."""
-    for venv in (Path("/work/main/.venv-vllm"), ROOT / ".venv-vllm"):
-        if (venv / "bin" / "python").is_file():
-            return str(venv / "bin" / "python")
-    return os.environ.get("GRPO_VLLM_PYTHON") or None
+    own = ROOT / ".venv-vllm" / "bin" / "python"  # this checkout's (make vllm), else GRPO_VLLM_PYTHON's
+    return str(own) if own.is_file() else os.environ.get("GRPO_VLLM_PYTHON") or None
 
 
 @pytest.mark.vllm
 def test_the_vllm_worker_killed_mid_run_ends_it_in_one_line_naming_the_worker(tmp_path):
     python = vllm_python()
     if python is None:
-        pytest.skip("no .venv-vllm (/work/main/.venv-vllm or the project's), no GRPO_VLLM_PYTHON: make vllm")
+        pytest.skip("no .venv-vllm in this checkout and no GRPO_VLLM_PYTHON: make vllm")
     tokenizer = make_tokenizer()  # vLLM's CPU attention takes head sizes of 32 and up: 4 heads of 32
     make_model(len(tokenizer), seed=3, hidden=128).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
