@@ -56,8 +56,9 @@ SAMPLING_LOGIT_COPIES = 3
 LOGIT_CHUNK_TOKENS = 256
 LOGIT_CHUNK_COPIES = 2
 # Gradient checkpointing keeps far more than each layer's input here: measured with bench/memory_probe.py
-# (SmolLM2-135M, 1128 tokens, docs/memory.md), the forward kept 0.8 GiB with it against 1.8 GiB without,
-# and the backward then added the gradients whole (0.5 GiB) where without it they replace activations.
+# (SmolLM2-135M, 1128 tokens, docs/memory.md), the forward kept 1.19 GiB above the load with it against 2.21
+# GiB without, and the backward then added the gradients whole where without it they replace activations.
+# 0.5 is fitted to that one model and length (the rest of the gap is the layers' caches and attention state).
 CHECKPOINT_KEPT = 0.5
 # Copies of the gradients a multi-process step's all-reduce makes on a CPU: the flat one and gloo's own.
 SYNC_COPIES_CPU = 2

@@ -253,7 +253,7 @@ def trainer_prediction(trainer: object, lengths: Sequence[int] = (),
     if not measured or measured >= run.max_new_tokens:
         return worst, device.available
     at_lengths = predict(model, dataclasses.replace(run, completion_tokens=measured), device)
-    return dataclasses.replace(at_lengths, worst=worst.peak), device.available
+    return dataclasses.replace(at_lengths, worst=worst.peak if worst.peak != at_lengths.peak else 0), device.available
 
 
 def measured_peak(device_type: str) -> int:

@@ -1,10 +1,12 @@
 """pass@k and maj@k by hand, and the held-out evaluation on a tiny model."""
 
+import json
 import math
 
 import pytest
 from conftest import make_model, make_tokenizer
 
+from grpo.config import ConfigError, TrainConfig
 from grpo.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
 
 
@@ -118,31 +120,53 @@ def test_cli_eval_on_a_users_file_scores_the_split_training_held_out(tmp_path):
     assert "the run's" in helps["task"] and "trained on" in helps["eval_size"]
 
 
-@pytest.mark.parametrize("run, given, expected", [
-    # a run's model, nothing given: the run's task and its held-out split, no wider
-    ({"task": "countdown", "data": "", "eval_size": 64}, [], ("countdown", "", 64, "heldout", [])),
-    ({"task": "countdown", "data": "", "eval_size": 64}, ["--eval-size", "256"], ("countdown", "", 64, "heldout", [])),
-    ({"task": "countdown", "data": "", "eval_size": 64}, ["--eval-size", "16"], ("countdown", "", 16, "heldout", [])),
-    # a --data run: its file and its rewards, weights and style
-    ({"task": "add", "data": "mine.jsonl", "eval_size": 40, "rewards": ["r.py:score"], "reward_weights": [2.0],
-      "reward_style": "trl"}, [], ("add", "mine.jsonl", 40, "heldout", ["r.py:score"])),
-    # a separate --eval-data file: its first rows, as training scored it
-    ({"task": "add", "data": "mine.jsonl", "eval_data": "test.jsonl", "eval_size": 40}, [],
-     ("add", "test.jsonl", 40, "first", [])),
-    # another task given: nothing inherited, the usual 256
-    ({"task": "countdown", "data": "", "eval_size": 64}, ["--task", "add"], ("add", "", 256, "heldout", [])),
-    # not a run's model
-    ({}, [], ("add", "", 256, "heldout", [])),
-])
-def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_with_its_rewards(run, given, expected):
+EVAL_CASES = [  # (the run's config.json, what grpo eval is given, the rows it scores, whether they are the run's own)
+    ({"task": "countdown", "eval_size": 64}, [], 64, True),
+    ({"task": "countdown", "eval_size": 64}, ["--eval-size", "256"], 64, True),  # never wider than the run's split
+    ({"task": "countdown", "eval_size": 64}, ["--eval-size", "16"], 16, True),
+    ({"task": "add", "data": "rows.jsonl", "eval_size": 20, "rewards": ("r.py:score",), "reward_weights": (2.0,),
+      "reward_style": "trl"}, [], 20, True),
+    ({"task": "add", "data": "rows.jsonl", "eval_size": 20}, ["--data", "./rows.jsonl", "--eval-size", "50"], 20, True),
+    ({"task": "countdown", "eval_data": "test.jsonl", "eval_size": 10}, [], 10, True),  # the task's checker and prompt
+    ({"task": "countdown", "eval_size": 64}, ["--task", "add"], 256, False),
+    ({}, [], 256, False),
+]
+
+
+@pytest.mark.parametrize("run, given, size, own", EVAL_CASES)
+def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_as_training_built_it(
+        run, given, size, own, tmp_path, monkeypatch):
+    """Without --task or --data, a run's model is scored on the run's own held-out rows, built as training built
+    them (the task's checker and system prompt, the file's split, the --eval-data file's head), with its
+    --rewards; a file named another way is the same file; another task is not the run's."""
+    from grpo.cli import build_parser
+    from grpo.cli.eval import _eval_config, _eval_task, _inherit_source
+    from grpo.prompts import run_task
+
+    monkeypatch.chdir(tmp_path)
+    for name, n in (("rows.jsonl", 120), ("test.jsonl", 30)):
+        (tmp_path / name).write_text("".join(json.dumps({"prompt": f"What is {i} + {n}?", "answer": str(i + n)})
+                                             + "\n" for i in range(n)))
+    args = build_parser().parse_args(["eval", *given])
+    _inherit_source(args, dict(run))
+    task = _eval_task(args, _eval_config(args, dict(run)))
+    assert len(task.heldout) == size and args.own == own
+    if own:
+        trained = run_task(TrainConfig(**run))
+        assert [r["prompt"] for r in task.heldout] == [r["prompt"] for r in trained.heldout][:size]
+        assert not {r["prompt"] for r in task.heldout} & {r["prompt"] for r in trained.train}
+        assert (task.reward, task.system_prompt) == (trained.reward, trained.system_prompt)
+        assert args.rewards == list(run.get("rewards", ()))
+    if run.get("rewards"):
+        assert (args.reward_weights, args.reward_style) == ([2.0], "trl")
+
+
+def test_grpo_eval_refuses_a_run_that_held_out_nothing():
     from grpo.cli import build_parser
     from grpo.cli.eval import _inherit_source
 
-    args = build_parser().parse_args(["eval", *given])
-    _inherit_source(args, run)
-    assert (args.task, args.data, args.eval_size, args.rows, args.rewards) == expected
-    if run.get("rewards"):
-        assert (args.reward_weights, args.reward_style) == ([2.0], "trl")
+    with pytest.raises(ConfigError, match="held out no prompts"):
+        _inherit_source(build_parser().parse_args(["eval"]), {"task": "add", "eval_size": 0})
 
 
 def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monkeypatch):

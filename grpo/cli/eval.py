@@ -46,6 +46,14 @@ def _eval_task(args: argparse.Namespace, config: TrainConfig | None = None) -> T
     from grpo.tasks import Task, get_task, load_rows, split_rows
 
     config = config or _eval_config(args, {})
+    if getattr(args, "own", False):  # the run's own held-out rows, built as training built them
+        from grpo.tasks import load_task
+
+        task = load_task(config.task, data=config.data, heldout_size=config.eval_size,
+                         prompt_field=config.prompt_field, answer_field=config.answer_field,
+                         system_prompt=config.system_prompt, prompt_template=config.prompt_template,
+                         eval_data=config.eval_data, require_answer=not args.rewards)
+        return replace(task, heldout=task.heldout[: args.eval_size])
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
         task = Task(task.name, [], task.heldout, task.reward, config.system_prompt or task.system_prompt,
@@ -73,10 +81,15 @@ def _training_rows(args: argparse.Namespace, config: TrainConfig) -> list:
 EPISODE_FIELDS = ("tools", "env", "max_turns", "max_episode_tokens", "turn_discount", "tool_timeout")
 
 
+def _same_file(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and (a == b or Path(a).resolve() == Path(b).resolve())
+
+
 def _inherit_source(args: argparse.Namespace, run: dict) -> None:
     """What a run's model is scored on, unless --task or --data says: the run's held-out prompts (its task's
-    or data file's split, or its --eval-data file's first rows) with its --rewards. Scoring the run's own
-    split, the split is never wider than the run's: a wider one holds prompts the run trained on."""
+    or data file's split, or its --eval-data file's first rows) with its --rewards. ``args.own`` says that
+    eval scores the run's own held-out rows (given or inherited), built as training built them; on a split,
+    never wider than the run's: the split is a fixed shuffle's first rows, a wider one holds trained prompts."""
     if run and args.task is None and not args.data:
         args.task, args.data = run.get("task", "add"), run.get("eval_data") or run.get("data", "")
         args.rows = "first" if run.get("eval_data") else args.rows
@@ -84,16 +97,18 @@ def _inherit_source(args: argparse.Namespace, run: dict) -> None:
             args.rewards, args.reward_weights = list(run["rewards"]), list(run.get("reward_weights") or [])
             args.reward_style = run.get("reward_style", "auto")
     args.task = args.task or "add"
-    own = bool(run) and args.data == (run.get("eval_data") or run.get("data", "")) and (
-        bool(args.data) or args.task == run.get("task", "add"))
-    run_size = run.get("eval_size") if own and isinstance(run.get("eval_size"), int) else None
-    if run_size and not run.get("eval_data") and args.rows == "heldout":
-        if args.eval_size and args.eval_size > run_size:
-            print(f"grpo eval: scoring the run's {run_size} held-out prompts (a wider split holds prompts it "
-                  "trained on)", file=sys.stderr)
-        args.eval_size = min(args.eval_size or run_size, run_size)
-    elif args.eval_size is None:
-        args.eval_size = run_size or 256
+    source = run.get("eval_data") or run.get("data", "") if run else ""
+    args.own = bool(run) and args.task == run.get("task", "add") and (
+        _same_file(args.data, source) if source else not args.data) and (bool(run.get("eval_data")) or args.rows == "heldout")
+    run_size = run.get("eval_size") if args.own and isinstance(run.get("eval_size"), int) else None
+    split = args.own and not run.get("eval_data") and args.rows == "heldout"
+    if split and run_size == 0:
+        raise ConfigError("the run held out no prompts (--eval-size 0): give --data FILE --rows first, or another --task")
+    if split and args.eval_size and run_size and args.eval_size > run_size:
+        print(f"grpo eval: scoring the run's {run_size} held-out prompts (a wider split holds prompts it "
+              "trained on)", file=sys.stderr)
+    args.eval_size = (min(args.eval_size or run_size, run_size) if split and run_size
+                      else args.eval_size or run_size or 256)
 
 
 def _run_config(model: str) -> dict:
