@@ -59,7 +59,7 @@ def test_preflight_counts_the_groups_that_vary_over_the_rows_training_keeps():
 
     trainer = tiny_trainer(reward=right_or_raises, preflight="warn", max_gen_rounds=1)
     with pytest.warns(RuntimeWarning, match="calls failed"):
-        report = run_preflight(trainer, fit=False)
+        report = run_preflight(trainer.sampling, trainer.learner, fit=False)
     assert report.reward_errors["right_or_raises"] > 0, "the seed should give some failed calls"
     # the failed rows are no verdict (training leaves them out), so no group varies: not "the failures scored 0"
     assert report.varying_frac == 0.0 and report.all_correct_frac > 0.0 and report.all_wrong_frac == 0.0
@@ -391,7 +391,7 @@ def test_the_training_sample_is_scored_beside_the_heldout_subset(tmp_path):
     scored = [r["step"] for r in rows if "train_sample_accuracy" in r]
     assert scored == [0, 2, 4, 6, 8, 10] and summary["eval_every"] == 2
     assert all(0.0 <= r["train_sample_accuracy"] <= 1.0 for r in rows if "train_sample_accuracy" in r)
-    assert train_sample(trainer) == train_sample(trainer) and len(train_sample(trainer)) == 6  # fixed by the seed
+    assert train_sample(trainer.sampling) == train_sample(trainer.sampling) and len(train_sample(trainer.sampling)) == 6  # fixed by the seed
 
 
 def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):
