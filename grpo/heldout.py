@@ -139,3 +139,11 @@ def evaluate_with(sampling: Sampling, bar: StepProgress, *, subset: bool = False
     with bar.evaluating(passes * size) as advance:
         result = evaluate_heldout(sampling, on_batch=advance, limit=size if subset else None)
     return result, time.perf_counter() - start
+
+
+def full_evaluation(sampling: Sampling, bar: StepProgress) -> tuple[EvalResult, dict[str, float]]:
+    """The evaluation before and after training: every held-out prompt (the alarms' subset read from it)
+    and the training sample; the result and the metrics it records."""
+    result, seconds = evaluate_with(sampling, bar)
+    return result, {**result.metrics(), **subset_accuracy(sampling, result), "time_eval": seconds,
+                    **train_sample_accuracy(sampling, bar)}

@@ -32,19 +32,21 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from grpo.algorithm import group_varies
 from grpo.batch import row_errors, sample_and_score
 from grpo.evaluate import check_all
-from grpo.logprobs import rollout_logprobs
 from grpo.memory_check import trainer_prediction
-from grpo.rollout import Rollout
 from grpo.sides import Learner, Sampling
-from grpo.update import micro_batches
+
+if TYPE_CHECKING:
+    from grpo.config import TrainConfig
+from grpo.update import update_seconds
 from grpo.vllm_engine import VLLMEngine
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
@@ -370,6 +372,28 @@ def _announce(sampling: Sampling, started: float | None) -> None:
           "(--no-preflight skips this)", flush=True)
 
 
+def _summary(samples: _Samples, grouped: torch.Tensor, valid: torch.Tensor, cfg: TrainConfig, names: list[str]
+             ) -> PreflightReport:
+    """What the samples show: the pass rate, the groups that vary (as training counts them: over the rows
+    that did not error), the lengths, the reward errors; the rest of the report is filled in after."""
+    same = ~group_varies(grouped, valid, estimator=cfg.advantage_estimator)  # (B,)
+    top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,) a constant group's one value
+    total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
+    return PreflightReport(
+        prompts=len(grouped), group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+        pass_rate=sum(samples.correct) / max(len(samples.correct), 1), reward_mean=grouped.mean().item(),
+        varying_frac=(~same).float().mean().item(),
+        all_correct_frac=(same & (top >= 1.0)).float().mean().item(),
+        all_wrong_frac=(same & valid.any(dim=1) & (top <= 0.0)).float().mean().item(),
+        truncated_frac=sum(samples.truncated) / max(len(samples.truncated), 1),
+        lengths=_percentiles(samples.lengths),
+        reward_errors={k: total(f"reward_errors/{k}") for k in names},
+        reward_timeouts={k: total(f"reward_timeouts/{k}") for k in names},
+        examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
+        prompt_format=cfg.prompt_format, stop=tuple(cfg.stop),
+    )
+
+
 def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limit: bool = False
                   ) -> PreflightReport:
     """Sample the starting model on training prompts and report; see the module doc.
@@ -391,23 +415,8 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
         grouped, valid = samples.grouped(g)
         if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
             break
-    same = ~group_varies(grouped, valid, estimator=cfg.advantage_estimator)  # (B,) as training counts them: over the rows that did not error
-    top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,) a constant group's one value
     names = sampling.score.names
-    total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
-    report = PreflightReport(
-        prompts=len(grouped), group_size=g, max_new_tokens=cfg.max_new_tokens,
-        pass_rate=sum(samples.correct) / max(len(samples.correct), 1), reward_mean=grouped.mean().item(),
-        varying_frac=(~same).float().mean().item(),
-        all_correct_frac=(same & (top >= 1.0)).float().mean().item(),
-        all_wrong_frac=(same & valid.any(dim=1) & (top <= 0.0)).float().mean().item(),
-        truncated_frac=sum(samples.truncated) / max(len(samples.truncated), 1),
-        lengths=_percentiles(samples.lengths),
-        reward_errors={k: total(f"reward_errors/{k}") for k in names},
-        reward_timeouts={k: total(f"reward_timeouts/{k}") for k in names},
-        examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
-        prompt_format=cfg.prompt_format, stop=tuple(cfg.stop),
-    )
+    report = _summary(samples, grouped, valid, cfg, names)
     if fit:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,
                                                        cfg.max_new_tokens, reach=samples.reach,
@@ -445,66 +454,6 @@ def start_engine(engine: VLLMEngine | None) -> float | None:
     start = time.perf_counter()
     engine.start()
     return time.perf_counter() - start
-
-
-def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None = None) -> float:
-    """Seconds per completion token of a forward and backward pass (what an update costs, less the
-    optimiser's step), timed on the first micro-batch of ``rollout`` as the update packs it; the
-    gradients are dropped, so the run that follows is unchanged."""
-    if engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
-        engine.sleep()
-    cfg = learner.config
-    n_groups = rollout.completion_ids.shape[0] // cfg.group_size
-    part = micro_batches(cfg, rollout, torch.arange(n_groups))[0].select(rollout)
-    start = time.perf_counter()
-    with learner.autocast:
-        logp, _ = learner.policy(rollout_logprobs, part, learner.tokenizer.pad_token_id,
-                                 temperature=cfg.temperature, checkpoint_layers=cfg.gradient_checkpointing)
-    (logp.float() * part.mask).sum().backward()
-    learner.optimizer.zero_grad(set_to_none=True)
-    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)
-
-
-MIN_STEPS = 10  # under --minutes, fewer steps than this leave no time to learn: the budget adapts the run
-MIN_GROUP = 4  # the step budget never makes groups smaller than this
-
-
-def step_budget(report: PreflightReport, config: object, adaptable: Collection[str]) -> dict[str, int]:
-    """The steps that fit in ``config.minutes`` at the check's pace, and, when fewer than MIN_STEPS
-    and ``config.adapt``, the changes that buy more, in order and only to ``adaptable`` options: a
-    lower max_new_tokens (fitted to what a correct answer needs), fewer generation rounds, a smaller
-    group_size (not below MIN_GROUP). Generation time is taken as proportional to the token limit,
-    the rounds and the group size, the update's to the group size and to the mean length of the check's
-    completions cut at the limit. Sets report.steps_fit and
-    report.adapted; returns the changed fields."""
-    if not config.minutes or report.step_seconds is None or report.update_seconds is None:
-        return {}
-    gen, upd, changes = report.step_seconds, report.update_seconds, {}
-    limit, rounds, group = config.max_new_tokens, config.max_gen_rounds, config.group_size
-    fits = lambda: int(60 * config.minutes // max(gen + upd, 1e-6))  # noqa: E731
-    report.steps_fit = report.steps_before = fits()
-    if report.steps_fit >= MIN_STEPS or not config.adapt:
-        return {}
-    answer = report.answer_limit
-    if "max_new_tokens" in adaptable and answer is not None and answer < limit:
-        gen *= answer / limit
-        if report.sample_lengths:  # the update pays for the tokens the samples keep under the new limit
-            upd *= mean_tokens(report.sample_lengths, answer) / max(mean_tokens(report.sample_lengths, limit), 1e-9)
-        changes["max_new_tokens"] = answer
-        report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
-    if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
-        needed = min(rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else rounds
-        fewer = max(1, min(needed - 1, rounds - 1))
-        gen *= fewer / max(needed, 1)
-        changes["max_gen_rounds"] = fewer
-        report.adapted.append(f"step budget: max_gen_rounds {rounds} -> {fewer}")
-    if fits() < MIN_STEPS and "group_size" in adaptable and group > MIN_GROUP and not config.batch_size:
-        smaller = max(MIN_GROUP, group // 2)
-        gen, upd = gen * smaller / group, upd * smaller / group
-        changes["group_size"] = smaller
-        report.adapted.append(f"step budget: group_size {group} -> {smaller}")
-    report.steps_fit = fits()
-    return changes
 
 
 def mean_tokens(lengths: Sequence[int], limit: int) -> float:

@@ -14,7 +14,7 @@ the trainer's step reads the same either way:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from grpo.ahead import SamplingAhead
@@ -25,8 +25,10 @@ from grpo.update import StepStats
 
 
 class BatchSource(Protocol):
+    """What the trainer's step and run read of a batch source (see the module doc)."""
+
     def next(self, step: int) -> tuple[Batch, dict[str, float]]: ...
-    def turn(self, waits: dict[str, float]) -> contextmanager: ...
+    def turn(self, waits: dict[str, float]) -> AbstractContextManager[None]: ...
     def updated(self, stats: StepStats) -> None: ...
     def drain(self) -> None: ...
     def close(self) -> None: ...

@@ -16,14 +16,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from grpo.alarms import AlarmMonitor
+from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_varies
 from grpo.batch import ERROR_CAUSES, Batch
 from grpo.distributed import World
 from grpo.episodes import episode_metrics
 from grpo.evaluate import check_all
+from grpo.heldout import subset_size, train_sample_size
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
-from grpo.progress import StepProgress
+from grpo.progress import StepProgress, errored_line, summary_line
+from grpo.run_state import RunState
 from grpo.sides import Sampling
 from grpo.update import StepStats, learning_rate
 
@@ -231,6 +233,25 @@ def write_samples(step: int, batch: Batch, advantages: Tensor, *, group_size: in
             f.writelines(line + "\n" for line in lines)
 
 
+def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progress: bool,
+             explain: dict[str, Callable[[], str]]) -> RunLog:
+    """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""
+    cfg, logger = sampling.config, None
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
+    main = sampling.world.is_main
+    bar = StepProgress(cfg.steps, enabled=progress and main, silent=not main)
+    alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
+                         heldout_n=subset_size(sampling), train_n=train_sample_size(sampling), sampler=cfg.sampler,
+                         full_n=len(sampling.heldout_prompts))
+    answered = all(str(row.get("answer") or "").strip() for row in sampling.task.heldout)
+    monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
+    monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
+    return RunLog(monitor, logger, bar, explain=explain)
+
+
 @dataclass
 class RunLog:
     """Where each step's metrics go: through the alarms (which add their flags), to the sinks."""
@@ -255,6 +276,16 @@ class RunLog:
             self.bar.warn(step, text)
         if self.logger is not None:
             self.logger.log(step, metrics)
+
+    def step(self, step: int, metrics: dict[str, float], *, steps: int, log_every: int) -> None:
+        """A training step's record, its progress bar, and its console lines (every log_every steps, and
+        when rows errored)."""
+        self.record(step, metrics)
+        self.bar.update(step, metrics)
+        if log_every and step % log_every == 0:
+            self.bar.print(summary_line(step, steps, metrics))
+        if (said := errored_line(step, metrics)) is not None:
+            self.bar.print(said)
 
 
 class RunTotals:

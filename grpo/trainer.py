@@ -1,8 +1,9 @@
 """The GRPO loop, top to bottom.
 
-Each step: sample B prompts (grpo/sampler.py: uniform, or the frontier
-sampler) and generate a group of G completions for each, scored
-(grpo/batch.py, with DAPO's dynamic sampling); standardise rewards within
+Each step: take the step's batch from the batch source (grpo/source.py:
+sampled at the step, or ahead in a thread, grpo/ahead.py): B prompts
+(grpo/sampler.py: uniform, or the frontier sampler), a group of G completions
+for each, scored (grpo/batch.py, with DAPO's dynamic sampling); standardise rewards within
 each group into advantages (grpo/algorithm.py); update the policy with the
 clipped surrogate, plus beta * KL when beta > 0 (grpo/update.py); record
 (grpo/step_metrics.py); evaluate on held-out prompts now and then
@@ -47,7 +48,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages
 from grpo.batch import Batch, leave_out_errored
 from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
@@ -55,29 +55,28 @@ from grpo.config import ConfigError, TrainConfig, settle_config
 from grpo.distributed import World, full_state_dict, init_world
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
-from grpo.heldout import (
-    evaluate_with,
-    interim_evaluation,
-    subset_accuracy,
-    subset_size,
-    train_sample_accuracy,
-    train_sample_size,
-)
-from grpo.interrupt import RunStopped, StopRequests
+from grpo.heldout import full_evaluation, interim_evaluation
+from grpo.interrupt import StopRequests
 from grpo.memory_check import say_measured_memory
-from grpo.metrics import MetricsLogger
 from grpo.models import save_model, trains_adapter
-from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
+from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import pick_device, setup_process
-from grpo.progress import StepProgress, errored_line, summary_line
 from grpo.prompts import run_prompts, run_task, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.screen import make_screen
-from grpo.setup import RewardFn, build_engine, build_policy, build_scorer, load_model
+from grpo.setup import RewardFn, build_engine, build_policy, build_scorer, load_model, preflight_verdict
 from grpo.sides import Learner, Sampling
 from grpo.source import batch_source
-from grpo.step_metrics import RunLog, RunTotals, StepTimes, best_completions, step_record, write_samples
+from grpo.step_metrics import (
+    RunLog,
+    RunTotals,
+    StepTimes,
+    best_completions,
+    open_log,
+    step_record,
+    write_samples,
+)
 from grpo.tasks import Task
 from grpo.update import StepStats, learning_rate, reference_logprobs, update
 
@@ -257,17 +256,17 @@ class GRPOTrainer:
         state = self._resume(run_dir) if resume else None
         preflight = None if resume or self.config.preflight == "off" else self._preflight()
         state = state or RunState.start(self.config, auto_alarm_window=self.auto_alarm_window)  # config final
-        log = self._open_log(state)
+        log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
+                       explain={"checker_suspected": self._top_completions})
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
-                first, seconds = self._first_evaluation(log, state)
+                first = self._first_evaluation(log, state)
                 train_start = time.perf_counter()
                 metrics, stopped, out_of_time = self._run_steps(log, state, stop)
                 train_seconds = time.perf_counter() - train_start
-                last, seconds = evaluate_with(self.sampling, log.bar)
-                log.record(state.step, {**last.metrics(), **subset_accuracy(self.sampling, last), "time_eval": seconds,
-                                        **train_sample_accuracy(self.sampling, log.bar)}, final=True)
+                last, record = full_evaluation(self.sampling, log.bar)
+                log.record(state.step, record, final=True)
                 log.bar.print(f"step {state.step} held-out: {last.describe()}")
         finally:  # also when the run stops with an error: the TensorBoard writer's thread ends here
             if log.logger is not None:
@@ -305,12 +304,7 @@ class GRPOTrainer:
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
             state.step, state.bad_in_a_row = step, state.bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
             metrics["bad_steps_in_a_row"] = state.bad_in_a_row
-            log.record(step, metrics)
-            log.bar.update(step, metrics)
-            if cfg.log_every and step % cfg.log_every == 0:
-                log.bar.print(summary_line(step, cfg.steps, metrics))
-            if (said := errored_line(step, metrics)) is not None:
-                log.bar.print(said)
+            log.step(step, metrics, steps=cfg.steps, log_every=cfg.log_every)
             # rank 0's verdict binds all, so that no rank leaves the loop alone
             stopped = world.broadcast_object(log.monitor.stopping() if cfg.early_stop else None)
             # the time budget: stop where the next step, at the mean pace so far, would end past it
@@ -320,8 +314,8 @@ class GRPOTrainer:
                 self.batches.close()
             # a signal to any rank stops every rank after this step (the ranks' MAX, like the verdicts above)
             requested = stop.agreed(world.max) if stop is not None else None
-            checkpoint_or_stop(self._saving(), step, state.extra(log.monitor, trained()), requested,
-                               final=stopped is not None or out_of_time)
+            checkpoint_or_stop(Saving(self.learner, self.checkpoint_parts(), self.run_dir, self.saving), step,
+                               state.extra(log.monitor, trained()), requested, final=stopped is not None or out_of_time)
             if stopped or out_of_time:
                 log.bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}" if stopped
                               else f"time budget of {cfg.minutes:g} minutes of training reached after step {step} "
@@ -330,37 +324,15 @@ class GRPOTrainer:
         self.batches.close()  # batches beyond the last step trained are not sampled
         return metrics, stopped, out_of_time
 
-    def _saving(self) -> Saving:
-        return Saving(self.learner, self.checkpoint_parts(), self.run_dir, self.saving)
-
-    def _open_log(self, state: RunState) -> RunLog:
-        """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""
-        cfg, logger = self.config, None
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-            logger = MetricsLogger(self.run_dir, wandb=cfg.wandb, config=cfg.to_dict())
-        main = self.world.is_main
-        bar = StepProgress(cfg.steps, enabled=self.progress and main, silent=not main)
-        alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
-                             heldout_n=subset_size(self.sampling), train_n=train_sample_size(self.sampling),
-                             sampler=cfg.sampler,
-                             full_n=len(self.heldout_prompts))
-        answered = all(str(row.get("answer") or "").strip() for row in self.task.heldout)
-        monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
-        monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
-        return RunLog(monitor, logger, bar, explain={"checker_suspected": self._top_completions})
-
-    def _first_evaluation(self, log: RunLog, state: RunState) -> tuple[EvalResult, float]:
+    def _first_evaluation(self, log: RunLog, state: RunState) -> EvalResult:
         """The held-out accuracy before training (a resumed run's comes from its checkpoint)."""
         if state.history:
-            return EvalResult(accuracy=state.history[0][1], size=len(self.heldout_prompts)), 0.0
-        first, seconds = evaluate_with(self.sampling, log.bar)
+            return EvalResult(accuracy=state.history[0][1], size=len(self.heldout_prompts))
+        first, record = full_evaluation(self.sampling, log.bar)
         state.history.append((0, first.accuracy))
-        log.record(0, {**first.metrics(), **subset_accuracy(self.sampling, first), "time_eval": seconds,
-                       **train_sample_accuracy(self.sampling, log.bar)})
+        log.record(0, record)
         log.bar.print(f"step 0 held-out: {first.describe()}")
-        return first, seconds
+        return first
 
     def _save_final(self, run_dir: Path | None, summary: dict) -> None:
         """The final model (gathered under FSDP, written by rank 0) and summary.json."""
@@ -372,41 +344,15 @@ class GRPOTrainer:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def _preflight(self) -> PreflightReport:
-        """Run the pre-flight check; adopt a fitted token limit; stop when the mode says so."""
+        """Run the pre-flight check; stop when the mode says so; adopt a fitted token limit and the step budget."""
         report = run_preflight(self.sampling, self.learner, fit=self.fit_token_limit,
                                tuned_limit=self.tuned_token_limit)
         self.memory = report.memory
-        # every rank sampled the same draws; rank 0's verdict and limit bind all, so none can diverge
-        report.problems, report.fitted_max_new_tokens = self.world.broadcast_object(
-            (report.problems, report.fitted_max_new_tokens))
-        if self.world.is_main:
-            print(report.describe(), flush=True)
-            if self.run_dir is not None:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        fatal = report.stops(self.config.preflight)
-        if fatal:
-            where = f" (report: {self.run_dir / 'preflight.json'})" if self.run_dir is not None else ""
-            raise RunStopped(f"pre-flight check: {fatal[0].message}{where}", exit_code=1)
-        fitted = {} if report.fitted_max_new_tokens is None else {"max_new_tokens": report.fitted_max_new_tokens}
-        changes = {**fitted, **self._step_budget(report, replace(self.config, **fitted))}
+        changes = preflight_verdict(report, self.config, self.world, self.run_dir, fit=self.fit_token_limit)
         if changes:  # before the first step: the config and what is built from it are settled again
             self.score.max_completion_tokens = changes.get("max_new_tokens", self.config.max_new_tokens)
             self._settle(replace(self.config, **changes))
         return report
-
-    def _step_budget(self, report: PreflightReport, cfg: TrainConfig) -> dict[str, int]:
-        """Print the steps that fit in --minutes; what to adapt (of what the user did not set) when too few do."""
-        untouched = {name for name in ("max_gen_rounds", "group_size")
-                     if name not in cfg.set_by_user and getattr(cfg, name) == TrainConfig.__dataclass_fields__[name].default}
-        changes = self.world.broadcast_object(
-            step_budget(report, cfg, untouched | ({"max_new_tokens"} if self.fit_token_limit else set())))
-        if self.world.is_main:
-            for line in report.budget(cfg.minutes):
-                print(line, flush=True)
-            if self.run_dir is not None:  # with the budget's lines; config.json, written next, has the values
-                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        return changes
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""

@@ -19,8 +19,10 @@ skipped and counted.
 from __future__ import annotations
 
 import math
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +33,9 @@ from grpo.distributed import Policy, World, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
 from grpo.rollout import Rollout, group_rows
 from grpo.sides import Learner
+
+if TYPE_CHECKING:
+    from grpo.vllm_engine import VLLMEngine
 
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac", "tis_masked_tokens")  # the mismatch, per step
 MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
@@ -323,3 +328,21 @@ def zero_loss(model: nn.Module) -> Tensor:
     """0 x a one-token forward: runs every layer once, as a micro-batch does, and adds nothing."""
     hidden = model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device))
     return (hidden.last_hidden_state.sum() + model.get_output_embeddings().weight.sum()) * 0.0
+
+
+def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None = None) -> float:
+    """Seconds per completion token of a forward and backward pass (what an update costs, less the
+    optimiser's step), timed on the first micro-batch of ``rollout`` as the update packs it; the
+    gradients are dropped, so the run that follows is unchanged (the pre-flight check's step budget)."""
+    if engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
+        engine.sleep()
+    cfg = learner.config
+    n_groups = rollout.completion_ids.shape[0] // cfg.group_size
+    part = micro_batches(cfg, rollout, torch.arange(n_groups))[0].select(rollout)
+    start = time.perf_counter()
+    with learner.autocast:
+        logp, _ = learner.policy(rollout_logprobs, part, learner.tokenizer.pad_token_id,
+                                 temperature=cfg.temperature, checkpoint_layers=cfg.gradient_checkpointing)
+    (logp.float() * part.mask).sum().backward()
+    learner.optimizer.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)

@@ -82,3 +82,37 @@ def test_a_circle_is_found_even_when_one_edge_is_type_only(tmp_path):
     assert find_circle(import_graph(pkg)) == ["grpo.sub.c", "grpo.sub", "grpo.sub.c"]
     (pkg / "sub" / "c.py").write_text("")
     assert find_circle(import_graph(pkg)) is None
+
+
+def test_the_trainer_hands_the_phases_no_forwarding_methods():
+    """The phases are module functions that take plain values (grpo/sides.py); the trainer's public
+    methods are the run's own, none a round trip that hands ``self`` to a phase that reads it back."""
+    from grpo.trainer import GRPOTrainer
+
+    public = {name for name, value in vars(GRPOTrainer).items() if not name.startswith("_") and callable(value)}
+    assert public == {"step", "train", "close", "checkpoint_parts"}
+    properties = [name for name, value in vars(GRPOTrainer).items() if isinstance(value, property)]
+    assert properties == []
+
+
+def test_the_config_is_assigned_once_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """What the steps read of the config is settled when the trainer is built: a run (with no pre-flight
+    check to fit it) never assigns trainer.config again."""
+    from tiny_run import tiny_trainer
+
+    from grpo.trainer import GRPOTrainer
+
+    assigned = []
+    setattr_ = GRPOTrainer.__setattr__
+
+    def watch(self, name, value):
+        if name == "config":
+            assigned.append(value)
+        setattr_(self, name, value)
+
+    monkeypatch.setattr(GRPOTrainer, "__setattr__", watch)
+    trainer = tiny_trainer(steps=2)
+    assert len(assigned) == 1
+    trainer.train(tmp_path / "run")
+    trainer.close()
+    assert len(assigned) == 1 and trainer.config is assigned[0]

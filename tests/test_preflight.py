@@ -16,8 +16,9 @@ from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
 from grpo.heldout import train_sample
 from grpo.interrupt import RunStopped
-from grpo.preflight import PreflightReport, fit_token_limit, step_budget, stop_at_fitted_limit
+from grpo.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit
 from grpo.run_state import RunState, planned_schedule
+from grpo.setup import step_budget
 from grpo.tasks import Task, load_task
 
 
@@ -341,7 +342,6 @@ def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
 def test_the_engine_starts_before_the_generation_estimate_is_timed():
     # with --engine vllm the first rollout started vLLM (167 s measured) inside the clock, and pre-flight
     # printed "about 433 s a step" for steps that took 23-26 s: the start now happens before it
-    from types import SimpleNamespace
 
     from grpo.preflight import start_engine
 
@@ -351,10 +351,10 @@ def test_the_engine_starts_before_the_generation_estimate_is_timed():
         def start(self):
             self.conn = "ready"
 
-    trainer = SimpleNamespace(engine=Engine())
-    assert start_engine(trainer) is not None and trainer.engine.conn == "ready"
-    assert start_engine(trainer) is None  # started already: nothing to do
-    assert start_engine(SimpleNamespace(engine=None)) is None  # the own sampler
+    engine = Engine()
+    assert start_engine(engine) is not None and engine.conn == "ready"
+    assert start_engine(engine) is None  # started already: nothing to do
+    assert start_engine(None) is None  # the own sampler
 
 
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():

@@ -56,7 +56,7 @@ def test_every_model_call_of_a_step_and_an_evaluation_keeps_within_the_token_bud
         trainer.step(1)
         trained = len(calls)
         evaluate_heldout(trainer.sampling)
-        from grpo.preflight import update_seconds
+        from grpo.update import update_seconds
 
         update_seconds(trainer.learner, batch.rollout)
         assert sampled > 0 and trained > sampled and len(calls) > trained
