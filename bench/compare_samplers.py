@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpo.config import TrainConfig  # noqa: E402
+from grpo.heldout import evaluate_heldout  # noqa: E402
 from grpo.process import setup_process  # noqa: E402
 from grpo.trainer import GRPOTrainer  # noqa: E402
 
@@ -100,7 +101,7 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
     """Evaluate, train until the budget is spent (finishing the step under way), evaluate; return the figures."""
     setup_process(config)
     trainer = GRPOTrainer(config, progress=False)
-    start_acc = trainer.evaluate().accuracy
+    start_acc = evaluate_heldout(trainer.sampling).accuracy
     steps: list[dict] = []
     began = time.perf_counter()
     with log_path.open("w") as log:
@@ -109,7 +110,7 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
             steps.append(metrics)
             log.write(json.dumps({"step": len(steps), **metrics}) + "\n")
     train_minutes = (time.perf_counter() - began) / 60
-    end_acc = trainer.evaluate().accuracy
+    end_acc = evaluate_heldout(trainer.sampling).accuracy
     trainer.close()  # its reward workers: left open, the pool's process waits on them at exit and the run hangs
     del trainer
     gc.collect()

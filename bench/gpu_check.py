@@ -233,7 +233,7 @@ def check_shape(check: Check, shape: str, tokenizer: object) -> None:
     try:
         with check.phase(f"preflight {shape}", params) as counts:
             counts.predicted = phases.get("the pre-flight round")
-            report = run_preflight(trainer, fit=False)
+            report = run_preflight(trainer.sampling, trainer.learner, fit=False)
             counts.sampled += sum(report.sample_lengths)
             fatal = report.stops("on")
             if fatal:

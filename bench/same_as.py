@@ -1,6 +1,6 @@
 """Prove a change changes no result: the same runs under REF's code and this checkout's, compared exactly.
 
-    python bench/same_as.py REF [--cases train vllm torchrun resume] [--quick] [--keep DIR] [--threads N]
+    python bench/same_as.py REF [--cases train vllm torchrun resume async kl] [--quick] [--keep DIR] [--threads N]
     make same-as REF=main ARGS="--quick --cases train resume"
 
 REF is checked out into a temporary git worktree (``git worktree add --detach``). Each case runs one
@@ -27,7 +27,9 @@ Cases: ``grpo train --steps 6 --seed 0 --sample-every 1``, plus QUICK with --qui
 - resume: REF runs the 6 steps with --save-every 3; its run directory is copied without the checkpoints
   after step 3, the model and summary.json, and the new code resumes the copy to step 6 (--resume; the
   step-3 checkpoint cuts the .jsonl logs back to it). Compared with REF's straight run: steps 4-6, the
-  last evaluation and the model are the new code's.
+  last evaluation and the model are the new code's;
+- async: --async-lag 1 (batch t sampled in a thread with the weights after update t - 2);
+- kl: --beta 0.04 --epochs 2 (the reference model's KL term, two passes over each batch).
 The checkpoints (not compared; 1.6 GB each for the embedded model) are deleted once a case has run;
 the rest of the runs stays under --keep.
 """
@@ -54,9 +56,11 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 IGNORED = re.compile(r"^(time_|seconds_)|^tokens_per_second$")
 RUN = ["--steps", "6", "--seed", "0", "--sample-every", "1", "--no-progress"]
-CASES = ("train", "vllm", "torchrun", "resume")
-QUICK = ["--preflight", "off", "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "16"]
 RESUME_AT = 3
+CASES = ("train", "vllm", "torchrun", "resume", "async", "kl")
+CASE_ARGS = {"vllm": ["--engine", "vllm"], "resume": ["--save-every", str(RESUME_AT)], "async": ["--async-lag", "1"],
+             "kl": ["--beta", "0.04", "--epochs", "2"]}
+QUICK = ["--preflight", "off", "--prompts-per-step", "2", "--group-size", "4", "--eval-size", "16"]
 BIN = Path(sys.executable).parent
 
 
@@ -96,10 +100,8 @@ def run(name: str, cmd: list[str], root: Path, env: dict[str, str], log: Path) -
 
 def train_cmd(case: str, output: Path, threads: int, extra: list[str]) -> list[str]:
     launch = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2"] if case == "torchrun" else [sys.executable]
-    engine = ["--engine", "vllm"] if case == "vllm" else []
-    saves = ["--save-every", str(RESUME_AT)] if case == "resume" else []
     return [*launch, "-m", "grpo", "train", "--output", str(output), "--threads", str(threads),
-            *RUN, *engine, *saves, *extra]
+            *RUN, *CASE_ARGS.get(case, []), *extra]
 
 
 def copy_to_step(old: Path, new: Path, step: int) -> None:

@@ -17,7 +17,7 @@ With the own engine it samples from a copy of the policy refreshed from each
 version, taking turns with the update (``turns``): in one process both would
 share the cores, and kernels whose sums depend on the threads they get would
 make runs unrepeatable. The trainer hands the thread a version at the start
-of each step (``next_batch``), before it updates on the batch sampled K steps
+of each step (``next``), before it updates on the batch sampled K steps
 earlier. The loss weighs each token by the truncated importance ratio
 between the policy and the sampler's log-probs kept with every token
 (grpo/algorithm.py, ``tis_weights``): per token by default, which corrects
@@ -50,8 +50,9 @@ import copy
 import queue
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -59,7 +60,8 @@ from torch import Tensor, nn
 from grpo.batch import Batch, sample_batch
 from grpo.checkpoint import CheckpointError
 from grpo.distributed import Policy
-from grpo.parts import TrainerParts
+from grpo.sides import Learner, Sampling
+from grpo.update import StepStats
 
 
 @dataclass
@@ -72,29 +74,19 @@ class Job:
     weights: dict[str, Tensor]
 
 
-class SamplerSide:
-    """The trainer's parts as the sampling thread sees them: the model and policy are its own (a copy of the
-    policy for the own engine; for vLLM a stand-in, the engine holding the weights); the rest is the
-    trainer's."""
-
-    def __init__(self, trainer: TrainerParts, model: nn.Module, policy: Policy) -> None:
-        self._trainer, self.model, self.policy = trainer, model, policy
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._trainer, name)
-
-
 class SamplingAhead:
     """Samples batch t + K in a thread while the trainer updates on batch t (see the module docstring)."""
 
-    def __init__(self, trainer: TrainerParts, lag: int) -> None:
+    def __init__(self, sampling: Sampling, learner: Learner, lag: int) -> None:
         # what it cannot do (torchrun; vLLM with an adapter) was refused before anything loaded (grpo/combinations.py)
-        self.trainer, self.lag = trainer, lag
-        if trainer.engine is None:  # the own engine samples from a copy, refreshed at each version
-            model = copy.deepcopy(trainer.model).eval().requires_grad_(False)
-            self.side = SamplerSide(trainer, model, Policy(model))
+        self.learner, self.lag, self.engine = learner, lag, sampling.engine
+        # the thread's own model: for the own engine a copy of the policy, refreshed at each version; for vLLM a
+        # stand-in (the engine holds the weights); the rest of what sampling reads is shared
+        if sampling.engine is None:
+            model = copy.deepcopy(learner.model).eval().requires_grad_(False)
+            self.sampling = replace(sampling, model=model, policy=Policy(model))
         else:
-            self.side = SamplerSide(trainer, nn.Module(), trainer.policy)
+            self.sampling = replace(sampling, model=nn.Module())
         self.held: int | None = None  # the version of the weights the sampler holds (None: not known)
         self.next_step = 1  # the next batch to hand to the thread
         # the batches sampled and not yet trained on: step -> (batch, version, the thread's seconds for it)
@@ -109,14 +101,15 @@ class SamplingAhead:
         # the own engine's sampling and the update take turns: in one process they would share the same cores,
         # and their kernels' sums then depend on how many threads each got (not bitwise repeatable); vLLM's
         # sampling runs in its own process, beside the update
-        self.turns: AbstractContextManager = threading.Lock() if trainer.engine is None else nullcontext()
+        self.turns: AbstractContextManager = threading.Lock() if sampling.engine is None else nullcontext()
 
     # ---- the trainer's side ----
 
-    def next_batch(self, step: int, last: int) -> tuple[Batch, dict[str, float]]:
-        """Hand the thread the batches up to step + K (at most ``last``) with the current weights, then wait
-        for batch ``step``; return it with its lag and the waiting times."""
-        todo = range(self.next_step, min(step + self.lag, last) + 1)
+    def next(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """Hand the thread the batches up to step + K (at most the run's last step) with the current weights,
+        then wait for batch ``step``; return it with its lag and the times: the trainer's waits, and the
+        thread's own for the batch (its push in time_sync), not the trainer's wait for it."""
+        todo = range(self.next_step, min(step + self.lag, self.learner.config.steps) + 1)
         weights = self._weights() if len(todo) else {}  # one copy, shared by the jobs of this version
         late = [s for s in todo if step - 1 > max(0, s - 1 - self.lag)]
         if late:  # resumed after a stop that dropped them, or continued past the planned steps
@@ -137,8 +130,21 @@ class SamplingAhead:
         if lag > self.lag:  # never trained on: the correction and the resume assume at most K updates between
             raise RuntimeError(f"batch {step} was sampled with the weights after step {version}: {lag} updates "
                                f"old, more than async_lag {self.lag}")
+        seconds = dict(seconds)
+        seconds["time_reward"] = seconds.pop("time_sample") - sum(r.seconds_generate for r in batch.rounds)
         return batch, {"async_lag": float(lag), "time_wait_sampler": time.perf_counter() - t0,
                        "time_wait_trainer": waited_trainer, **seconds}
+
+    @contextmanager
+    def turn(self, waits: dict[str, float]) -> Iterator[None]:
+        """The update's turn: with the own engine, once the thread's sampling turn ends (counted in waits)."""
+        t0 = time.perf_counter()
+        with self.turns:
+            waits["time_wait_sampler"] += time.perf_counter() - t0
+            yield
+
+    def updated(self, stats: StepStats) -> None:
+        """Nothing: the thread takes the weights at the next step's start (``next``)."""
 
     def drain(self) -> None:
         """Wait until every batch handed over is sampled: the thread then touches nothing of the trainer's."""
@@ -148,8 +154,8 @@ class SamplingAhead:
 
     def _weights(self) -> dict[str, Tensor]:
         """A copy of the weights now: the trainable ones for the own engine's copy, all of them for vLLM."""
-        model = self.trainer.model
-        if self.trainer.engine is not None:
+        model = self.learner.model
+        if self.engine is not None:
             return {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
         return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
@@ -201,16 +207,16 @@ class SamplingAhead:
             self.held = job.version
         t_pushed = time.perf_counter()
         self.prompts = {s: p for s, p in self.prompts.items() if s >= job.step - self.lag}
-        batch = sample_batch(self.side, job.step, avoid=set().union(*self.prompts.values()))
+        batch = sample_batch(self.sampling, job.step, avoid=set().union(*self.prompts.values()))
         self.prompts[job.step] = {i for r in batch.rounds for i in r.prompts}
         return batch, {"time_sync": t_pushed - t0, "time_sample": time.perf_counter() - t_pushed}
 
     @torch.no_grad()
     def _load(self, weights: dict[str, Tensor]) -> None:
-        if self.trainer.engine is not None:
-            self.trainer.engine.push(self.trainer.model, weights)
+        if self.engine is not None:
+            self.engine.push(self.learner.model, weights)
             return
-        params = dict(self.side.model.named_parameters())
+        params = dict(self.sampling.model.named_parameters())
         for name, value in weights.items():
             params[name].copy_(value)
 
@@ -226,7 +232,7 @@ class SamplingAhead:
         if state["lag"] != self.lag:
             raise CheckpointError(f"the checkpoint sampled ahead with async_lag {state['lag']}, this run has "
                                   f"{self.lag}: resume with the same lag")
-        device = self.trainer.device  # checkpoints load on the CPU
+        device = self.sampling.device  # checkpoints load on the CPU
         self.ready = {step: (batch.to(device), version, seconds)
                       for step, (batch, version, seconds) in state["ready"].items()}
         self.next_step, self.prompts = state["next_step"], dict(state["prompts"])

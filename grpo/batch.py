@@ -30,11 +30,12 @@ import torch
 from torch import Tensor
 
 from grpo.algorithm import group_varies, members_needed
+from grpo.distributed import World
 from grpo.episodes import episode_total, scored_tokens
-from grpo.parts import TrainerParts
 from grpo.rewards.combine import pool_score_metrics
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.screen import Screening
+from grpo.sides import Sampling
 from grpo.streams import stream_keys
 
 
@@ -129,7 +130,7 @@ def moved(rollout: Rollout, device: torch.device | str) -> Rollout:
     return replace(rollout, env_mask=env_mask, **{name: getattr(rollout, name).to(device) for name in tensors})
 
 
-def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) -> Batch:
+def sample_batch(sampling: Sampling, step: int, avoid: Collection[int] = ()) -> Batch:
     """Draw B prompts, generate a group for each and score it.
 
     With filter_groups (DAPO's dynamic sampling), groups whose rewards are
@@ -142,17 +143,17 @@ def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) 
     rounds, the draws and the batch are those of one process. ``avoid``: the
     prompts of batches sampled ahead and not yet trained on (grpo/ahead.py).
     """
-    cfg, g = trainer.config, trainer.config.group_size
+    cfg, g = sampling.config, sampling.config.group_size
     rounds: list[Round] = []
     n = cfg.prompts_per_step
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
-        drawn, screening = draw_round(trainer, n, step, drawn_before, avoid)
-        rounds.append(generate_round(trainer, drawn, step, len(rounds)))
+        drawn, screening = draw_round(sampling, n, step, drawn_before, avoid)
+        rounds.append(generate_round(sampling, drawn, step, len(rounds)))
         rounds[-1].screening = screening
-        trainer.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
-        if trainer.screen is not None:
-            trainer.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
+        sampling.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
+        if sampling.screen is not None:
+            sampling.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
         if not cfg.filter_groups:
             last = rounds[-1]
             return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
@@ -162,27 +163,27 @@ def sample_batch(trainer: TrainerParts, step: int, avoid: Collection[int] = ()) 
             break
         share = have / sum(len(r.prompts) for r in rounds)
         n = min(cfg.prompts_per_step, math.ceil(missing / share) if share > 0 else cfg.prompts_per_step)
-    return informative_batch(trainer, rounds)
+    return informative_batch(sampling, rounds)
 
 
-def draw_round(trainer: TrainerParts, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
+def draw_round(sampling: Sampling, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
                ) -> tuple[list[int], Screening | None]:
     """A round's n prompts: the sampler's draw, or, with a screen, the n of its candidates most likely to vary."""
-    if trainer.screen is None:
-        return trainer.sampler.draw(n, step, exclude=exclude, avoid=avoid), None
-    return trainer.screen.draw(trainer, n, step, exclude, avoid)
+    if sampling.screen is None:
+        return sampling.sampler.draw(n, step, exclude=exclude, avoid=avoid), None
+    return sampling.screen.draw(sampling, n, step, exclude, avoid)
 
 
-def informative_batch(trainer: TrainerParts, rounds: list[Round]) -> Batch:
+def informative_batch(sampling: Sampling, rounds: list[Round]) -> Batch:
     """The first B informative groups of the rounds (in draw order), this process's share of them.
 
     The groups chosen live on the processes that sampled them; each sends
     its chosen ones to all, and each process keeps ``world.split`` of the
     batch, as when every group is informative.
     """
-    world, g = trainer.world, trainer.config.group_size
+    world, g = sampling.world, sampling.config.group_size
     chosen = [(k, int(i)) for k, r in enumerate(rounds) for i in r.varies().nonzero().squeeze(1)]
-    chosen = chosen[: trainer.config.prompts_per_step]  # (round, group in its draw) in draw order
+    chosen = chosen[: sampling.config.prompts_per_step]  # (round, group in its draw) in draw order
 
     def whole(name: str) -> Tensor:  # (B'*G,) the chosen groups' values of a whole-draw field
         parts = [getattr(rounds[k], name).view(-1, g)[i] for k, i in chosen]
@@ -197,40 +198,40 @@ def informative_batch(trainer: TrainerParts, rounds: list[Round]) -> Batch:
     if world.size > 1:
         sent = {place: part for parts in world.gather_objects(sent) for place, part in parts.items()}
     mine = [sent[place] for place in world.split(len(chosen))]
-    rollout = (concat_rollouts([part for part, _ in mine], trainer.tokenizer.pad_token_id) if mine
+    rollout = (concat_rollouts([part for part, _ in mine], sampling.tokenizer.pad_token_id) if mine
                else empty_rollout(g))
-    return Batch(rounds, [row for _, row in mine], moved(rollout, trainer.device), whole("rewards"),
+    return Batch(rounds, [row for _, row in mine], moved(rollout, sampling.device), whole("rewards"),
                  whole("lengths"), whole("truncated"), whole("errors"))
 
 
-def generate_round(trainer: TrainerParts, drawn: list[int], step: int, index: int) -> Round:
+def generate_round(sampling: Sampling, drawn: list[int], step: int, index: int) -> Round:
     """Generate and score the groups of the global draw that are this process's.
 
     Completion j of the draw samples from the random stream of (seed, step,
     round, j) (grpo/streams.py), so it is the same whichever process samples it.
     """
-    world, g = trainer.world, trainer.config.group_size
+    world, g = sampling.world, sampling.config.group_size
     mine = world.split(len(drawn))  # this process's groups
     rows_idx = [drawn[i] for i in mine]
-    rows = [trainer.task.train[i] for i in rows_idx]
-    streams = stream_keys(trainer.config.seed, step, index,
-                          torch.arange(mine.start * g, mine.stop * g, device=trainer.device))
+    rows = [sampling.task.train[i] for i in rows_idx]
+    streams = stream_keys(sampling.config.seed, step, index,
+                          torch.arange(mine.start * g, mine.stop * g, device=sampling.device))
     if rows_idx:
-        rollout, own_rewards, reward_means, seconds = sample_and_score(trainer, rows_idx, streams=streams)
+        rollout, own_rewards, reward_means, seconds = sample_and_score(sampling, rows_idx, streams=streams)
     else:  # fewer groups in the draw than processes
         rollout, own_rewards, reward_means, seconds = empty_rollout(g), torch.zeros(0), {}, 0.0
         if world.fsdp:  # the others' generation gathers the sharded parameters: take part
-            trainer.policy.without_grad(lambda model: None)
-    errors = row_errors(own_rewards, rollout, mask_truncated=trainer.config.mask_truncated)
+            sampling.policy.without_grad(lambda model: None)
+    errors = row_errors(own_rewards, rollout, mask_truncated=sampling.config.mask_truncated)
     own_rewards = torch.where(own_rewards.isnan(), 0.0, own_rewards)  # errored rows: 0, never read as verdicts
-    rewards = world.gather(own_rewards.to(trainer.device))  # (n*G,) the whole draw's
+    rewards = world.gather(own_rewards.to(sampling.device))  # (n*G,) the whole draw's
     return Round(
         prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
         lengths=world.gather(rollout.lengths), truncated=world.gather(rollout.truncated),
-        errors=world.gather(errors.to(trainer.device)),
-        reward_means=whole_draw_means(trainer, len(rows_idx) * g, reward_means),
-        explored=getattr(trainer.sampler, "explored", 0), seconds_generate=seconds,
-        first_try=trainer.draws.first_tries(drawn), estimator=trainer.config.advantage_estimator,
+        errors=world.gather(errors.to(sampling.device)),
+        reward_means=whole_draw_means(sampling.world, len(rows_idx) * g, reward_means),
+        explored=getattr(sampling.sampler, "explored", 0), seconds_generate=seconds,
+        first_try=sampling.draws.first_tries(drawn), estimator=sampling.config.advantage_estimator,
     )
 
 
@@ -253,56 +254,56 @@ def row_errors(rewards: Tensor, rollout: Rollout, *, mask_truncated: bool) -> Te
     return errors
 
 
-def leave_out_errored(trainer: TrainerParts, batch: Batch) -> Tensor:
+def leave_out_errored(batch: Batch, world: World, *, group_size: int, estimator: str) -> Tensor:
     """(N,) True for the batch's rows that keep their place in the update: rows that did not error, in
     groups with at least as many of them as the estimator compares (two; one for reinforce_pp, whose
     baseline is the batch's: grpo.algorithm.members_needed). The others leave the loss (this process's rows' masks) and its
     normaliser (``batch.lengths`` set to 0), and their advantages are 0 (group_advantages ``valid``)."""
-    g = trainer.config.group_size
+    g = group_size
     valid = (batch.errors == 0).view(-1, g)  # (B', G)
-    needed = members_needed(trainer.config.advantage_estimator)
+    needed = members_needed(estimator)
     valid = (valid & (valid.sum(dim=1, keepdim=True) >= needed)).reshape(-1)  # (N,)
     if not bool(valid.all()):
-        first = trainer.world.split(valid.numel() // g).start * g  # this process's first row of the batch
+        first = world.split(valid.numel() // g).start * g  # this process's first row of the batch
         mine = valid[first : first + batch.rollout.mask.shape[0]]  # (n,)
         batch.rollout.mask *= mine.unsqueeze(1).to(batch.rollout.mask.dtype)
         batch.lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)
     return valid
 
 
-def whole_draw_means(trainer: TrainerParts, rows: int, metrics: dict[str, float]) -> dict[str, float]:
+def whole_draw_means(world: World, rows: int, metrics: dict[str, float]) -> dict[str, float]:
     """The scorer's metrics of this process's ``rows`` as the whole draw's: its means over every process's
     rows, its counts summed over the processes (pool_score_metrics)."""
-    if trainer.world.size == 1:
+    if world.size == 1:
         return metrics
-    return pool_score_metrics(trainer.world.gather_objects((rows, metrics)))
+    return pool_score_metrics(world.gather_objects((rows, metrics)))
 
 
 def sample_and_score(
-    trainer: TrainerParts, prompts: Sequence[int], generator: torch.Generator | None = None,
+    sampling: Sampling, prompts: Sequence[int], generator: torch.Generator | None = None,
     stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
 ) -> tuple[Rollout, Tensor, dict[str, float], float]:
     """A group for each of these training prompts, scored: the rollout, its rewards (n*G,; NaN where a
     reward call or the environment failed: see row_errors), the scorer's metrics and the seconds
     generation took. Training rounds (with a random stream per
     completion) and the pre-flight check (with a generator) share it."""
-    cfg, t = trainer.config, trainer
+    cfg, t = sampling.config, sampling
     t0 = time.perf_counter()
     t.model.eval()
-    sampling = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                    top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
+    options = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                   top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
     rows = [t.task.train[i] for i in prompts]
     with t.autocast:
         if t.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
             rollout = t.policy.without_grad(t.agent.run, t.tokenizer, rows, streams=streams, engine=t.engine,
-                                            token_budget=cfg.micro_batch_tokens, **sampling)
+                                            token_budget=cfg.micro_batch_tokens, **options)
         elif t.engine is not None:  # no stop_early: vLLM runs each completion to its end
-            rollout = t.engine.generate([t.train_prompts[i] for i in prompts], streams=streams, **sampling)
+            rollout = t.engine.generate([t.train_prompts[i] for i in prompts], streams=streams, **options)
             rollout = moved(rollout, t.device)
         else:  # each completion a one-turn episode, sampled on the policy itself
             rollout = t.policy.without_grad(generate, t.tokenizer, [t.train_prompts[i] for i in prompts],
                                             stop_early=stop_early, streams=streams,
-                                            token_budget=cfg.micro_batch_tokens, **sampling)
+                                            token_budget=cfg.micro_batch_tokens, **options)
     seconds = time.perf_counter() - t0
     group_rows = [t.task.train[i] for i in prompts for _ in range(cfg.group_size)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]

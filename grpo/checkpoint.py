@@ -4,9 +4,12 @@ A checkpoint is a folder ``RUN_DIR/checkpoints/step-00000010/`` holding
 
 - ``weights.pt``: the trainable parameters (all of them, or only the LoRA adapter),
   whole and by name;
-- ``state.pt``: every other piece of state a step consumes: the optimiser's (whole,
-  keyed by parameter name), the global RNGs (Python, NumPy, torch and CUDA), the
-  trainer's own RNGs, any prompt sampler, and how long the run's log files were;
+- ``state.pt``: every other piece of state a step consumes, with its ``format``: the
+  optimiser's (whole, keyed by parameter name), the global RNGs (Python, NumPy, torch
+  and CUDA), the run's named parts (``parts``: the prompt sampler's RNG and, when
+  sampling runs ahead, the minibatch order's; the prompt sampler; the draw counts;
+  the screen, if any; the generation totals; the batches sampled ahead), the run's
+  own state (``extra``: grpo/run_state.py), and how long the run's log files were;
 - ``meta.json``: the step and the config, written last.
 
 It is built in a hidden temporary folder; every file and the folder are fsynced
@@ -21,12 +24,13 @@ folder that rank 0 begins and then completes, so the processes need a
 filesystem they share. Either kind resumes at any number of processes, with
 or without FSDP (grpo/distributed.py reshards them).
 
-What the trainer holds is saved generically: any attribute that is a
+The caller names the parts it saves (grpo/trainer.py, ``checkpoint_parts``): each a
 ``random.Random``, a ``torch.Generator`` or a :class:`Stateful` (an object with
-``state_dict``/``load_state_dict``, such as a prompt sampler) is captured under
-its attribute name. A new stateful part needs no change here. The optimiser is
-the exception: its own state_dict is keyed by position and, under FSDP, holds
-one process's shards, so the caller passes its whole state by name.
+``state_dict``/``load_state_dict``). A resumed run must name the same ones; a part
+added later raises FORMAT and gets a case in :func:`upgrade`, so a checkpoint of
+the earlier format still resumes. The optimiser is saved apart: its own
+state_dict is keyed by position and, under FSDP, holds one process's shards, so
+the caller passes its whole state by name.
 
 Not restored: TensorBoard event files (a resumed run appends after the killed
 one's tail, which TensorBoard shows as a second line over the same steps).
@@ -40,7 +44,7 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -53,6 +57,7 @@ WEIGHTS, STATE, META, SHARDS = "weights.pt", "state.pt", "meta.json", "shards"
 LOG_FILES = ("metrics.jsonl", "completions.jsonl")
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = ".tmp-"
+FORMAT = 2  # state.pt's layout (upgrade reads the older ones)
 
 
 class CheckpointError(RuntimeError):
@@ -129,34 +134,39 @@ def set_global_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _is_part(value: object) -> bool:
-    if isinstance(value, (nn.Module, torch.optim.Optimizer)):
-        return False  # weights and optimiser are saved whole by name, and a frozen reference never changes
-    return isinstance(value, (random.Random, torch.Generator, Stateful))
-
-
-def capture_parts(owner: object) -> dict[str, object]:
-    """The state of each stateful attribute of owner, by attribute name."""
-    out = {}
-    for name, value in vars(owner).items():
+def capture(parts: Mapping[str, object]) -> dict[str, object]:
+    """The state of each named part: a ``random.Random``'s, a ``torch.Generator``'s, or a Stateful's."""
+    out: dict[str, object] = {}
+    for name, value in parts.items():
         if isinstance(value, random.Random):
             out[name] = value.getstate()
         elif isinstance(value, torch.Generator):
             out[name] = value.get_state()
-        elif _is_part(value):
+        else:
             out[name] = value.state_dict()
     return out
 
 
-def restore_parts(owner: object, saved: dict[str, object]) -> None:
-    parts = {name: v for name, v in vars(owner).items() if _is_part(v)}
-    # a part added since the checkpoint was written, marked optional_in_checkpoint, keeps its fresh state
-    parts = {name: v for name, v in parts.items() if name in saved or not getattr(v, "optional_in_checkpoint", False)}
-    if set(parts) != set(saved):
-        raise CheckpointError(
-            f"checkpoint holds state for {sorted(saved)} but the trainer has {sorted(parts)}"
-        )
-    for name, value in parts.items():
+def upgrade(state: dict) -> dict:
+    """A state.pt of any format as the current one. Format 1 (before the format was named) saved whatever
+    stateful attributes the trainer had, under their names: the batches sampled ahead as ``ahead`` (none
+    for the synchronous loop, whose source has no state), no ``sampler`` for the uniform one (it had no
+    state_dict), and no ``totals`` before RunTotals existed."""
+    if state.get("format", 1) == FORMAT:
+        return state
+    parts = dict(state["parts"])
+    parts["batches"] = parts.pop("ahead", {})
+    parts.setdefault("sampler", {})
+    return {**state, "format": FORMAT, "parts": parts, "fresh": set() if "totals" in parts else {"totals"}}
+
+
+def restore_parts(parts: Mapping[str, object], saved: dict[str, object], *, fresh: Collection[str] = ()) -> None:
+    """Load each named part's saved state; those in ``fresh`` (absent from an older format) keep theirs."""
+    expected = {name for name in parts if name not in fresh}
+    if expected != set(saved):
+        raise CheckpointError(f"checkpoint holds state for {sorted(saved)} but this run has {sorted(expected)}")
+    for name in expected:
+        value = parts[name]
         if isinstance(value, random.Random):
             value.setstate(saved[name])
         elif isinstance(value, torch.Generator):
@@ -206,13 +216,14 @@ def begin(run_dir: Path, step: int) -> Path:
 
 
 def save(
-    run_dir: Path, step: int, *, weights: dict[str, Tensor] | None, optimizer: dict | None, owner: object,
-    config: dict, extra: dict, keep: int, tmp: Path | None = None,
+    run_dir: Path, step: int, *, weights: dict[str, Tensor] | None, optimizer: dict | None,
+    parts: Mapping[str, object], config: dict, extra: dict, keep: int, tmp: Path | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and keep only the last ``keep``; return its folder.
 
     ``weights`` and ``optimizer`` are the whole trainable parameters and optimiser state, by name;
-    or None when ``tmp`` (from :func:`begin`) already holds them as shards (``SHARDS``).
+    or None when ``tmp`` (from :func:`begin`) already holds them as shards (``SHARDS``). ``parts``: the
+    run's other stateful parts, by name (their state is captured here).
 
     On any OSError (disk full, ...) the partial folder is removed, earlier checkpoints are
     untouched, and CheckpointError says which one is the latest complete.
@@ -221,8 +232,8 @@ def save(
     final = root / f"step-{step:08d}"
     tmp = tmp or begin(run_dir, step)
     logs = {name: _synced_size(Path(run_dir) / name) for name in LOG_FILES}
-    state = {"rng": global_rng_state(), "parts": capture_parts(owner), "optimizer": optimizer, "logs": logs,
-             "extra": extra}
+    state = {"format": FORMAT, "rng": global_rng_state(), "parts": capture(parts), "optimizer": optimizer,
+             "logs": logs, "extra": extra}
     try:
         if weights is not None:
             _write_file(tmp / WEIGHTS, lambda f: torch.save(weights, f))
@@ -268,11 +279,12 @@ def _synced_size(path: Path) -> int:
 
 
 def restore(
-    path: Path, *, model: nn.Module, owner: object, load: Callable[[dict | None, dict | None, Path | None], None],
+    path: Path, *, model: nn.Module, parts: Mapping[str, object],
+    load: Callable[[dict | None, dict | None, Path | None], None],
 ) -> dict:
     """Load checkpoint ``path``: ``load(weights, optimizer state, None)`` (whole, by name) or, for a sharded
-    one, ``load(None, None, its shards' folder)``; then owner's parts; cut the run's logs back to it;
-    return its extra."""
+    one, ``load(None, None, its shards' folder)``; then the named parts' state (a checkpoint of any format:
+    :func:`upgrade`); cut the run's logs back to it; return its extra."""
     shards = path / SHARDS if (path / SHARDS).is_dir() else None
     try:
         weights = None if shards else torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
@@ -282,8 +294,9 @@ def restore(
         raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
     if weights is not None:
         check_weights(model, weights)
+    state = upgrade(state)
     load(weights, state["optimizer"], shards)
-    restore_parts(owner, state["parts"])
+    restore_parts(parts, state["parts"], fresh=state.get("fresh", ()))
     set_global_rng_state(state["rng"])
     run_dir = path.parent.parent
     for name, size in state["logs"].items():

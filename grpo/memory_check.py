@@ -224,32 +224,32 @@ def measured_completion(lengths: Sequence[int], truncated: Sequence[bool], multi
     return max(lengths)
 
 
-def trainer_prediction(trainer: object, lengths: Sequence[int] = (),
+def trainer_prediction(sampling: object, lengths: Sequence[int] = (),
                        truncated: Sequence[bool] = ()) -> tuple[Prediction | None, int | None]:
-    """The prediction for a built trainer (its model's config, its prompts' longest tokenisation, its
+    """The prediction for a run's sampling side (its model's config, its prompts' longest tokenisation, its
     settled config) and what is free for a process now. Given pre-flight's completion ``lengths`` (and
     which were ``truncated``), at those lengths where that is sound (``measured_completion``), with the
     peak at the token limit kept beside it (``Prediction.worst``)."""
-    config = trainer.config
-    raw = trainer.model.config
-    prompt_tokens = max((len(p) for p in trainer.train_prompts), default=0)
-    if trainer.device.type == "cuda":
+    config = sampling.config
+    raw = sampling.model.config
+    prompt_tokens = max((len(p) for p in sampling.train_prompts), default=0)
+    if sampling.device.type == "cuda":
         import torch
 
-        free, total = torch.cuda.mem_get_info(trainer.device)
+        free, total = torch.cuda.mem_get_info(sampling.device)
         # what the process holds already is its own, not another's: free plus its reserve
-        device = Device("cuda", trainer.world.size, free + torch.cuda.memory_reserved(trainer.device), total)
+        device = Device("cuda", sampling.world.size, free + torch.cuda.memory_reserved(sampling.device), total)
     else:
         available = mem_available()
-        device = Device("cpu", trainer.world.size, None if available is None else available // trainer.world.size,
+        device = Device("cpu", sampling.world.size, None if available is None else available // sampling.world.size,
                         mem_total())
-    pool = getattr(getattr(trainer, "toolbox", None), "pool", None)
+    pool = getattr(getattr(sampling, "toolbox", None), "pool", None)
     run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
     model = model_shape(raw)
     if model is None:
         return None, device.available
     worst = predict(model, run, device)
-    measured = measured_completion(lengths, truncated, getattr(trainer, "agent", None) is not None)
+    measured = measured_completion(lengths, truncated, getattr(sampling, "agent", None) is not None)
     if not measured or measured >= run.max_new_tokens:
         return worst, device.available
     at_lengths = predict(model, dataclasses.replace(run, completion_tokens=measured), device)

@@ -32,15 +32,22 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from grpo.algorithm import group_varies
-from grpo.batch import row_errors
+from grpo.batch import row_errors, sample_and_score
 from grpo.evaluate import check_all
 from grpo.memory_check import trainer_prediction
+from grpo.sides import Learner, Sampling
+
+if TYPE_CHECKING:
+    from grpo.config import TrainConfig
+from grpo.update import update_seconds
+from grpo.vllm_engine import VLLMEngine
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
@@ -330,21 +337,21 @@ def stop_at_fitted_limit(rows: int, probe_limit: int) -> Callable[[int, int], bo
 
 
 def _sample_round(
-    trainer: object, chosen: Sequence[int], generator: torch.Generator, out: _Samples, *, fit: bool
+    sampling: Sampling, chosen: Sequence[int], generator: torch.Generator, out: _Samples, *, fit: bool
 ) -> None:
     """Sample a group for each chosen training prompt and score it, as a training round would."""
-    cfg, g = trainer.config, trainer.config.group_size
+    cfg, g = sampling.config, sampling.config.group_size
     stop_early = stop_at_fitted_limit(len(chosen) * g, cfg.max_new_tokens) if fit else None
-    rollout, rewards, metrics, _ = trainer.sample_and_score(chosen, generator, stop_early)
+    rollout, rewards, metrics, _ = sample_and_score(sampling, chosen, generator, stop_early)
     out.last = rollout
-    group_rows = [trainer.task.train[i] for i in chosen for _ in range(g)]
+    group_rows = [sampling.task.train[i] for i in chosen for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
-    out.correct += [s >= 1.0 for s in check_all(trainer.checker, rollout.texts, checked)]
-    out.reach += [answer_reach(trainer.tokenizer, t, str(r.get("answer") or "")) for t, r in
+    out.correct += [s >= 1.0 for s in check_all(sampling.checker, rollout.texts, checked)]
+    out.reach += [answer_reach(sampling.tokenizer, t, str(r.get("answer") or "")) for t, r in
                   zip(rollout.texts, group_rows, strict=True)]
-    out.answer_lengths += [len(trainer.tokenizer.encode(str(trainer.task.train[i].get("answer") or ""),
-                                                        add_special_tokens=False)) for i in chosen]
+    out.answer_lengths += [len(sampling.tokenizer.encode(str(sampling.task.train[i].get("answer") or ""),
+                                                         add_special_tokens=False)) for i in chosen]
     out.texts += rollout.texts
     out.lengths += lengths
     out.truncated += truncated
@@ -353,10 +360,10 @@ def _sample_round(
     out.metrics.append(metrics)
 
 
-def _announce(trainer: object, started: float | None) -> None:
+def _announce(sampling: Sampling, started: float | None) -> None:
     """What the check is about to do (rank 0 prints), and vLLM's start-up apart from it."""
-    cfg = trainer.config
-    if not trainer.world.is_main:
+    cfg = sampling.config
+    if not sampling.world.is_main:
         return
     if started is not None:
         print(f"pre-flight: vLLM started in {started:.0f} s (not counted in the generation estimate)", flush=True)
@@ -365,31 +372,15 @@ def _announce(trainer: object, started: float | None) -> None:
           "(--no-preflight skips this)", flush=True)
 
 
-def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
-    """Sample the starting model on training prompts and report; see the module doc.
-
-    A round samples ``preflight_prompts`` prompts. While no group has varied, further rounds of new
-    prompts follow, up to ``max_gen_rounds`` in all (what one training step may generate), so that a
-    pass rate of a few percent is not mistaken for none. ``trainer`` is a GRPOTrainer; every process
-    runs the same draws with the same generator, so under torchrun all reach the same verdict.
-    """
-    started = start_engine(trainer)  # before the clock: vLLM's start-up is not generation
-    cfg, start, g = trainer.config, time.perf_counter(), trainer.config.group_size
-    _announce(trainer, started)
-    order = draw_prompts(len(trainer.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
-    generator = torch.Generator(device=trainer.device).manual_seed(cfg.seed + 7919)
-    samples = _Samples()
-    for first in range(0, len(order), cfg.preflight_prompts):
-        _sample_round(trainer, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
-        grouped, valid = samples.grouped(g)
-        if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
-            break
-    same = ~group_varies(grouped, valid, estimator=cfg.advantage_estimator)  # (B,) as training counts them: over the rows that did not error
+def _summary(samples: _Samples, grouped: torch.Tensor, valid: torch.Tensor, cfg: TrainConfig, names: list[str]
+             ) -> PreflightReport:
+    """What the samples show: the pass rate, the groups that vary (as training counts them: over the rows
+    that did not error), the lengths, the reward errors; the rest of the report is filled in after."""
+    same = ~group_varies(grouped, valid, estimator=cfg.advantage_estimator)  # (B,)
     top = torch.where(valid, grouped, float("-inf")).max(dim=1).values  # (B,) a constant group's one value
-    names = trainer.score.names
     total = lambda key: sum(m[key] for m in samples.metrics)  # noqa: E731
-    report = PreflightReport(
-        prompts=len(grouped), group_size=g, max_new_tokens=cfg.max_new_tokens,
+    return PreflightReport(
+        prompts=len(grouped), group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
         pass_rate=sum(samples.correct) / max(len(samples.correct), 1), reward_mean=grouped.mean().item(),
         varying_frac=(~same).float().mean().item(),
         all_correct_frac=(same & (top >= 1.0)).float().mean().item(),
@@ -401,12 +392,37 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
         prompt_format=cfg.prompt_format, stop=tuple(cfg.stop),
     )
+
+
+def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limit: bool = False
+                  ) -> PreflightReport:
+    """Sample the starting model on training prompts and report; see the module doc.
+
+    A round samples ``preflight_prompts`` prompts. While no group has varied, further rounds of new
+    prompts follow, up to ``max_gen_rounds`` in all (what one training step may generate), so that a
+    pass rate of a few percent is not mistaken for none. Every process runs the same draws with the
+    same generator, so under torchrun all reach the same verdict. ``fit``: fit a token limit;
+    ``tuned_limit``: the task's own limit is in use (a problem of its own when most completions hit it).
+    """
+    started = start_engine(sampling.engine)  # before the clock: vLLM's start-up is not generation
+    cfg, start, g = sampling.config, time.perf_counter(), sampling.config.group_size
+    _announce(sampling, started)
+    order = draw_prompts(len(sampling.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
+    generator = torch.Generator(device=sampling.device).manual_seed(cfg.seed + 7919)
+    samples = _Samples()
+    for first in range(0, len(order), cfg.preflight_prompts):
+        _sample_round(sampling, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
+        grouped, valid = samples.grouped(g)
+        if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
+            break
+    names = sampling.score.names
+    report = _summary(samples, grouped, valid, cfg, names)
     if fit:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,
                                                        cfg.max_new_tokens, reach=samples.reach,
                                                        answer_lengths=samples.answer_lengths)
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
-    report.problems = find_problems(report, names, constant, tuned_limit=trainer.tuned_token_limit)
+    report.problems = find_problems(report, names, constant, tuned_limit=tuned_limit)
     report.seconds = time.perf_counter() - start
     report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
                                                 dynamic=cfg.filter_groups)
@@ -417,12 +433,13 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
         # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
         limit = report.fitted_max_new_tokens or cfg.max_new_tokens
         per_row = mean_tokens(samples.lengths, limit)
-        report.update_seconds = update_seconds(trainer, samples.last) * cfg.completions_per_step * per_row
+        report.update_seconds = update_seconds(learner, samples.last, sampling.engine) * cfg.completions_per_step \
+            * per_row
         report.sample_lengths = list(samples.lengths)
-    prediction, available = trainer_prediction(trainer, samples.lengths, samples.truncated)
+    prediction, available = trainer_prediction(sampling, samples.lengths, samples.truncated)
     if prediction is not None:
         report.memory, report.memory_line = prediction.to_dict(available), prediction.describe(available)
-        report.memory["prompt_tokens"] = max((len(p) for p in trainer.train_prompts), default=0)
+        report.memory["prompt_tokens"] = max((len(p) for p in sampling.train_prompts), default=0)
     answer = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
                              cfg.max_new_tokens, reach=samples.reach, answer_lengths=samples.answer_lengths)
     keep = correct_floor(samples.lengths, samples.truncated, samples.correct, cfg.max_new_tokens)
@@ -430,77 +447,13 @@ def run_preflight(trainer: object, *, fit: bool) -> PreflightReport:
     return report
 
 
-def start_engine(trainer: object) -> float | None:
-    """Start the trainer's vLLM engine if it has one not yet started (the first rollout would); its seconds."""
-    engine = getattr(trainer, "engine", None)
+def start_engine(engine: VLLMEngine | None) -> float | None:
+    """Start the vLLM engine, if there is one not yet started (the first rollout would); its seconds."""
     if engine is None or engine.conn is not None:
         return None
     start = time.perf_counter()
     engine.start()
     return time.perf_counter() - start
-
-
-def update_seconds(trainer: object, rollout: object) -> float:
-    """Seconds per completion token of a forward and backward pass (what an update costs, less the
-    optimiser's step), timed on the first micro-batch of ``rollout`` as the update packs it; the
-    gradients are dropped, so the run that follows is unchanged."""
-    from grpo.logprobs import rollout_logprobs
-    from grpo.update import micro_batches
-
-    if trainer.engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
-        trainer.engine.sleep()
-    n_groups = rollout.completion_ids.shape[0] // trainer.config.group_size
-    part = micro_batches(trainer.config, rollout, torch.arange(n_groups))[0].select(rollout)
-    start = time.perf_counter()
-    with trainer.autocast:
-        logp, _ = trainer.policy(rollout_logprobs, part, trainer.tokenizer.pad_token_id,
-                                 temperature=trainer.config.temperature,
-                                 checkpoint_layers=trainer.config.gradient_checkpointing)
-    (logp.float() * part.mask).sum().backward()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)
-
-
-MIN_STEPS = 10  # under --minutes, fewer steps than this leave no time to learn: the budget adapts the run
-MIN_GROUP = 4  # the step budget never makes groups smaller than this
-
-
-def step_budget(report: PreflightReport, config: object, adaptable: Collection[str]) -> dict[str, int]:
-    """The steps that fit in ``config.minutes`` at the check's pace, and, when fewer than MIN_STEPS
-    and ``config.adapt``, the changes that buy more, in order and only to ``adaptable`` options: a
-    lower max_new_tokens (fitted to what a correct answer needs), fewer generation rounds, a smaller
-    group_size (not below MIN_GROUP). Generation time is taken as proportional to the token limit,
-    the rounds and the group size, the update's to the group size and to the mean length of the check's
-    completions cut at the limit. Sets report.steps_fit and
-    report.adapted; returns the changed fields."""
-    if not config.minutes or report.step_seconds is None or report.update_seconds is None:
-        return {}
-    gen, upd, changes = report.step_seconds, report.update_seconds, {}
-    limit, rounds, group = config.max_new_tokens, config.max_gen_rounds, config.group_size
-    fits = lambda: int(60 * config.minutes // max(gen + upd, 1e-6))  # noqa: E731
-    report.steps_fit = report.steps_before = fits()
-    if report.steps_fit >= MIN_STEPS or not config.adapt:
-        return {}
-    answer = report.answer_limit
-    if "max_new_tokens" in adaptable and answer is not None and answer < limit:
-        gen *= answer / limit
-        if report.sample_lengths:  # the update pays for the tokens the samples keep under the new limit
-            upd *= mean_tokens(report.sample_lengths, answer) / max(mean_tokens(report.sample_lengths, limit), 1e-9)
-        changes["max_new_tokens"] = answer
-        report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
-    if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
-        needed = min(rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else rounds
-        fewer = max(1, min(needed - 1, rounds - 1))
-        gen *= fewer / max(needed, 1)
-        changes["max_gen_rounds"] = fewer
-        report.adapted.append(f"step budget: max_gen_rounds {rounds} -> {fewer}")
-    if fits() < MIN_STEPS and "group_size" in adaptable and group > MIN_GROUP and not config.batch_size:
-        smaller = max(MIN_GROUP, group // 2)
-        gen, upd = gen * smaller / group, upd * smaller / group
-        changes["group_size"] = smaller
-        report.adapted.append(f"step budget: group_size {group} -> {smaller}")
-    report.steps_fit = fits()
-    return changes
 
 
 def mean_tokens(lengths: Sequence[int], limit: int) -> float:

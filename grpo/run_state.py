@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from grpo.alarms import AlarmMonitor
 from grpo.config import TrainConfig, alarm_window_for, planned_steps
 from grpo.distributed import load_shards, load_training_state, save_shards, training_state
 from grpo.interrupt import RunStopped
-from grpo.parts import TrainerParts
+from grpo.sides import Learner
 
 EVALUATIONS = 5  # automatic evaluations during a run's planned steps (the start and the end besides) ...
 EVERY_MAX = 5  # ... but at least one every this many steps, so that a long run's alarms can stop it early
@@ -75,49 +76,60 @@ def planned_schedule(steps: int, minutes: float) -> tuple[int, int]:
     return max(1, min(math.ceil(planned / EVALUATIONS), EVERY_MAX)), planned
 
 
-def checkpoint_or_stop(trainer: TrainerParts, step: int, extra: dict, stop: signal.Signals | None, *,
+@dataclass
+class Saving:
+    """What a checkpoint writes and where: the learner's weights and optimiser, the run's other named parts
+    (grpo/checkpoint.py; ``batches``, the batch source, is drained first)."""
+
+    learner: Learner
+    parts: Mapping[str, object]
+    run_dir: Path | None  # where rank 0 writes; None on the other ranks
+    enabled: bool  # checkpoints are written (on every process: under FSDP all take part)
+
+
+def checkpoint_or_stop(saving: Saving, step: int, extra: dict, stop: signal.Signals | None, *,
                        final: bool = False) -> None:
     """Checkpoint on schedule, at the end, or when asked to stop; stop after too many NaN/inf steps.
 
     ``stop`` is the signal every rank agreed on after this step (StopRequests.agreed), None if none.
     No checkpoint is written after a bad step, so the latest one is the last good state.
     """
-    cfg, bad_in_a_row = trainer.config, extra["bad_in_a_row"]
+    cfg, bad_in_a_row = saving.learner.config, extra["bad_in_a_row"]
     if bad_in_a_row >= cfg.max_bad_steps:
         raise RunStopped(
             f"loss or gradient was NaN/inf in {bad_in_a_row} consecutive steps (the last at step {step}); "
-            f"stopped (max_bad_steps={cfg.max_bad_steps}); {where(trainer.run_dir)}"
+            f"stopped (max_bad_steps={cfg.max_bad_steps}); {where(saving.run_dir)}"
         )
     requested = stop is not None
     due = step % cfg.save_every == 0 or step == cfg.steps or requested or final
-    if trainer.saving and due and bad_in_a_row == 0:
-        save_checkpoint(trainer, step, extra)
+    if saving.enabled and due and bad_in_a_row == 0:
+        save_checkpoint(saving, step, extra)
     if requested:
-        raise RunStopped(f"stopped by {stop.name} after step {step}; {where(trainer.run_dir)}",
+        raise RunStopped(f"stopped by {stop.name} after step {step}; {where(saving.run_dir)}",
                          exit_code=128 + int(stop))
 
 
-def save_checkpoint(trainer: TrainerParts, step: int, extra: dict) -> None:
+def save_checkpoint(saving: Saving, step: int, extra: dict) -> None:
     """Rank 0 writes the whole weights and optimiser state; under FSDP each process writes its
     shards of them into the folder rank 0 begins, which rank 0 then completes."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    world, run_dir = trainer.world, trainer.run_dir
-    if trainer.ahead is not None:  # the batches sampled ahead, and the prompt sampler's state after them
-        trainer.ahead.drain()
+    learner, run_dir = saving.learner, saving.run_dir
+    world = learner.world
+    saving.parts["batches"].drain()  # the batches sampled ahead, and the prompt sampler's state after them
     weights = optimizer = tmp = failure = None
     if world.fsdp:
         tmp = world.broadcast_object(checkpoint.begin(run_dir, step) if run_dir else None)
         try:
-            save_shards(trainer.model, trainer.optimizer, tmp / checkpoint.SHARDS)
+            save_shards(learner.model, learner.optimizer, tmp / checkpoint.SHARDS)
         except (OSError, CheckpointException) as err:  # raised on every process when one fails
             failure = f"cannot write the shards of checkpoint {step} into {tmp}: {err}; the run stopped"
     else:
-        weights, optimizer = training_state(trainer.model, trainer.optimizer)
+        weights, optimizer = training_state(learner.model, learner.optimizer)
     if run_dir is not None and failure is None:
         try:
-            checkpoint.save(run_dir, step, weights=weights, optimizer=optimizer, owner=trainer, tmp=tmp,
-                            config=trainer.config.to_dict(), extra=extra, keep=trainer.config.keep_checkpoints)
+            checkpoint.save(run_dir, step, weights=weights, optimizer=optimizer, parts=saving.parts, tmp=tmp,
+                            config=learner.config.to_dict(), extra=extra, keep=learner.config.keep_checkpoints)
         except checkpoint.CheckpointError as err:
             failure = f"{err}; the run stopped at step {step}"
     failure = world.broadcast_object(failure)  # every process stops, not rank 0 alone
@@ -133,14 +145,15 @@ def where(run_dir: Path | None) -> str:
     return f"latest checkpoint: {path} (continue with: grpo train --resume {run_dir})"
 
 
-def restore(trainer: TrainerParts, run_dir: Path | None) -> dict:
-    """Restore the latest complete checkpoint of run_dir into the trainer; return what it saved beside."""
+def restore(learner: Learner, parts: Mapping[str, object], run_dir: Path | None) -> dict:
+    """Restore the latest complete checkpoint of run_dir into the learner and the named parts; return what it
+    saved beside."""
     path = checkpoint.latest(run_dir) if run_dir is not None else None
     if path is None:
         raise checkpoint.CheckpointError(f"{run_dir} holds no complete checkpoint to resume from")
     checkpoint.remove_partial(run_dir)
-    model, optimizer = trainer.model, trainer.optimizer
+    model, optimizer = learner.model, learner.optimizer
     return checkpoint.restore(
-        path, model=model, owner=trainer,
+        path, model=model, parts=parts,
         load=lambda weights, state, shards: load_shards(model, optimizer, shards) if shards
         else load_training_state(model, optimizer, weights, state))

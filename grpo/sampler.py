@@ -102,6 +102,12 @@ class UniformSampler:
     def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor | None = None) -> None:
         pass
 
+    def state_dict(self) -> dict:
+        return {}  # its draws are prompt_rng's, saved apart
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 def expected_power(a: np.ndarray, b: np.ndarray, g: int) -> np.ndarray:
     """E[p^g] for p ~ Beta(a, b): prod_{j<g} (a + j) / (a + b + j)."""

@@ -41,12 +41,19 @@ import math
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from grpo.forward import encode_prompt_batch
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from grpo.distributed import Policy, World
+    from grpo.sampler import FrontierSampler, UniformSampler
 
 MIN_GROUPS = 16  # groups observed before the predictor ranks candidates
 DATA_HALF_LIFE = 5.0  # steps after which an observed group's weight in the fit halves
@@ -169,18 +176,31 @@ class Screening:
     predicted: list[float]  # (n,) P(mixed) of each generated group, NaN before the predictor is ready
 
 
-def prompt_states(trainer: object, prompts: Sequence[int]) -> np.ndarray:
+class Screened(Protocol):
+    """What the screen reads of the sampling side (grpo/sides.py, Sampling): the prompts, the policy to
+    prefill them on, the prompt sampler it draws candidates from, the processes it agrees with."""
+
+    sampler: UniformSampler | FrontierSampler
+    world: World
+    train_prompts: list[list[int]]
+    tokenizer: object
+    model: torch.nn.Module
+    policy: Policy
+    autocast: AbstractContextManager
+
+
+def prompt_states(sampling: Screened, prompts: Sequence[int]) -> np.ndarray:
     """(n, H) the policy's last hidden state at the end of each training prompt (one prefill, no grad)."""
-    ids = [trainer.train_prompts[i] for i in prompts]
-    pad = trainer.tokenizer.pad_token_id
+    ids = [sampling.train_prompts[i] for i in prompts]
+    pad = sampling.tokenizer.pad_token_id
 
     def run(model: torch.nn.Module) -> Tensor:
         return torch.cat([encode_prompt_batch(model.get_decoder(), ids[k : k + CHUNK], 1, pad).last_hidden.float()
                           for k in range(0, len(ids), CHUNK)])  # (n, H)
 
-    trainer.model.eval()
-    with trainer.autocast:
-        return trainer.policy.without_grad(run).cpu().numpy()
+    sampling.model.eval()
+    with sampling.autocast:
+        return sampling.policy.without_grad(run).cpu().numpy()
 
 
 class Screen:
@@ -192,14 +212,14 @@ class Screen:
         self.rng = np.random.default_rng(seed + 1299709)
         self.pending: dict[int, np.ndarray] = {}  # prompt -> its features, until its group is observed
 
-    def draw(self, trainer: object, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
+    def draw(self, sampling: Screened, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
              ) -> tuple[list[int], Screening]:
-        """The round's n prompts, drawn from the trainer's sampler through the screen."""
-        sampler = trainer.sampler
+        """The round's n prompts, drawn from the prompt sampler through the screen."""
+        sampler = sampling.sampler
         ready = self.predictor.ready()
         candidates = sampler.draw(n * self.candidates if ready else n, step, exclude=exclude, avoid=avoid)
         start = time.perf_counter()
-        features = prompt_states(trainer, candidates)  # (C, H)
+        features = prompt_states(sampling, candidates)  # (C, H)
         seconds = time.perf_counter() - start
         if not ready:
             self.pending.update(zip(candidates, features, strict=True))
@@ -213,10 +233,10 @@ class Screen:
         picked = exploited + [i for i in explored if i < tail] + last
         if hasattr(sampler, "explored"):
             sampler.explored = len(last)
-        picked = trainer.world.broadcast_object(picked)  # one choice for all processes
+        picked = sampling.world.broadcast_object(picked)  # one choice for all processes
         prompts = [candidates[i] for i in picked]
         self.pending.update((candidates[i], features[i]) for i in picked)
-        tokens = np.array([len(trainer.train_prompts[c]) for c in candidates], dtype=np.float64)
+        tokens = np.array([len(sampling.train_prompts[c]) for c in candidates], dtype=np.float64)
         skipped = 1.0 - tokens[picked].sum() / max(tokens.sum(), 1.0)
         return prompts, Screening(len(candidates), seconds, seconds * skipped, [float(mixed[i]) for i in picked])
 

@@ -11,18 +11,22 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from grpo.alarms import AlarmMonitor
+from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_varies
 from grpo.batch import ERROR_CAUSES, Batch
+from grpo.distributed import World
 from grpo.episodes import episode_metrics
 from grpo.evaluate import check_all
+from grpo.heldout import subset_size, train_sample_size
 from grpo.metrics import MetricsLogger, repeated_ngram_frac
-from grpo.parts import TrainerParts
-from grpo.progress import StepProgress
+from grpo.progress import StepProgress, errored_line, summary_line
+from grpo.run_state import RunState
+from grpo.sides import Sampling
 from grpo.update import StepStats, learning_rate
 
 
@@ -36,7 +40,7 @@ class StepTimes:
     end: float  # the weights pushed to the engine, where there is one
 
 
-def step_record(trainer: TrainerParts, step: int, batch: Batch, advantages: Tensor, stats: StepStats,
+def step_record(sampling: Sampling, step: int, batch: Batch, advantages: Tensor, stats: StepStats,
                 times: StepTimes) -> dict[str, float]:
     """The metrics of one step, as metrics.jsonl has them."""
     generated = batch.generated_rewards()
@@ -46,22 +50,22 @@ def step_record(trainer: TrainerParts, step: int, batch: Batch, advantages: Tens
         "reward_mean": scored.mean().item() if scored.numel() else float("nan"),
         "reward_std": scored.std().item() if scored.numel() > 1 else 0.0,
         **error_metrics(batch),
-        **first_try_metrics(trainer, batch),
+        **first_try_metrics(sampling, batch),
         **batch.reward_means(),
-        **group_metrics(trainer, batch, advantages, t_gen),
+        **group_metrics(sampling, batch, advantages, t_gen),
         **screen_metrics(batch, t_gen),
-        "accuracy": accuracy(trainer, batch.texts(), batch.group_rows(truncated=True), generated),
+        "accuracy": accuracy(sampling, batch.texts(), batch.group_rows(truncated=True), generated),
         "completion_len": batch.generated_lengths().float().mean().item(),
         "completion_len_max": batch.generated_lengths().max().item(),
         "truncated_frac": torch.cat([r.truncated for r in batch.rounds]).float().mean().item(),
         "repeat_ngram_frac": repeated_ngram_frac(batch.rollout.completion_ids, batch.rollout.mask),
-        **step_episode_metrics(trainer, batch),
+        **step_episode_metrics(sampling, batch),
         **{k: v for k, v in vars(stats).items()},
-        "lr": learning_rate(trainer.config, step),
+        "lr": learning_rate(sampling.config, step),
         "time_generate": t_gen,
         "time_reward": times.scored - times.start - t_gen,
         "time_update": times.updated - times.scored,
-        **({"time_sync": times.end - times.updated} if trainer.engine is not None else {}),
+        **({"time_sync": times.end - times.updated} if sampling.engine is not None else {}),
         "time_step": times.end - times.start,
         "tokens_per_second": float(batch.generated_lengths().sum()) / (times.end - times.start),
     }
@@ -76,10 +80,10 @@ def error_metrics(batch: Batch) -> dict[str, float]:
     return out
 
 
-def first_try_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float]:
+def first_try_metrics(sampling: Sampling, batch: Batch) -> dict[str, float]:
     """The raw reward of groups that were the model's first try at their prompt (NaN when none were), and
     the share of groups whose prompt had been drawn before: see DrawCounts and the checker alarm."""
-    g = trainer.config.group_size
+    g = sampling.config.group_size
     first = torch.tensor([f for r in batch.rounds for f in r.first_try], dtype=torch.bool)  # (R,)
     rewards = batch.generated_rewards().cpu().view(-1, g)  # (R, G)
     scored = rewards[first][batch.generated_errors().cpu().view(-1, g)[first] == 0]  # rows that did not error
@@ -87,7 +91,7 @@ def first_try_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float]:
             "repeat_frac": 1.0 - first.float().mean().item()}
 
 
-def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, seconds_generate: float
+def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_generate: float
                   ) -> dict[str, float]:
     """Where the step's compute went: groups by outcome, and what the uninformative ones cost.
 
@@ -95,7 +99,7 @@ def group_metrics(trainer: TrainerParts, batch: Batch, advantages: Tensor, secon
     sampler produced); ``trained_*`` and the advantages over the batch
     trained. Generation time is attributed to groups by their tokens.
     """
-    cfg, g = trainer.config, trainer.config.group_size
+    cfg, g = sampling.config, sampling.config.group_size
     grouped = batch.generated_rewards().view(-1, g)  # (R, G) every generated group
     valid = (batch.generated_errors() == 0).view(-1, g)  # (R, G) rows that did not error
     estimator = cfg.advantage_estimator  # what "the group teaches" means follows it
@@ -168,10 +172,10 @@ def screen_metrics(batch: Batch, seconds_generate: float) -> dict[str, float]:
     return out
 
 
-def step_episode_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float]:
+def step_episode_metrics(sampling: Sampling, batch: Batch) -> dict[str, float]:
     """Turns, tool use, errors and environment time over every episode generated this step (summed
     over processes); nothing for a single-turn run."""
-    if trainer.agent is None:
+    if sampling.agent is None:
         return {}
     episodes = [e for r in batch.rounds for e in r.rollout.episodes or []]
     own = episode_metrics(episodes)
@@ -180,16 +184,16 @@ def step_episode_metrics(trainer: TrainerParts, batch: Batch) -> dict[str, float
     tokens = env_tokens + sum(e.policy_tokens for e in episodes)
     means = ("turns_per_episode", "tool_calls_per_episode")
     keys = [k for k in own if k != "env_token_frac"]
-    totals = trainer.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in keys]
+    totals = sampling.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in keys]
                                             + [n, env_tokens, tokens], dtype=torch.float64)).tolist()
     count = max(totals[-3], 1.0)
     out = {k: v / count if k in means else v for k, v in zip(keys, totals[:-3], strict=True)}
     return {**out, "env_token_frac": totals[-2] / max(totals[-1], 1.0)}  # a ratio of the summed tokens
 
 
-def best_completions(trainer: TrainerParts, batch: Batch, k: int = 3) -> list[tuple[float, str]]:
+def best_completions(batch: Batch, group_size: int, k: int = 3) -> list[tuple[float, str]]:
     """This process's k highest-scoring distinct completions of the step, cut to 200 characters."""
-    g, scored = trainer.config.group_size, []
+    g, scored = group_size, []
     for r in batch.rounds:
         first = r.mine.start * g
         scored += zip(r.rewards[first : first + len(r.rollout.texts)].tolist(), r.rollout.texts, strict=True)
@@ -201,18 +205,19 @@ def best_completions(trainer: TrainerParts, batch: Batch, k: int = 3) -> list[tu
     return [(reward, text) for text, reward in best.items()]
 
 
-def accuracy(trainer: TrainerParts, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
+def accuracy(sampling: Sampling, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
     """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
-    if trainer.reward_fns == [trainer.task.reward] and not trainer.config.reward_weights:
+    if sampling.reward_fns == [sampling.task.reward] and not sampling.config.reward_weights:
         return (rewards >= 1.0).float().mean().item()
-    return sum(s >= 1.0 for s in check_all(trainer.checker, texts, rows)) / max(len(texts), 1)
+    return sum(s >= 1.0 for s in check_all(sampling.checker, texts, rows)) / max(len(texts), 1)
 
 
-def write_samples(trainer: TrainerParts, step: int, batch: Batch, advantages: Tensor) -> None:
+def write_samples(step: int, batch: Batch, advantages: Tensor, *, group_size: int, world: World,
+                  run_dir: Path | None) -> None:
     """Every trained completion of the step, with its reward and advantage, to completions.jsonl
     (each process's, gathered by rank 0 in batch order)."""
-    g = trainer.config.group_size
-    first = trainer.world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
+    g = group_size
+    first = world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
     episodes = batch.rollout.episodes
     lines = [json.dumps({
         "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")), "completion": text,
@@ -222,10 +227,29 @@ def write_samples(trainer: TrainerParts, step: int, batch: Batch, advantages: Te
                                         "env_error": episodes[i].env_error}),
     }) for i, (row, text) in enumerate(zip([r for r in batch.rows for _ in range(g)], batch.rollout.texts,
                                             strict=True))]
-    lines = [line for part in trainer.world.gather_objects(lines) for line in part]
-    if trainer.run_dir is not None:
-        with (trainer.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+    lines = [line for part in world.gather_objects(lines) for line in part]
+    if run_dir is not None:
+        with (run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in lines)
+
+
+def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progress: bool,
+             explain: dict[str, Callable[[], str]]) -> RunLog:
+    """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""
+    cfg, logger = sampling.config, None
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
+    main = sampling.world.is_main
+    bar = StepProgress(cfg.steps, enabled=progress and main, silent=not main)
+    alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
+                         heldout_n=subset_size(sampling), train_n=train_sample_size(sampling), sampler=cfg.sampler,
+                         full_n=len(sampling.heldout_prompts))
+    answered = all(str(row.get("answer") or "").strip() for row in sampling.task.heldout)
+    monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
+    monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
+    return RunLog(monitor, logger, bar, explain=explain)
 
 
 @dataclass
@@ -253,13 +277,22 @@ class RunLog:
         if self.logger is not None:
             self.logger.log(step, metrics)
 
+    def step(self, step: int, metrics: dict[str, float], *, steps: int, log_every: int) -> None:
+        """A training step's record, its progress bar, and its console lines (every log_every steps, and
+        when rows errored)."""
+        self.record(step, metrics)
+        self.bar.update(step, metrics)
+        if log_every and step % log_every == 0:
+            self.bar.print(summary_line(step, steps, metrics))
+        if (said := errored_line(step, metrics)) is not None:
+            self.bar.print(said)
+
 
 class RunTotals:
     """The run's generation totals for summary.json, summed over its steps' records (saved with the
     checkpoints, so a resumed run counts its steps before the stop too; a checkpoint written before the
     totals existed resumes with them at zero)."""
 
-    optional_in_checkpoint = True  # grpo/checkpoint.py: absent from an older checkpoint, it starts afresh
     SUMMED = ("time_generate", "time_generate_zero_var", "time_screen", "time_screen_skipped", "tokens_generated",
               "tokens_zero_var", "generated_groups", "screen_groups")
 

@@ -1,8 +1,9 @@
 """The GRPO loop, top to bottom.
 
-Each step: sample B prompts (grpo/sampler.py: uniform, or the frontier
-sampler) and generate a group of G completions for each, scored
-(grpo/batch.py, with DAPO's dynamic sampling); standardise rewards within
+Each step: take the step's batch from the batch source (grpo/source.py:
+sampled at the step, or ahead in a thread, grpo/ahead.py): B prompts
+(grpo/sampler.py: uniform, or the frontier sampler), a group of G completions
+for each, scored (grpo/batch.py, with DAPO's dynamic sampling); standardise rewards within
 each group into advantages (grpo/algorithm.py); update the policy with the
 clipped surrogate, plus beta * KL when beta > 0 (grpo/update.py); record
 (grpo/step_metrics.py); evaluate on held-out prompts now and then
@@ -35,12 +36,10 @@ call :func:`grpo.process.setup_process` first, as :func:`train` and the CLI do.
 
 from __future__ import annotations
 
-import copy
 import json
-import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime
@@ -49,63 +48,49 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from grpo.ahead import SamplingAhead
-from grpo.alarms import AlarmConfig, AlarmMonitor
 from grpo.algorithm import group_advantages
-from grpo.batch import Batch, leave_out_errored, sample_and_score, sample_batch
+from grpo.batch import Batch, leave_out_errored
 from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
-from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig, settle_config
-from grpo.distributed import Policy, World, full_state_dict, init_world, shard_policy
+from grpo.config import ConfigError, TrainConfig, settle_config
+from grpo.distributed import World, full_state_dict, init_world
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
-from grpo.heldout import (
-    evaluate_heldout,
-    evaluate_with,
-    interim_evaluation,
-    subset_accuracy,
-    subset_size,
-    train_sample_accuracy,
-    train_sample_size,
-)
-from grpo.interrupt import RunStopped, StopRequests
+from grpo.heldout import full_evaluation, interim_evaluation
+from grpo.interrupt import StopRequests
 from grpo.memory_check import say_measured_memory
-from grpo.metrics import MetricsLogger
-from grpo.models import add_lora, load_policy, save_model, trains_adapter
-from grpo.preflight import PreflightReport, preflight_summary, run_preflight, step_budget
+from grpo.models import save_model, trains_adapter
+from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import pick_device, setup_process
-from grpo.progress import StepProgress, errored_line, summary_line
 from grpo.prompts import run_prompts, run_task, settle_format
-from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
-from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
-from grpo.rewards.styles import check_style
-from grpo.rollout import Rollout
-from grpo.run_state import RunState, checkpoint_or_stop, restore
+from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.screen import make_screen
-from grpo.step_metrics import RunLog, RunTotals, StepTimes, best_completions, step_record, write_samples
+from grpo.setup import RewardFn, build_engine, build_policy, build_scorer, load_model, preflight_verdict
+from grpo.sides import Learner, Sampling
+from grpo.source import batch_source
+from grpo.step_metrics import (
+    RunLog,
+    RunTotals,
+    StepTimes,
+    best_completions,
+    open_log,
+    step_record,
+    write_samples,
+)
 from grpo.tasks import Task
-from grpo.tools import ToolBox
-from grpo.update import StepStats, learning_rate, on_policy, reference_logprobs, update
-from grpo.vllm_engine import VLLMEngine, cpu_share
+from grpo.update import StepStats, learning_rate, reference_logprobs, update
 
 __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "train"]
-
-RewardFn = Callable[[str, Mapping], float]
-EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
 
 
 class GRPOTrainer:
     """Trains a causal LM with GRPO. ``model``/``tokenizer``, ``task`` and ``rewards`` may be given
     as objects (the Python API); otherwise they come from the config's names."""
 
-    score: RewardScorer | None = None  # the rewards' scorer, and its worker processes
-    checker: RewardScorer | None = None  # the task's checker (the scorer itself when the checker is the reward)
-    toolbox: ToolBox | None = None
-    engine: VLLMEngine | None = None
+    score = checker = toolbox = engine = None  # what runs outside the process (closed by close()), once built
+    batches = None  # where each step's batch comes from (grpo/source.py), once built
     run_dir: Path | None = None  # where rank 0 writes; None on the other ranks
     saving: bool = False  # checkpoints are written (on every process: under FSDP all take part)
-    ahead: SamplingAhead | None = None  # async_lag > 0: the batches sampled while the policy trains
-    order_rng: random.Random | None = None  # async_lag > 0: the minibatches' order (prompt_rng samples ahead)
     memory: dict | None = None  # the pre-flight check's memory prediction (grpo/memory.py), and the measured peak
 
     def __init__(
@@ -141,8 +126,8 @@ class GRPOTrainer:
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
         self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
         self.auto_alarm_window = config.alarm_window == 0
-        self.config = config = settle_config(config, self.task)
-        self._build_scorer(rewards)
+        config = settle_config(config, self.task)
+        self.reward_fns, self.score, self.checker = build_scorer(config, self.task, rewards)
         self.world = world if world is not None else init_world(config.device, fsdp=config.fsdp)
         if config.prompts_per_step % self.world.size:
             raise ConfigError(
@@ -150,7 +135,27 @@ class GRPOTrainer:
                 f"processes ({self.world.size}): each process samples whole groups"
             )
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
-        self._build_policy(model, tokenizer, tools, env)
+        model, self.tokenizer = load_model(config, self.device, model, tokenizer)
+        # how rows become prompt tokens: the config names the format (auto resolved) and gains its stop strings
+        self.prompt_format, config = settle_format(config, self.tokenizer)
+        # None: single-turn (the one-turn episode is plain sampling); its tool workers fork before CUDA starts
+        self.agent, self.toolbox = make_agent(config, self.task, self.tokenizer, tools=tools, env=env)
+        self.model, self.policy, self.reference, self.optimizer = build_policy(config, self.world, self.device, model)
+        self.totals = RunTotals()  # summary.json's generation totals
+        self.train_prompts = run_prompts(self.tokenizer, self.task, config, self.task.train)
+        self.heldout_prompts = run_prompts(self.tokenizer, self.task, config, self.task.heldout)
+        self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
+        self.engine = build_engine(config, self.world, self.device, self.model, self.tokenizer, self.agent,
+                                   self.train_prompts)  # None: the own sampler, on the policy itself
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
+        )
+        self._settle(config)
+
+    def _settle(self, config: TrainConfig) -> None:
+        """The config the steps run with, and what is built from it: the prompt sampler (and its RNG), the
+        draw counts, the screen, the two sides of a step and the batch source."""
+        self.config = config
         self.prompt_rng = random.Random(config.seed)
         self.sampler = make_sampler(
             config.sampler, len(self.task.train), config.group_size, rng=self.prompt_rng, seed=config.seed,
@@ -159,181 +164,78 @@ class GRPOTrainer:
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
         self.screen = make_screen(config)  # None: each round generates the sampler's draw as it is
-        self.totals = RunTotals()  # summary.json's generation totals
-        self.train_prompts = run_prompts(self.tokenizer, self.task, self.config, self.task.train)
-        self.heldout_prompts = run_prompts(self.tokenizer, self.task, self.config, self.task.heldout)
-        self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
-        self.engine = self._engine()  # None: the own sampler, on the policy itself
-        if config.async_lag:
-            self.ahead = SamplingAhead(self, config.async_lag)
-            self.order_rng = random.Random(f"minibatch-order-{config.seed}")
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
-        )
+        self.sampling = Sampling(
+            config, self.world, self.device, self.task, self.tokenizer, self.model, self.policy, self.autocast,
+            self.train_prompts, self.heldout_prompts, self.sampler, self.draws, self.screen, self.score,
+            self.checker, self.reward_fns, self.agent, self.toolbox, self.engine)
+        # sampling ahead, the minibatches' order has an RNG of its own (prompt_rng draws in the thread)
+        order_rng = random.Random(f"minibatch-order-{config.seed}") if config.async_lag else self.prompt_rng
+        self.learner = Learner(config, self.world, self.model, self.policy, self.reference, self.optimizer,
+                               self.tokenizer, self.autocast, order_rng)
+        self.batches = batch_source(self.sampling, self.learner, config.async_lag)
 
-    def _build_scorer(self, rewards: Sequence[RewardFn | str] | None) -> None:
-        """The reward functions and the scorer that runs them (in worker processes, with a time limit)."""
-        config = self.config
-        reward_specs = list(rewards) if rewards is not None else list(config.rewards)
-        self.reward_fns = [resolve_reward(r) for r in reward_specs] or [self.task.reward]
-        # process-wide, before the reward workers fork, so they inherit it
-        if needs_sandbox([*self.reward_fns, *([self.task.env] if self.task.env else [])]):
-            set_sandbox(check_sandbox(config.sandbox))
-        weights = config.reward_weights or (1.0,) * len(self.reward_fns)
-        style = config.reward_style if reward_specs else "auto"
-        self.score = combine_rewards(
-            self.reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,
-            on_error=config.on_error, max_completion_tokens=config.max_new_tokens,
-            styles=[check_style(fn, style) for fn in self.reward_fns],
-        )
-        # the task's checker, for held-out accuracy, pre-flight and the step's accuracy: in workers with the
-        # same time limit (the reward's own scorer when the checker is the reward)
-        self.checker = self.score if self.reward_fns == [self.task.reward] and not config.reward_weights else \
-            combine_rewards([self.task.reward], workers=config.reward_workers, timeout=config.reward_timeout)
-
-    def _build_policy(self, model: nn.Module | None, tokenizer: object | None,
-                      tools: Sequence[Callable] | None, env: Callable | None) -> None:
-        """The policy (loaded, LoRA-wrapped, sharded), its frozen reference, the agent and the optimiser."""
-        config = self.config
-        if model is None:
-            policy = load_policy(config.model, device=self.device)
-            model, tokenizer = policy.model, policy.tokenizer
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        # how rows become prompt tokens: the config names the format (auto resolved) and gains its stop strings
-        self.prompt_format, self.config = settle_format(config, tokenizer)
-        config = self.config
-        # None: single-turn (the one-turn episode is plain sampling); its tool workers fork before CUDA starts
-        self.agent, self.toolbox = make_agent(config, self.task, tokenizer, tools=tools, env=env)
-        model.to(self.device)
-        if config.lora_rank > 0:
-            model = add_lora(model, config.lora_rank, config.lora_alpha or None)
-        self.model, self.tokenizer = model, tokenizer
-        self.world.broadcast_parameters(model)
-        self.reference = self._reference_model()
-        self.policy = shard_policy(model, self.world)  # calls of the model that FSDP can see
-        params = [p for p in model.parameters() if p.requires_grad]
-        # the fused kernel updates in place, with none of the foreach path's parameter-sized temporaries
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
-                                           fused=None if config.fsdp else True)
-
-    def _engine(self) -> VLLMEngine | None:
-        """The vLLM engine for ``engine="vllm"`` (started at the first rollout); None for the own sampler."""
-        cfg = self.config
-        if cfg.engine == "own":
-            return None
-        # room for the longest prompt and the longest completion any setting may ask for; an episode's
-        # opening may add to the prompt (a tool list in the system message): room for that too
-        after = cfg.max_episode_tokens + EPISODE_OPENING_TOKENS if self.agent is not None else 0
-        longest = max(len(p) for p in self.train_prompts) + max(cfg.max_new_tokens, DATA_MAX_NEW_TOKENS, after)
-        # each process samples its own groups with an engine of its own, on its own device (or share of cores)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        cpus = cpu_share(self.world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
-        engine = VLLMEngine(self.model, self.tokenizer, python=cfg.vllm_python, memory=cfg.vllm_memory,
-                            seed=cfg.seed, max_model_len=longest, cpus=cpus,
-                            sleep=cfg.vllm_sleep and self.device.type == "cuda" and not cfg.async_lag,
-                            bucket_mb=cfg.vllm_bucket_mb)  # sampling ahead: vLLM works while the policy trains
-        if self.world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
-            engine.push(self.model, full_state_dict(self.model, self.world))
-        return engine
+    def checkpoint_parts(self) -> dict[str, object]:
+        """The run's state besides the weights and the optimiser's, by name, as a checkpoint holds it
+        (grpo/checkpoint.py: a new part raises its FORMAT)."""
+        parts = {"prompt_rng": self.prompt_rng, "sampler": self.sampler, "draws": self.draws, "totals": self.totals,
+                 "batches": self.batches}
+        if self.learner.order_rng is not self.prompt_rng:  # sampling ahead
+            parts["order_rng"] = self.learner.order_rng
+        if self.screen is not None:
+            parts["screen"] = self.screen
+        return parts
 
     def close(self) -> None:
         """End what the trainer started outside its process: the reward and tool workers, the vLLM engine."""
         try:
-            if self.ahead is not None:
-                self.ahead.close()
+            if self.batches is not None:
+                self.batches.close()
         finally:
-            self._close_workers()
-
-    def _close_workers(self) -> None:
-        for part in (self.score, self.checker, self.toolbox, self.engine):  # None: not started
-            if part is not None:
-                part.close()
-
-    def _reference_model(self) -> Policy | None:
-        """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
-        LoRA reuses the base weights."""
-        if self.config.beta == 0.0 or trains_adapter(self.model):
-            return None
-        ref = copy.deepcopy(self.model).eval()
-        ref.requires_grad_(False)
-        return shard_policy(ref, self.world)
+            for part in (self.score, self.checker, self.toolbox, self.engine):  # None: not started
+                if part is not None:
+                    part.close()
 
     # ---- one GRPO step, in the algorithm's order ----
 
     def step(self, step: int) -> dict[str, float]:
-        """Sample and score a batch (or take the one sampled ahead), compute group advantages, update the
-        policy, push it to the engine."""
-        cfg = self.config
+        """Take the step's batch (sampled now, or ahead), compute group advantages, update the policy on it,
+        record the step."""
         t0 = time.perf_counter()
-        if self.ahead is None:
-            batch, waits = self.sample_batch(step), {}
-        else:  # sampled K updates ago; batches up to step + K are sampled meanwhile
-            batch, waits = self.ahead.next_batch(step, cfg.steps)
-        t_turn = time.perf_counter()
-        with self.ahead.turns if self.ahead is not None else nullcontext():  # the own engine's turn ends first
-            if waits:
-                waits["time_wait_sampler"] += time.perf_counter() - t_turn
-            return self._train_on(step, batch, waits, t0)
-
-    def _train_on(self, step: int, batch: Batch, waits: dict[str, float], t0: float) -> dict[str, float]:
-        """The update on a sampled batch, and the step's record."""
-        cfg = self.config
-        t_scored = time.perf_counter()
-        if self.engine is not None and self.ahead is None:  # on a GPU the update gets vLLM's memory
-            self.engine.sleep()
-        valid = leave_out_errored(self, batch)  # (N,) errored rows leave the loss and their group's statistics
-        advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
-        stats = StepStats()
-        if batch.rewards.numel():
-            advantages = group_advantages(batch.rewards, cfg.group_size, estimator=cfg.advantage_estimator,
-                                          scale=cfg.scale, valid=valid, mask=batch.lengths)  # (N,)
-            ref_logp = reference_logprobs(self, batch.rollout)
-            self.model.train()
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.learning_rate(step)
-            stats = self.update(batch.rollout, advantages, ref_logp, batch.lengths)
-        t_updated = time.perf_counter()
-        if self.ahead is None:  # sampling ahead takes the weights at the next step's start
-            self._push_weights(stats)
-        self.top_completions = best_completions(self, batch)
-        if cfg.sample_every and step % cfg.sample_every == 0:
-            write_samples(self, step, batch, advantages)
-        record = step_record(self, step, batch, advantages, stats, StepTimes(t0, t_scored, t_updated,
-                                                                              time.perf_counter()))
-        if waits:  # the thread's own times for the batch (its push in time_sync), not the trainer's wait for it
-            waits["time_reward"] = waits.pop("time_sample") - record["time_generate"]
+        batch, waits = self.batches.next(step)
+        with self.batches.turn(waits):  # sampling ahead with the own engine: once the thread's turn ends
+            t_scored = time.perf_counter()
+            cfg = self.config
+            valid = leave_out_errored(batch, self.world, group_size=cfg.group_size,
+                                      estimator=cfg.advantage_estimator)  # (N,) errored rows leave the update
+            advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
+            stats = StepStats()
+            if batch.rewards.numel():
+                advantages = group_advantages(batch.rewards, cfg.group_size, estimator=cfg.advantage_estimator,
+                                              scale=cfg.scale, valid=valid, mask=batch.lengths)  # (N,)
+                stats = self._update(step, batch, advantages)
+            t_updated = time.perf_counter()
+            self.batches.updated(stats)  # the synchronous loop's vLLM engine gets the new weights
+            record = self._record(step, batch, advantages, stats, StepTimes(t0, t_scored, t_updated, 0.0))
         return {**record, **waits}
 
-    def _push_weights(self, stats: StepStats) -> None:
-        """Send the updated weights to the vLLM engine, if there is one and they changed."""
-        if self.engine is not None and self.engine.asleep:  # the gradients' memory goes back before vLLM wakes
-            self.optimizer.zero_grad(set_to_none=True)
-        if self.engine is not None and stats.optimizer_steps:  # the next rollout samples from the new weights
-            self.engine.push(self.model, full_state_dict(self.model, self.world))  # collective under FSDP
+    def _update(self, step: int, batch: Batch, advantages: Tensor) -> StepStats:
+        """The policy's update on the batch, at the step's learning rate (with the reference's log-probs
+        for the KL term)."""
+        ref_logp = reference_logprobs(self.learner, batch.rollout)
+        self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.config, step)
+        return update(self.learner, batch.rollout, advantages, ref_logp, batch.lengths)
 
-    # the phases of a step, by name (grpo/batch.py, grpo/update.py, grpo/heldout.py hold them)
-
-    def sample_batch(self, step: int) -> Batch:
-        return sample_batch(self, step)
-
-    def sample_and_score(self, prompts: Sequence[int], generator: torch.Generator | None = None,
-                         stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
-                         ) -> tuple[Rollout, Tensor, dict[str, float], float]:
-        return sample_and_score(self, prompts, generator, stop_early, streams=streams)
-
-    def update(self, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None, lengths: Tensor) -> StepStats:
-        return update(self, rollout, advantages, ref_logp, lengths)
-
-    def learning_rate(self, step: int) -> float:
-        return learning_rate(self.config, step)
-
-    @property
-    def on_policy(self) -> bool:
-        return on_policy(self.config)
-
-    def evaluate(self, on_batch: Callable[[int], None] | None = None, limit: int | None = None) -> EvalResult:
-        return evaluate_heldout(self, on_batch, limit)
+    def _record(self, step: int, batch: Batch, advantages: Tensor, stats: StepStats, times: StepTimes
+                ) -> dict[str, float]:
+        """The step's metrics; its best completions (for the checker alarm) and, on schedule, every one."""
+        cfg = self.config
+        self.top_completions = best_completions(batch, cfg.group_size)
+        if cfg.sample_every and step % cfg.sample_every == 0:
+            write_samples(step, batch, advantages, group_size=cfg.group_size, world=self.world, run_dir=self.run_dir)
+        times.end = time.perf_counter()
+        return step_record(self.sampling, step, batch, advantages, stats, times)
 
     # ---- the run ----
 
@@ -354,17 +256,17 @@ class GRPOTrainer:
         state = self._resume(run_dir) if resume else None
         preflight = None if resume or self.config.preflight == "off" else self._preflight()
         state = state or RunState.start(self.config, auto_alarm_window=self.auto_alarm_window)  # config final
-        log = self._open_log(state)
+        log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
+                       explain={"checker_suspected": self._top_completions})
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
-                first, seconds = self._first_evaluation(log, state)
+                first = self._first_evaluation(log, state)
                 train_start = time.perf_counter()
                 metrics, stopped, out_of_time = self._run_steps(log, state, stop)
                 train_seconds = time.perf_counter() - train_start
-                last, seconds = evaluate_with(self, log.bar)
-                log.record(state.step, {**last.metrics(), **subset_accuracy(self, last), "time_eval": seconds,
-                                        **train_sample_accuracy(self, log.bar)}, final=True)
+                last, record = full_evaluation(self.sampling, log.bar)
+                log.record(state.step, record, final=True)
                 log.bar.print(f"step {state.step} held-out: {last.describe()}")
         finally:  # also when the run stops with an error: the TensorBoard writer's thread ends here
             if log.logger is not None:
@@ -397,65 +299,40 @@ class GRPOTrainer:
             if step == first_step + 1:
                 say_measured_memory(self, step)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
-                if self.ahead is not None:  # the evaluation uses the checker, tools and engine the thread uses
-                    self.ahead.drain()
-                metrics.update(interim_evaluation(self, log.bar))
+                self.batches.drain()  # the evaluation uses the checker, tools and engine that sampling ahead uses
+                metrics.update(interim_evaluation(self.sampling, log.bar))
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
             state.step, state.bad_in_a_row = step, state.bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
             metrics["bad_steps_in_a_row"] = state.bad_in_a_row
-            log.record(step, metrics)
-            log.bar.update(step, metrics)
-            if cfg.log_every and step % cfg.log_every == 0:
-                log.bar.print(summary_line(step, cfg.steps, metrics))
-            if (said := errored_line(step, metrics)) is not None:
-                log.bar.print(said)
+            log.step(step, metrics, steps=cfg.steps, log_every=cfg.log_every)
             # rank 0's verdict binds all, so that no rank leaves the loop alone
             stopped = world.broadcast_object(log.monitor.stopping() if cfg.early_stop else None)
             # the time budget: stop where the next step, at the mean pace so far, would end past it
             out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
                 trained() + (trained() - trained_before) / (step - first_step) > 60 * cfg.minutes)
-            if (stopped or out_of_time) and self.ahead is not None:  # no batch is sampled that no step trains on
-                self.ahead.close()
+            if stopped or out_of_time:  # no batch is sampled that no step trains on
+                self.batches.close()
             # a signal to any rank stops every rank after this step (the ranks' MAX, like the verdicts above)
             requested = stop.agreed(world.max) if stop is not None else None
-            checkpoint_or_stop(self, step, state.extra(log.monitor, trained()), requested,
-                               final=stopped is not None or out_of_time)
+            checkpoint_or_stop(Saving(self.learner, self.checkpoint_parts(), self.run_dir, self.saving), step,
+                               state.extra(log.monitor, trained()), requested, final=stopped is not None or out_of_time)
             if stopped or out_of_time:
                 log.bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}" if stopped
                               else f"time budget of {cfg.minutes:g} minutes of training reached after step {step} "
                                    f"(of at most {cfg.steps}; --minutes sets it, 0 for none)")
                 break
-        if self.ahead is not None:  # batches beyond the last step trained are not sampled
-            self.ahead.close()
+        self.batches.close()  # batches beyond the last step trained are not sampled
         return metrics, stopped, out_of_time
 
-    def _open_log(self, state: RunState) -> RunLog:
-        """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""
-        cfg, logger = self.config, None
-        if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-            logger = MetricsLogger(self.run_dir, wandb=cfg.wandb, config=cfg.to_dict())
-        main = self.world.is_main
-        bar = StepProgress(cfg.steps, enabled=self.progress and main, silent=not main)
-        alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
-                             heldout_n=subset_size(self), train_n=train_sample_size(self), sampler=cfg.sampler,
-                             full_n=len(self.heldout_prompts))
-        answered = all(str(row.get("answer") or "").strip() for row in self.task.heldout)
-        monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
-        monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
-        return RunLog(monitor, logger, bar, explain={"checker_suspected": self._top_completions})
-
-    def _first_evaluation(self, log: RunLog, state: RunState) -> tuple[EvalResult, float]:
+    def _first_evaluation(self, log: RunLog, state: RunState) -> EvalResult:
         """The held-out accuracy before training (a resumed run's comes from its checkpoint)."""
         if state.history:
-            return EvalResult(accuracy=state.history[0][1], size=len(self.heldout_prompts)), 0.0
-        first, seconds = evaluate_with(self, log.bar)
+            return EvalResult(accuracy=state.history[0][1], size=len(self.heldout_prompts))
+        first, record = full_evaluation(self.sampling, log.bar)
         state.history.append((0, first.accuracy))
-        log.record(0, {**first.metrics(), **subset_accuracy(self, first), "time_eval": seconds,
-                       **train_sample_accuracy(self, log.bar)})
+        log.record(0, record)
         log.bar.print(f"step 0 held-out: {first.describe()}")
-        return first, seconds
+        return first
 
     def _save_final(self, run_dir: Path | None, summary: dict) -> None:
         """The final model (gathered under FSDP, written by rank 0) and summary.json."""
@@ -467,54 +344,19 @@ class GRPOTrainer:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def _preflight(self) -> PreflightReport:
-        """Run the pre-flight check; adopt a fitted token limit; stop when the mode says so."""
-        report = run_preflight(self, fit=self.fit_token_limit)
+        """Run the pre-flight check; stop when the mode says so; adopt a fitted token limit and the step budget."""
+        report = run_preflight(self.sampling, self.learner, fit=self.fit_token_limit,
+                               tuned_limit=self.tuned_token_limit)
         self.memory = report.memory
-        # every rank sampled the same draws; rank 0's verdict and limit bind all, so none can diverge
-        report.problems, report.fitted_max_new_tokens = self.world.broadcast_object(
-            (report.problems, report.fitted_max_new_tokens))
-        if self.world.is_main:
-            print(report.describe(), flush=True)
-            if self.run_dir is not None:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        fatal = report.stops(self.config.preflight)
-        if fatal:
-            where = f" (report: {self.run_dir / 'preflight.json'})" if self.run_dir is not None else ""
-            raise RunStopped(f"pre-flight check: {fatal[0].message}{where}", exit_code=1)
-        if report.fitted_max_new_tokens is not None:  # before the first step: the config is not frozen yet
-            self.config = replace(self.config, max_new_tokens=report.fitted_max_new_tokens)
-            self.score.max_completion_tokens = report.fitted_max_new_tokens
-        self._apply_step_budget(report)
+        changes = preflight_verdict(report, self.config, self.world, self.run_dir, fit=self.fit_token_limit)
+        if changes:  # before the first step: the config and what is built from it are settled again
+            self.score.max_completion_tokens = changes.get("max_new_tokens", self.config.max_new_tokens)
+            self._settle(replace(self.config, **changes))
         return report
-
-    def _apply_step_budget(self, report: PreflightReport) -> None:
-        """Print the steps that fit in --minutes; adapt what the user did not set when too few do."""
-        cfg = self.config
-        untouched = {name for name in ("max_gen_rounds", "group_size")
-                     if name not in cfg.set_by_user and getattr(cfg, name) == TrainConfig.__dataclass_fields__[name].default}
-        changes = self.world.broadcast_object(
-            step_budget(report, cfg, untouched | ({"max_new_tokens"} if self.fit_token_limit else set())))
-        if self.world.is_main:
-            for line in report.budget(cfg.minutes):
-                print(line, flush=True)
-            if self.run_dir is not None:  # with the budget's lines; config.json, written next, has the values
-                (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        if not changes:
-            return
-        self.config = replace(cfg, **changes)
-        self.score.max_completion_tokens = self.config.max_new_tokens
-        if "group_size" in changes:  # the sampler draws groups of the new size, from the same seed
-            self.prompt_rng = random.Random(self.config.seed)
-            self.sampler = make_sampler(
-                self.config.sampler, len(self.task.train), self.config.group_size, rng=self.prompt_rng,
-                seed=self.config.seed, explore_frac=self.config.explore_frac, half_life=self.config.sampler_half_life,
-                estimator=self.config.advantage_estimator)
-            self.screen = make_screen(self.config)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""
-        saved = restore(self, run_dir)
+        saved = restore(self.learner, self.checkpoint_parts(), run_dir)
         if self.engine is not None:  # collective under FSDP
             self.engine.push(self.model, full_state_dict(self.model, self.world))
         return RunState.resumed(saved, self.config)

@@ -19,18 +19,23 @@ skipped and counted.
 from __future__ import annotations
 
 import math
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from grpo.algorithm import policy_loss, tis_weights
 from grpo.config import TrainConfig
-from grpo.distributed import Policy, pad_micro_batches, to_float
+from grpo.distributed import Policy, World, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
-from grpo.parts import TrainerParts
 from grpo.rollout import Rollout, group_rows
+from grpo.sides import Learner
+
+if TYPE_CHECKING:
+    from grpo.vllm_engine import VLLMEngine
 
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac", "tis_masked_tokens")  # the mismatch, per step
 MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
@@ -95,7 +100,7 @@ def on_policy(config: TrainConfig) -> bool:
     return config.epochs == 1 and config.minibatches == 1
 
 
-def update(trainer: TrainerParts, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None,
+def update(learner: Learner, rollout: Rollout, advantages: Tensor, ref_logp: Tensor | None,
            lengths: Tensor) -> StepStats:
     """mu passes over the batch, split into minibatches of whole groups; one optimiser step each.
 
@@ -109,15 +114,15 @@ def update(trainer: TrainerParts, rollout: Rollout, advantages: Tensor, ref_logp
     and normalisers are the whole batch's, and the gradients are summed
     over processes.
     """
-    cfg, g = trainer.config, trainer.config.group_size
+    cfg, g = learner.config, learner.config.group_size
     n_groups = advantages.numel() // g
-    first = trainer.world.split(n_groups).start  # global index of this process's first group
+    first = learner.world.split(n_groups).start  # global index of this process's first group
     skip = cfg.skip_zero_advantage and cfg.beta == 0.0
     stats, sums = StepStats(), {"weight": 0.0}
     # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
-    old_all = trainer_logprobs(trainer, rollout) if cfg.tis_cap and not on_policy(cfg) else None
+    old_all = trainer_logprobs(learner, rollout) if cfg.tis_cap and not on_policy(cfg) else None
     for _ in range(cfg.epochs):
-        seed = (trainer.order_rng or trainer.prompt_rng).randrange(2**31)  # order_rng: sampling runs ahead
+        seed = learner.order_rng.randrange(2**31)  # the prompt sampler's RNG, unless sampling runs ahead
         order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed))
         for minibatch in order.chunk(cfg.minibatches):
             rows = (minibatch.unsqueeze(1) * g + torch.arange(g)).reshape(-1)
@@ -127,8 +132,8 @@ def update(trainer: TrainerParts, rollout: Rollout, advantages: Tensor, ref_logp
             own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
             # lengths are 0 for completions masked whole (mask_truncated): they leave both normalisers
             part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))
-            minibatch_step(trainer, rollout, part, advantages, ref_logp, old_all, stats, sums)
-    return whole_batch_stats(trainer, stats, sums)
+            minibatch_step(learner, rollout, part, advantages, ref_logp, old_all, stats, sums)
+    return whole_batch_stats(learner.world, stats, sums)
 
 
 def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, skip_zero: bool) -> Tensor:
@@ -140,46 +145,46 @@ def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, sk
     return minibatch[informative[minibatch]]
 
 
-def minibatch_step(trainer: TrainerParts, rollout: Rollout, part: Minibatch, advantages: Tensor,
+def minibatch_step(learner: Learner, rollout: Rollout, part: Minibatch, advantages: Tensor,
                    ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> None:
     """Accumulate the minibatch's gradient over its micro-batches, sync it, clip it and step (or skip
     a non-finite step, on every process alike)."""
-    cfg = trainer.config
-    trainer.optimizer.zero_grad(set_to_none=True)
+    cfg = learner.config
+    learner.optimizer.zero_grad(set_to_none=True)
     minibatch_loss = 0.0
-    for micro, micro_weight in pad_micro_batches(micro_batches(cfg, rollout, part.groups), trainer.world):
+    for micro, micro_weight in pad_micro_batches(micro_batches(cfg, rollout, part.groups), learner.world):
         if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
-            trainer.policy(zero_loss).backward()
+            learner.policy(zero_loss).backward()
             continue
-        minibatch_loss += micro_step(trainer, rollout, micro, part, advantages, ref_logp, old_all, stats, sums)
-    params = [p for p in trainer.model.parameters() if p.requires_grad]
-    trainer.world.sync_gradients(params)
+        minibatch_loss += micro_step(learner, rollout, micro, part, advantages, ref_logp, old_all, stats, sums)
+    params = [p for p in learner.model.parameters() if p.requires_grad]
+    learner.world.sync_gradients(params)
     if cfg.max_grad_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
     else:
         norm = torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
     stats.grad_norm = to_float(norm)
     finite = math.isfinite(minibatch_loss) and math.isfinite(stats.grad_norm)
-    if not bool(trainer.world.sum(torch.tensor([0.0 if finite else 1.0])) == 0):  # all ranks agree
+    if not bool(learner.world.sum(torch.tensor([0.0 if finite else 1.0])) == 0):  # all ranks agree
         # a NaN/inf would poison the weights and Adam's moments for good: skip, count
-        trainer.optimizer.zero_grad(set_to_none=True)
+        learner.optimizer.zero_grad(set_to_none=True)
         stats.nonfinite_skipped += 1
         return
-    trainer.optimizer.step()
+    learner.optimizer.step()
     stats.optimizer_steps += 1
 
 
-def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Micro, part: Minibatch, advantages: Tensor,
+def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch, advantages: Tensor,
                ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> float:
     """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
-    cfg, g = trainer.config, trainer.config.group_size
+    cfg, g = learner.config, learner.config.group_size
     sub, sub_rows = micro.select(rollout), micro.rows(g)
-    with trainer.autocast:
+    with learner.autocast:
         # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
         # as often (the shared-prefix pass makes a data-dependent number of calls)
-        logp, entropy = trainer.policy(
-            rollout_logprobs, sub, trainer.tokenizer.pad_token_id,
-            temperature=cfg.temperature, with_entropy=True, share_prefix=not trainer.world.fsdp,
+        logp, entropy = learner.policy(
+            rollout_logprobs, sub, learner.tokenizer.pad_token_id,
+            temperature=cfg.temperature, with_entropy=True, share_prefix=not learner.world.fsdp,
             checkpoint_layers=cfg.gradient_checkpointing,
         )
     old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, sub_rows, old_all)
@@ -212,13 +217,13 @@ def micro_step(trainer: TrainerParts, rollout: Rollout, micro: Micro, part: Mini
     return loss.item()
 
 
-def whole_batch_stats(trainer: TrainerParts, stats: StepStats, sums: dict) -> StepStats:
+def whole_batch_stats(world: World, stats: StepStats, sums: dict) -> StepStats:
     """The step's token-weighted means over every process's micro-batches."""
     keys = ("loss", *MEAN_KEYS, "sequences", "masked_sequences")
-    totals = trainer.world.sum(torch.tensor(
+    totals = world.sum(torch.tensor(
         [sums["weight"], stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
     weight, stats.trained_sequences = float(totals[0]), int(totals[1])
-    stats.sampler_logp_diff_max = max(trainer.world.gather_objects(sums.get("logp_diff_max", 0.0)))
+    stats.sampler_logp_diff_max = max(world.gather_objects(sums.get("logp_diff_max", 0.0)))
     summed = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
     if weight > 0:
         stats.loss = summed["loss"] / max(stats.optimizer_steps, 1)
@@ -250,27 +255,27 @@ def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, rows: Tensor, old_a
 
 
 @torch.no_grad()
-def reference_logprobs(trainer: TrainerParts, rollout: Rollout) -> Tensor | None:
+def reference_logprobs(learner: Learner, rollout: Rollout) -> Tensor | None:
     """The frozen reference's log-probs of the rollout's tokens, (N, T), for the KL term; None when beta = 0.
     With LoRA the reference is the base model: the policy with its adapter disabled."""
-    if trainer.config.beta == 0.0:
+    if learner.config.beta == 0.0:
         return None
-    if trainer.reference is not None:
-        return scored_logprobs(trainer, trainer.reference, rollout)
-    return scored_logprobs(trainer, trainer.policy, rollout, trainer.model.disable_adapter())
+    if learner.reference is not None:
+        return scored_logprobs(learner, learner.reference, rollout)
+    return scored_logprobs(learner, learner.policy, rollout, learner.model.disable_adapter())
 
 
-def scored_logprobs(trainer: TrainerParts, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
+def scored_logprobs(learner: Learner, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
     """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``, micro-batch
     by micro-batch as the update packs them (within micro_batch_tokens); a process with no group of the
     batch joins the FSDP gathers and returns the rollout's own."""
     if not rollout.prompt_ids:
         policy.without_grad(lambda model: None)
         return rollout.logprobs
-    parts = micro_batches(trainer.config, rollout, torch.arange(len(rollout.prompt_ids)))
-    with context or nullcontext(), trainer.autocast:
-        return policy.without_grad(micro_batched_logprobs, rollout, parts, trainer.tokenizer.pad_token_id,
-                                   temperature=trainer.config.temperature)
+    parts = micro_batches(learner.config, rollout, torch.arange(len(rollout.prompt_ids)))
+    with context or nullcontext(), learner.autocast:
+        return policy.without_grad(micro_batched_logprobs, rollout, parts, learner.tokenizer.pad_token_id,
+                                   temperature=learner.config.temperature)
 
 
 def micro_batched_logprobs(model: nn.Module, rollout: Rollout, parts: list[Micro], pad_id: int, *,
@@ -286,11 +291,11 @@ def micro_batched_logprobs(model: nn.Module, rollout: Rollout, parts: list[Micro
 
 
 @torch.no_grad()
-def trainer_logprobs(trainer: TrainerParts, rollout: Rollout) -> Tensor:
+def trainer_logprobs(learner: Learner, rollout: Rollout) -> Tensor:
     """The policy's log-probs of the rollout's tokens now, (N, T): pi_old of an off-policy update."""
-    trainer.model.eval()
-    logp = scored_logprobs(trainer, trainer.policy, rollout)
-    trainer.model.train()
+    learner.model.eval()
+    logp = scored_logprobs(learner, learner.policy, rollout)
+    learner.model.train()
     return logp
 
 
@@ -323,3 +328,21 @@ def zero_loss(model: nn.Module) -> Tensor:
     """0 x a one-token forward: runs every layer once, as a micro-batch does, and adds nothing."""
     hidden = model.get_decoder()(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device))
     return (hidden.last_hidden_state.sum() + model.get_output_embeddings().weight.sum()) * 0.0
+
+
+def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None = None) -> float:
+    """Seconds per completion token of a forward and backward pass (what an update costs, less the
+    optimiser's step), timed on the first micro-batch of ``rollout`` as the update packs it; the
+    gradients are dropped, so the run that follows is unchanged (the pre-flight check's step budget)."""
+    if engine is not None:  # as a step does: on a GPU the backward gets vLLM's memory
+        engine.sleep()
+    cfg = learner.config
+    n_groups = rollout.completion_ids.shape[0] // cfg.group_size
+    part = micro_batches(cfg, rollout, torch.arange(n_groups))[0].select(rollout)
+    start = time.perf_counter()
+    with learner.autocast:
+        logp, _ = learner.policy(rollout_logprobs, part, learner.tokenizer.pad_token_id,
+                                 temperature=cfg.temperature, checkpoint_layers=cfg.gradient_checkpointing)
+    (logp.float() * part.mask).sum().backward()
+    learner.optimizer.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)

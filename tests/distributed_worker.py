@@ -26,6 +26,7 @@ import grpo.process  # noqa: E402
 import grpo.trainer  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.distributed import full_state_dict  # noqa: E402
+from grpo.heldout import evaluate_heldout  # noqa: E402
 from grpo.rollout import Rollout  # noqa: E402
 from grpo.tasks import Task  # noqa: E402
 
@@ -80,11 +81,11 @@ def run_case(case: dict) -> dict:
     )
     held = watch_gathered_layers(trainer) if trainer.world.fsdp else []
     batches = []
-    sample_batch = trainer.sample_batch
-    trainer.sample_batch = lambda step: batches.append(sample_batch(step)) or batches[-1]
+    take = trainer.batches.next
+    trainer.batches.next = lambda step: batches.append(take(step)[0]) or (batches[-1], {})
     metrics = trainer.step(1)
     if config.eval_samples:  # sampled pass@k after the step, as its processes share out the prompts
-        metrics.update(trainer.evaluate().metrics())
+        metrics.update(evaluate_heldout(trainer.sampling).metrics())
     state = full_state_dict(model, trainer.world) or model.state_dict()
     world, batch = trainer.world, batches[0]
     own = [completions(r.rollout) for r in batch.rounds]

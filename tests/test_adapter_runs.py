@@ -74,7 +74,7 @@ def test_lora_rank_and_a_full_model_give_the_same_answers():
 
 
 def test_an_adapter_folder_is_refused_with_vllm_and_async_before_it_loads(adapter_dir, monkeypatch):
-    monkeypatch.setattr("grpo.trainer.load_policy", _must_not_load)
+    monkeypatch.setattr("grpo.setup.load_policy", _must_not_load)
     with pytest.raises(ConfigError, match="async_lag with --engine vllm and LoRA is not built"):
         _trainer(model=str(adapter_dir), engine="vllm", async_lag=1)
 
@@ -103,7 +103,7 @@ def _children() -> list[psutil.Process]:
 
 def test_async_under_torchrun_is_refused_before_anything_launches_loads_or_forks(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("grpo.launcher.launch", _must_not_launch)
-    monkeypatch.setattr("grpo.trainer.load_policy", _must_not_load)
+    monkeypatch.setattr("grpo.setup.load_policy", _must_not_load)
     rc = cli_main(["train", "--nproc", "2", "--async-lag", "1", "--steps", "1", "--no-preflight",
                    "--output", str(tmp_path / "run")])
     err = capsys.readouterr().err
@@ -121,7 +121,7 @@ def test_a_constructor_that_fails_ends_the_workers_it_forked(monkeypatch):
     def fail_to_load(*args, **kwargs):
         raise ConfigError("no such model (injected)")
 
-    monkeypatch.setattr("grpo.trainer.load_policy", fail_to_load)
+    monkeypatch.setattr("grpo.setup.load_policy", fail_to_load)
     before = len(_children())
     with pytest.raises(ConfigError, match="injected"):
         _trainer(reward_workers=2)  # the reward workers fork before the model loads
@@ -130,17 +130,18 @@ def test_a_constructor_that_fails_ends_the_workers_it_forked(monkeypatch):
 
 def test_an_adapter_runs_reference_is_its_base(adapter_dir):
     # as for --lora-rank: continuing grpo's own model/adapter keeps the reference its first run had
+    from grpo.batch import sample_batch
     from grpo.logprobs import rollout_logprobs
     from grpo.update import reference_logprobs
 
     trainer = _trainer(model=str(adapter_dir), beta=0.04)
     try:
-        rollout = trainer.sample_batch(1).rollout
+        rollout = sample_batch(trainer.sampling, 1).rollout
         with torch.no_grad():
             policy, _ = rollout_logprobs(trainer.model, rollout, trainer.tokenizer.pad_token_id)
             with trainer.model.disable_adapter():
                 base, _ = rollout_logprobs(trainer.model, rollout, trainer.tokenizer.pad_token_id)
         assert (policy - base).abs().max() > 1e-3  # the adapter changes the policy
-        torch.testing.assert_close(reference_logprobs(trainer, rollout), base)
+        torch.testing.assert_close(reference_logprobs(trainer.learner, rollout), base)
     finally:
         trainer.close()

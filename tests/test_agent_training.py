@@ -9,6 +9,7 @@ from conftest import make_model, make_tokenizer
 from test_checkpoint import _same_params
 from tiny_run import count_a, metrics_lines, params, tiny_config, tiny_task
 
+from grpo.batch import sample_and_score
 from grpo.process import setup_process
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
@@ -95,7 +96,7 @@ def test_length_aware_rewards_count_the_scored_turn_against_the_per_turn_limit()
         return 0.0
 
     trainer = agent_trainer(task=tiny_task(length))
-    rollout, *_ = trainer.sample_and_score(list(range(4)), torch.Generator().manual_seed(0))
+    rollout, *_ = sample_and_score(trainer.sampling, list(range(4)), torch.Generator().manual_seed(0))
     assert max(e.turns for e in rollout.episodes) > 1
     assert any(n > 8 for n in rollout.lengths.tolist())  # the policy's tokens summed over turns
     # the character tokenizer: one token a character, but the random model's special tokens decode to nothing

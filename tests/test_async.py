@@ -14,9 +14,11 @@ import torch
 from tiny_run import metrics_lines, params, tiny_trainer
 
 from grpo.ahead import SamplingAhead
+from grpo.batch import sample_batch
 from grpo.checkpoint import CheckpointError
 from grpo.config import ConfigError
 from grpo.interrupt import RunStopped
+from grpo.source import EachStep
 
 pytestmark = pytest.mark.equivalence
 
@@ -26,7 +28,7 @@ def watch(trainer):
     after = {0: params(trainer)}  # step -> the trainer's weights after its update (0: the start)
     sampled_with = {}  # step -> (version, the sampler copy's weights when it sampled that batch)
     prompts = {}  # step -> the prompts its batch drew
-    step, sample = trainer.step, trainer.ahead._sample
+    step, sample = trainer.step, trainer.batches._sample
 
     def stepped(s):
         out = step(s)
@@ -35,12 +37,12 @@ def watch(trainer):
 
     def sampled(job):
         batch, seconds = sample(job)
-        copy = {n: p.detach().clone() for n, p in trainer.ahead.side.model.named_parameters()}
+        copy = {n: p.detach().clone() for n, p in trainer.batches.sampling.model.named_parameters()}
         sampled_with[job.step] = (job.version, copy)
         prompts[job.step] = {i for r in batch.rounds for i in r.prompts}
         return batch, seconds
 
-    trainer.step, trainer.ahead._sample = stepped, sampled
+    trainer.step, trainer.batches._sample = stepped, sampled
     return after, sampled_with, prompts
 
 
@@ -106,7 +108,7 @@ def test_an_interrupted_async_run_resumes_bitwise(tmp_path):
         stopped.train(tmp_path / "split")
     stopped.close()
     state = torch.load(next((tmp_path / "split" / "checkpoints").iterdir()) / "state.pt", weights_only=False)
-    assert sorted(state["parts"]["ahead"]["ready"]) == [6, 7]  # sampled ahead, not yet trained on
+    assert sorted(state["parts"]["batches"]["ready"]) == [6, 7]  # sampled ahead, not yet trained on
 
     resumed = tiny_trainer(steps=8, async_lag=2, save_every=100, **FULL)
     resumed.train(tmp_path / "split", resume=True)
@@ -122,7 +124,7 @@ def test_an_interrupted_async_run_resumes_bitwise(tmp_path):
 
 def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_path):
     """The training reward (not the checker, which evaluates in the trainer's thread) fails on batch 2's
-    prompts: batch 1 is trained, then the error comes out of next_batch at step 2, and the thread is gone."""
+    prompts: batch 1 is trained, then the error comes out of next at step 2, and the thread is gone."""
     from conftest import make_model, make_tokenizer
     from tiny_run import count_a, tiny_config, tiny_task
 
@@ -147,8 +149,8 @@ def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_pa
         trainer.train(tmp_path / "run")
     trainer.close()
     assert steps == [1, 2]  # step 1 trained on batch 1; the error surfaced when step 2 asked for batch 2
-    assert any(entry.name == "next_batch" for entry in raised.traceback)
-    assert trainer.ahead.thread is None
+    assert any(entry.name == "next" for entry in raised.traceback)
+    assert trainer.batches.thread is None
 
 
 def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
@@ -157,13 +159,13 @@ def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
     import io
 
     trainer = tiny_trainer(filter_groups=True, async_lag=1)
-    trainer.ahead.ready = {2: (trainer.sample_batch(2), 1, {})}  # sampled ahead, not yet trained on
+    trainer.batches.ready = {2: (sample_batch(trainer.sampling, 2), 1, {})}  # sampled ahead, not yet trained on
     saved = io.BytesIO()
-    torch.save(trainer.ahead.state_dict(), saved)
+    torch.save(trainer.batches.state_dict(), saved)
     saved.seek(0)
     state = torch.load(saved, map_location="cpu", weights_only=False)  # as grpo/checkpoint.py loads it
-    trainer.device = torch.device("meta")
-    trainer.ahead.load_state_dict(state)
+    trainer.batches.sampling.device = torch.device("meta")
+    trainer.batches.load_state_dict(state)
     seen = []
 
     def walk(value):
@@ -176,7 +178,7 @@ def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
             for item in value:
                 walk(item)
 
-    walk(trainer.ahead.ready[2][0])
+    walk(trainer.batches.ready[2][0])
     assert len(seen) > 10 and set(seen) == {"meta"}
 
 
@@ -198,8 +200,9 @@ def test_vllm_with_lora_is_refused_with_its_reason():
 
 def test_the_synchronous_loop_has_no_thread():
     trainer = tiny_trainer(async_lag=0)
-    assert trainer.ahead is None and trainer.order_rng is None
-    assert isinstance(tiny_trainer(async_lag=1).ahead, SamplingAhead)
+    assert isinstance(trainer.batches, EachStep) and trainer.learner.order_rng is trainer.prompt_rng
+    ahead = tiny_trainer(async_lag=1)
+    assert isinstance(ahead.batches, SamplingAhead) and ahead.learner.order_rng is not ahead.prompt_rng
 
 
 class SlowSampler(queue.Queue):
@@ -232,12 +235,12 @@ def test_an_alarm_stop_drops_the_batches_not_started_and_a_resume_samples_them_f
     calls = []
     monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: calls.append(1) or ("stall: by the test" if len(calls) == 3 else None))
     trainer = tiny_trainer(steps=8, async_lag=2, save_every=100)
-    trainer.ahead.jobs = SlowSampler(first=3)
+    trainer.batches.jobs = SlowSampler(first=3)
     summary = trainer.train(tmp_path / "run")
     trainer.close()
     assert summary["steps"] == 3 and summary["stopped_early"] == "stall: by the test"
     state = torch.load(next((tmp_path / "run" / "checkpoints").iterdir()) / "state.pt", weights_only=False)
-    ahead = state["parts"]["ahead"]
+    ahead = state["parts"]["batches"]
     assert sorted(ahead["ready"]) == [4] and ahead["next_step"] == 5  # batch 5 was dropped, to be sampled again
     capsys.readouterr()
     monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: None)

@@ -11,6 +11,7 @@ from tiny_run import metrics_lines, params, tiny_trainer
 
 from grpo import checkpoint
 from grpo.interrupt import RunStopped
+from grpo.trainer import GRPOTrainer
 
 
 def _same_params(a, b):
@@ -57,32 +58,81 @@ def test_only_the_last_k_checkpoints_are_kept(tmp_path):
     assert sorted(names) == ["step-00000004", "step-00000005"]
 
 
-def test_checkpoint_holds_every_stateful_attribute(tmp_path):
+def test_checkpoint_holds_the_named_state_with_its_format_and_nothing_else(tmp_path, monkeypatch):
+    """The parts a checkpoint holds are the ones the trainer names (checkpoint_parts), not whatever stateful
+    attributes it happens to have; a run that names another part cannot silently resume."""
+
     class Curriculum:
-        """Stands in for any new part of the training state with state_dict/load_state_dict."""
-
-        def __init__(self):
-            self.seen = {}
-
         def state_dict(self):
-            return {"seen": dict(self.seen)}
+            return {"seen": {3: 2}}
 
         def load_state_dict(self, state):
-            self.seen = dict(state["seen"])
+            pass
 
     trainer = tiny_trainer(steps=1)
-    trainer.curriculum = Curriculum()
-    trainer.curriculum.seen = {3: 2, 7: 1}
+    trainer.curriculum = Curriculum()  # an attribute is not state until it is named
     trainer.train(tmp_path / "run")
+    state = torch.load(checkpoint.latest(tmp_path / "run") / checkpoint.STATE, weights_only=False)
+    assert state["format"] == checkpoint.FORMAT == 2
+    assert sorted(state["parts"]) == ["batches", "draws", "prompt_rng", "sampler", "totals"]
     again = tiny_trainer(steps=1)
-    again.curriculum = Curriculum()
     again.train(tmp_path / "run", resume=True)
-    assert again.curriculum.seen == {3: 2, 7: 1}
     assert again.prompt_rng.getstate() == trainer.prompt_rng.getstate()
 
-    without = tiny_trainer(steps=1)  # a trainer lacking the part cannot silently resume
+    named = GRPOTrainer.checkpoint_parts
+    monkeypatch.setattr(GRPOTrainer, "checkpoint_parts", lambda self: {**named(self), "curriculum": Curriculum()})
     with pytest.raises(checkpoint.CheckpointError, match="curriculum"):
-        without.train(tmp_path / "run", resume=True)
+        tiny_trainer(steps=1).train(tmp_path / "run", resume=True)
+
+
+def as_format_1(path, *, totals: bool = True) -> None:
+    """Rewrite checkpoint ``path``'s state.pt as the code before format 2 wrote it: no format, the trainer's
+    stateful attributes by name (the batches sampled ahead as ``ahead``, none for the synchronous loop; no
+    ``sampler`` for the uniform one, which had no state_dict; no ``totals`` before RunTotals existed)."""
+    state = torch.load(path / checkpoint.STATE, weights_only=False)
+    parts = dict(state.pop("parts"))
+    batches = parts.pop("batches")
+    if batches:
+        parts["ahead"] = batches
+    if parts["sampler"] == {}:
+        del parts["sampler"]
+    if not totals:
+        del parts["totals"]
+    del state["format"]
+    torch.save({**state, "parts": parts}, path / checkpoint.STATE)
+
+
+@pytest.mark.parametrize("options", [{}, {"async_lag": 1}, {"sampler": "frontier"}], ids=["sync", "async", "frontier"])
+def test_a_checkpoint_of_format_1_resumes_as_the_unbroken_run(tmp_path, options):
+    """The checkpoint layout before the format was named (grpo/checkpoint.py upgrade) still resumes, bitwise
+    as the unbroken run. bench/same_as.py's resume case checks one written by that code itself."""
+    straight = tiny_trainer(steps=4, **options)
+    straight.train(tmp_path / "straight")
+    straight.close()
+    split = tiny_trainer(steps=2, **options)
+    split.train(tmp_path / "split")
+    split.close()
+    as_format_1(checkpoint.latest(tmp_path / "split"))
+    resumed = tiny_trainer(steps=4, **options)
+    resumed.train(tmp_path / "split", resume=True)
+    resumed.close()
+    _same_params(params(straight), params(resumed))
+
+
+def test_a_format_1_checkpoint_from_before_the_totals_restores_them_fresh(tmp_path):
+    """RunTotals came after checkpoints of older runs: absent from one, they start at zero; any other part
+    missing from a checkpoint is still refused."""
+    tiny_trainer(steps=1).train(tmp_path / "run")
+    as_format_1(checkpoint.latest(tmp_path / "run"), totals=False)
+    resumed = tiny_trainer(steps=2)
+    resumed.train(tmp_path / "run", resume=True)
+    step_2 = next(r for r in metrics_lines(tmp_path / "run") if r.get("step") == 2 and "tokens_generated" in r)
+    assert resumed.totals.sums["tokens_generated"] == step_2["tokens_generated"]  # counted from the resume on
+    state = torch.load(checkpoint.latest(tmp_path / "run") / checkpoint.STATE, weights_only=False)
+    del state["parts"]["draws"]
+    torch.save(state, checkpoint.latest(tmp_path / "run") / checkpoint.STATE)
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint holds state for"):
+        tiny_trainer(steps=3).train(tmp_path / "run", resume=True)
 
 
 def test_disk_full_keeps_the_previous_checkpoint_and_stops_clearly(tmp_path, monkeypatch):
@@ -120,7 +170,7 @@ def _nan_on_steps(bad_steps, **kw):
     """
     now = {"step": 0}
     trainer = tiny_trainer(**kw)
-    score, step = trainer.score, trainer.step
+    score, step = trainer.sampling.score, trainer.step
 
     def score_nan(texts, rows, *args, **kwargs):
         rewards, means = score(texts, rows, *args, **kwargs)
@@ -130,7 +180,7 @@ def _nan_on_steps(bad_steps, **kw):
         now["step"] = n
         return step(n)
 
-    trainer.score, trainer.step = score_nan, step_and_note
+    trainer.sampling.score, trainer.step = score_nan, step_and_note
     return trainer
 
 
@@ -204,24 +254,3 @@ def test_a_run_resumed_in_a_new_process_is_bitwise_the_straight_run(tmp_path):
     assert lines[0] == lines[1]
 
 
-def test_a_checkpoint_written_before_an_optional_part_existed_restores_it_fresh():
-    """RunTotals came after checkpoints of older runs: absent from one, it starts at zero; any other part
-    missing from a checkpoint is still refused."""
-    import random as _random
-
-    from grpo.checkpoint import CheckpointError, capture_parts, restore_parts
-    from grpo.step_metrics import RunTotals
-
-    class Owner:
-        def __init__(self):
-            self.rng = _random.Random(1)
-            self.totals = RunTotals()
-
-    old = Owner()
-    saved = {k: v for k, v in capture_parts(old).items() if k != "totals"}  # as written before the totals
-    new = Owner()
-    new.totals.sums["tokens_generated"] = 5.0
-    restore_parts(new, saved)
-    assert new.totals.sums["tokens_generated"] == 5.0  # kept as it was: nothing to restore
-    with pytest.raises(CheckpointError, match="checkpoint holds state for"):
-        restore_parts(new, {"totals": capture_parts(old)["totals"]})  # the rng is not optional

@@ -306,7 +306,7 @@ def test_a_combination_not_built_is_refused_in_one_line_before_anything_loads(he
         raise AssertionError("a model loaded before the refusal")
 
     # grpo.trainer first: importing it after grpo.models is patched would keep the patch past this test
-    monkeypatch.setattr("grpo.trainer.load_policy", must_not_load)
+    monkeypatch.setattr("grpo.setup.load_policy", must_not_load)
     monkeypatch.setattr("grpo.models.load_policy", must_not_load)
     case = {**CASES[0], "engine": "own", "processes": 1, **held}
     rc = cli_main(["train", *_args(case, folders), "--output", str(folders / "refused")])

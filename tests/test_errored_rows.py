@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_run import tiny_trainer
 
+import grpo.trainer
 from grpo.algorithm import group_advantages
 
 
@@ -21,28 +22,29 @@ def odd_first_char_raises(completion, example):
     return float(bool(completion) and ord(completion[-1]) % 2 == 0)
 
 
-def _spy(trainer):
+def _spy(trainer, monkeypatch):
     """What the update is given, and the rewards the scorer returned, step by step."""
     seen = {"update": [], "scores": []}
-    update, score = trainer.update, trainer.score
+    update, score = grpo.trainer.update, trainer.sampling.score
 
-    def spy_update(rollout, advantages, ref_logp, lengths):
+    def spy_update(learner, rollout, advantages, ref_logp, lengths):
         seen["update"].append((rollout.mask.clone(), advantages.clone(), lengths.clone(),
                                rollout.truncated.clone()))
-        return update(rollout, advantages, ref_logp, lengths)
+        return update(learner, rollout, advantages, ref_logp, lengths)
 
     def spy_score(texts, *args, **kwargs):
         rewards, metrics = score(texts, *args, **kwargs)
         seen["scores"].append((rewards.clone(), list(texts)))
         return rewards, metrics
 
-    trainer.update, trainer.score = spy_update, spy_score
+    monkeypatch.setattr(grpo.trainer, "update", spy_update)
+    trainer.sampling.score = spy_score
     return seen
 
 
-def test_rows_whose_reward_call_failed_leave_the_loss_and_their_groups_statistics():
+def test_rows_whose_reward_call_failed_leave_the_loss_and_their_groups_statistics(monkeypatch):
     trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5)
-    seen = _spy(trainer)
+    seen = _spy(trainer, monkeypatch)
     m = trainer.step(1)
     scored, texts = seen["scores"][0]  # (24,) NaN where the call failed
     errored = torch.tensor([bool(t) and ord(t[0]) % 2 == 1 for t in texts])  # where the checker raised
@@ -62,11 +64,11 @@ def test_rows_whose_reward_call_failed_leave_the_loss_and_their_groups_statistic
     assert scored[errored].isnan().all()  # the scorer's mark: no verdict
 
 
-def test_cut_completions_under_mask_truncated_are_errored_rows():
+def test_cut_completions_under_mask_truncated_are_errored_rows(monkeypatch):
     # stops on any of a-h: about half the completions end within 8 tokens, half are cut
     trainer = tiny_trainer(prompts_per_step=8, group_size=4, max_new_tokens=8, stop=tuple("abcdefgh"),
                            mask_truncated=True, seed=0)
-    seen = _spy(trainer)
+    seen = _spy(trainer, monkeypatch)
     m = trainer.step(1)
     mask, advantages, lengths, cut = seen["update"][0]
     scored, _ = seen["scores"][0]
@@ -79,20 +81,20 @@ def test_cut_completions_under_mask_truncated_are_errored_rows():
     assert not torch.allclose(advantages[valid], with_cut[valid])  # not what counting the cut rows gives
 
 
-def test_dynamic_sampling_does_not_count_a_group_that_varies_only_through_errored_rows():
+def test_dynamic_sampling_does_not_count_a_group_that_varies_only_through_errored_rows(monkeypatch):
     trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5,
                            filter_groups=True, max_gen_rounds=3)
-    seen = _spy(trainer)
+    seen = _spy(trainer, monkeypatch)
     m = trainer.step(1)
     _, advantages, _, _ = seen["update"][0]
     assert m["trained_zero_var_frac"] == 0.0
     assert (advantages.view(-1, 4) != 0).any(dim=1).all()  # every trained group has a signal among valid rows
 
 
-def test_reward_errors_count_rows_over_every_round_as_errored_does():
+def test_reward_errors_count_rows_over_every_round_as_errored_does(monkeypatch):
     trainer = tiny_trainer(reward=odd_first_char_raises, prompts_per_step=6, group_size=4, seed=5,
                            filter_groups=True, max_gen_rounds=3)
-    seen = _spy(trainer)
+    seen = _spy(trainer, monkeypatch)
     m = trainer.step(1)
     assert m["gen_rounds"] > 1, "the seed should need more than one round"
     scored = torch.cat([rewards for rewards, _ in seen["scores"]])  # every round's rows
@@ -107,7 +109,7 @@ def test_the_scorer_metrics_of_two_processes_sum_their_counts_and_weigh_means_by
     ranks = [(8, {"reward/r": 0.5, "reward_errors/r": 4.0, "reward_timeouts/r": 1.0, "reward_none/r": 0.0}),
              (8, {"reward/r": 1.0, "reward_errors/r": 0.0, "reward_timeouts/r": 0.0, "reward_none/r": 2.0})]
     world = SimpleNamespace(size=2, gather_objects=lambda mine: [mine, ranks[1]])
-    pooled = whole_draw_means(SimpleNamespace(world=world), *ranks[0])
+    pooled = whole_draw_means(world, *ranks[0])
     assert pooled["reward_errors/r"] == 4.0 and pooled["reward_timeouts/r"] == 1.0 and pooled["reward_none/r"] == 2.0
     # verdicts: 8 - 4 = 4 on rank 0 (mean 0.5), 8 - 2 = 6 on rank 1 (mean 1.0): (4 * 0.5 + 6 * 1.0) / 10
     assert pooled["reward/r"] == pytest.approx(0.8)
@@ -125,7 +127,7 @@ class RaisesOnOddTurnText:
         return [{"role": "user", "content": "go on"}], 1.0, True
 
 
-def test_an_environment_that_raises_makes_its_row_errored_in_training():
+def test_an_environment_that_raises_makes_its_row_errored_in_training(monkeypatch):
     from conftest import make_model, make_tokenizer
     from tiny_run import tiny_config, tiny_task
 
@@ -139,7 +141,7 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training():
     setup_process(config)
     trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer, task=tiny_task(),
                           env=RaisesOnOddTurnText, progress=False)
-    seen = _spy(trainer)
+    seen = _spy(trainer, monkeypatch)
     episodes = []
     run = trainer.agent.run
 
@@ -169,7 +171,7 @@ class ClosedOnSomeRows:
         return None, 0.0, True
 
 
-def test_a_group_whose_environment_never_opened_is_left_out_and_counted():
+def test_a_group_whose_environment_never_opened_is_left_out_and_counted(monkeypatch):
     from conftest import make_model, make_tokenizer
     from tiny_run import tiny_config, tiny_task
 
@@ -181,7 +183,7 @@ def test_a_group_whose_environment_never_opened_is_left_out_and_counted():
     setup_process(config)
     trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
                           task=tiny_task(), env=ClosedOnSomeRows, progress=False)
-    seen, drawn, run = _spy(trainer), [], trainer.agent.run
+    seen, drawn, run = _spy(trainer, monkeypatch), [], trainer.agent.run
 
     def keep(model, tokenizer, rows, **kwargs):
         drawn.extend(rows)
@@ -210,16 +212,14 @@ def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
     mask = torch.ones(9, 4)
     lengths = torch.full((9,), 4.0)
     batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=mask), lengths=lengths)
-    trainer = SimpleNamespace(config=SimpleNamespace(group_size=3, advantage_estimator="grpo"), world=World())
-    valid = leave_out_errored(trainer, batch)
+    valid = leave_out_errored(batch, World(), group_size=3, estimator="grpo")
     kept = [True, False, True, False, False, False, True, True, True]
     assert valid.tolist() == kept
     assert batch.rollout.mask.sum(dim=1).tolist() == [4.0 if k else 0.0 for k in kept]  # out of the loss
     assert batch.lengths.tolist() == [4.0 if k else 0.0 for k in kept]  # and out of its normaliser
     # under REINFORCE++ the baseline is the batch's: the lone survivor of the second group keeps its place
     batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=torch.ones(9, 4)), lengths=lengths.clone())
-    trainer.config.advantage_estimator = "reinforce_pp"
-    assert leave_out_errored(trainer, batch).tolist() == (errors == 0).tolist()
+    assert leave_out_errored(batch, World(), group_size=3, estimator="reinforce_pp").tolist() == (errors == 0).tolist()
 
 
 @pytest.mark.unit

@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny_run import tiny_trainer
 
+import grpo.trainer
 from grpo.config import TrainConfig
 
 OBJECTIVES = ("ppo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl")
@@ -30,12 +31,13 @@ def test_each_objective_trains_a_tiny_model(objective):
 
 
 @pytest.mark.parametrize("estimator", ("passk", "rloo", "reinforce_pp_baseline"))
-def test_dynamic_sampling_trains_only_groups_that_teach_under_the_estimator(estimator):
+def test_dynamic_sampling_trains_only_groups_that_teach_under_the_estimator(estimator, monkeypatch):
     trainer = tiny_trainer(reward=parity, advantage_estimator=estimator, prompts_per_step=6, seed=5,
                            filter_groups=True, max_gen_rounds=3, steps=1)
     seen = []
-    update = trainer.update
-    trainer.update = lambda rollout, adv, ref, lengths: seen.append(adv.clone()) or update(rollout, adv, ref, lengths)
+    update = grpo.trainer.update
+    monkeypatch.setattr(grpo.trainer, "update", lambda learner, rollout, adv, ref, lengths:
+                        seen.append(adv.clone()) or update(learner, rollout, adv, ref, lengths))
     m = trainer.step(1)
     grouped = seen[0].view(-1, 4)
     # pass@k: a group [1, 1, 0, 0] varies but its advantages are all zero; it must not fill the batch
@@ -43,12 +45,12 @@ def test_dynamic_sampling_trains_only_groups_that_teach_under_the_estimator(esti
     assert m["trained_zero_var_frac"] == 0.0
 
 
-def test_reinforce_pp_trains_a_step_with_a_batch_baseline():
+def test_reinforce_pp_trains_a_step_with_a_batch_baseline(monkeypatch):
     trainer = tiny_trainer(reward=parity, advantage_estimator="reinforce_pp", steps=1)
     seen = []
-    update = trainer.update
-    trainer.update = lambda rollout, adv, ref, lengths: seen.append((adv.clone(), lengths.clone())) or update(
-        rollout, adv, ref, lengths)
+    update = grpo.trainer.update
+    monkeypatch.setattr(grpo.trainer, "update", lambda learner, rollout, adv, ref, lengths:
+                        seen.append((adv.clone(), lengths.clone())) or update(learner, rollout, adv, ref, lengths))
     trainer.step(1)
     adv, lengths = seen[0]
     weight = lengths.float()

@@ -16,8 +16,9 @@ from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
 from grpo.heldout import train_sample
 from grpo.interrupt import RunStopped
-from grpo.preflight import PreflightReport, fit_token_limit, step_budget, stop_at_fitted_limit
+from grpo.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit
 from grpo.run_state import RunState, planned_schedule
+from grpo.setup import step_budget
 from grpo.tasks import Task, load_task
 
 
@@ -59,7 +60,7 @@ def test_preflight_counts_the_groups_that_vary_over_the_rows_training_keeps():
 
     trainer = tiny_trainer(reward=right_or_raises, preflight="warn", max_gen_rounds=1)
     with pytest.warns(RuntimeWarning, match="calls failed"):
-        report = run_preflight(trainer, fit=False)
+        report = run_preflight(trainer.sampling, trainer.learner, fit=False)
     assert report.reward_errors["right_or_raises"] > 0, "the seed should give some failed calls"
     # the failed rows are no verdict (training leaves them out), so no group varies: not "the failures scored 0"
     assert report.varying_frac == 0.0 and report.all_correct_frac > 0.0 and report.all_wrong_frac == 0.0
@@ -341,7 +342,6 @@ def test_the_step_budget_buys_steps_in_order_with_what_the_user_left():
 def test_the_engine_starts_before_the_generation_estimate_is_timed():
     # with --engine vllm the first rollout started vLLM (167 s measured) inside the clock, and pre-flight
     # printed "about 433 s a step" for steps that took 23-26 s: the start now happens before it
-    from types import SimpleNamespace
 
     from grpo.preflight import start_engine
 
@@ -351,10 +351,10 @@ def test_the_engine_starts_before_the_generation_estimate_is_timed():
         def start(self):
             self.conn = "ready"
 
-    trainer = SimpleNamespace(engine=Engine())
-    assert start_engine(trainer) is not None and trainer.engine.conn == "ready"
-    assert start_engine(trainer) is None  # started already: nothing to do
-    assert start_engine(SimpleNamespace(engine=None)) is None  # the own sampler
+    engine = Engine()
+    assert start_engine(engine) is not None and engine.conn == "ready"
+    assert start_engine(engine) is None  # started already: nothing to do
+    assert start_engine(None) is None  # the own sampler
 
 
 def test_the_fit_stops_sampling_at_the_limit_it_will_choose():
@@ -391,7 +391,7 @@ def test_the_training_sample_is_scored_beside_the_heldout_subset(tmp_path):
     scored = [r["step"] for r in rows if "train_sample_accuracy" in r]
     assert scored == [0, 2, 4, 6, 8, 10] and summary["eval_every"] == 2
     assert all(0.0 <= r["train_sample_accuracy"] <= 1.0 for r in rows if "train_sample_accuracy" in r)
-    assert train_sample(trainer) == train_sample(trainer) and len(train_sample(trainer)) == 6  # fixed by the seed
+    assert train_sample(trainer.sampling) == train_sample(trainer.sampling) and len(train_sample(trainer.sampling)) == 6  # fixed by the seed
 
 
 def test_a_resumed_run_stops_where_the_straight_run_stops(tmp_path):

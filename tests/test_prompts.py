@@ -159,7 +159,7 @@ def test_the_trainer_renders_and_stops_in_the_configured_format(capsys):
         assert trainer.config.stop == ("</answer>",)
         assert tokenizer.decode(trainer.train_prompts[0]).endswith("User: say a 0\nAssistant: <think>")
         assert trainer.task.reward.__name__ == "final_number_r1_zero"
-        report = run_preflight(trainer, fit=False)
+        report = run_preflight(trainer.sampling, trainer.learner, fit=False)
     finally:
         trainer.close()
     assert "prompt format r1-zero; stop strings '</answer>'" in report.describe()

@@ -64,7 +64,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, task=get_task("code", heldout_size=2),
                           progress=False)
     assert trainer.reward_fns == [code_tests]
-    score, seen = trainer.score, []
+    score, seen = trainer.sampling.score, []
 
     def with_hostile(texts, rows, lengths=None, completion_ids=None, **kwargs):
         texts = list(texts)
@@ -74,7 +74,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
         seen.append(result[0].tolist())
         return result
 
-    trainer.score = with_hostile
+    trainer.sampling.score = with_hostile
     summary = trainer.train()
     assert summary["steps"] == 2
     for rewards in seen:

@@ -12,6 +12,8 @@ import pytest
 import torch
 from tiny_run import tiny_trainer
 
+from grpo.batch import sample_batch
+from grpo.heldout import evaluate_heldout
 from grpo.logprobs import rollout_logprobs
 from grpo.update import scored_logprobs
 
@@ -48,14 +50,15 @@ def test_every_model_call_of_a_step_and_an_evaluation_keeps_within_the_token_bud
     try:
         models = [trainer.model] + ([trainer.reference.model] if trainer.reference is not None else [])
         calls = record_calls(*models)
-        batch = trainer.sample_batch(1)
+        batch = sample_batch(trainer.sampling, 1)
         sampled = len(calls)
-        trainer._train_on(1, batch, {}, 0.0)
+        trainer.batches.next = lambda step: (batch, {})
+        trainer.step(1)
         trained = len(calls)
-        trainer.evaluate()
-        from grpo.preflight import update_seconds
+        evaluate_heldout(trainer.sampling)
+        from grpo.update import update_seconds
 
-        update_seconds(trainer, batch.rollout)
+        update_seconds(trainer.learner, batch.rollout)
         assert sampled > 0 and trained > sampled and len(calls) > trained
         assert over_budget(calls) == []
     finally:
@@ -66,12 +69,12 @@ def test_log_probs_computed_within_the_budget_equal_those_of_one_pass_over_every
     small = tiny_trainer(micro_batch_tokens=BUDGET)
     whole = tiny_trainer()  # the default budget holds the whole tiny batch in one micro-batch
     try:
-        rollout = small.sample_batch(1).rollout
+        rollout = sample_batch(small.sampling, 1).rollout
         with torch.no_grad():
             once, _ = rollout_logprobs(small.model, rollout, small.tokenizer.pad_token_id)
-        split = scored_logprobs(small, small.policy, rollout)
+        split = scored_logprobs(small.learner, small.policy, rollout)
         torch.testing.assert_close(split, once, atol=1e-5, rtol=0)
-        assert torch.equal(scored_logprobs(whole, whole.policy, rollout), once)  # the default path: bitwise
+        assert torch.equal(scored_logprobs(whole.learner, whole.policy, rollout), once)  # the default path: bitwise
     finally:
         small.close()
         whole.close()

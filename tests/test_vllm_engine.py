@@ -240,7 +240,7 @@ def test_sampling_ahead_pushes_each_batch_its_lagged_weights(tmp_path):
     sampler log-probs (vLLM's) match the trainer's under those weights, and not under the weights after step 2."""
     trainer = _trainer(async_lag=1, steps=3, sample_every=0)
     after, batches = {}, {}
-    step, sample = trainer.step, trainer.ahead._sample
+    step, sample = trainer.step, trainer.batches._sample
 
     def stepped(s):
         out = step(s)
@@ -252,7 +252,7 @@ def test_sampling_ahead_pushes_each_batch_its_lagged_weights(tmp_path):
         batches[job.step] = batch
         return batch, seconds
 
-    trainer.step, trainer.ahead._sample = stepped, sampled
+    trainer.step, trainer.batches._sample = stepped, sampled
     try:
         trainer.train(tmp_path / "run")
         rollout = batches[3].rollout

@@ -210,14 +210,16 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     check_model(config.model)
-    from grpo.preflight import run_preflight, step_budget
+    from grpo.preflight import run_preflight
     from grpo.process import setup_process
+    from grpo.setup import step_budget
     from grpo.trainer import GRPOTrainer
 
     setup_process(config)
     trainer = GRPOTrainer(config, progress=False)
     try:
-        report = run_preflight(trainer, fit=trainer.fit_token_limit)
+        report = run_preflight(trainer.sampling, trainer.learner, fit=trainer.fit_token_limit,
+                               tuned_limit=trainer.tuned_token_limit)
     finally:
         trainer.close()
     step_budget(report, trainer.config, set())  # what fits; nothing is changed here

@@ -1,0 +1,189 @@
+"""Building a run's parts, in the order they depend on each other: the rewards' scorer, the policy (loaded,
+LoRA-wrapped, sharded) with its reference and optimiser, the vLLM engine; then what the pre-flight check
+settles of the config. grpo/trainer.py calls these once; each takes what it reads and returns what it built."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
+from grpo.distributed import Policy, World, full_state_dict, shard_policy
+from grpo.episodes import Agent
+from grpo.interrupt import RunStopped
+from grpo.models import add_lora, load_policy, trains_adapter
+from grpo.preflight import PreflightReport, mean_tokens
+from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
+from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
+from grpo.rewards.styles import check_style
+from grpo.tasks import Task
+from grpo.vllm_engine import VLLMEngine, cpu_share
+
+RewardFn = Callable[[str, Mapping], float]
+EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
+
+
+def build_scorer(config: TrainConfig, task: Task, rewards: Sequence[RewardFn | str] | None
+                 ) -> tuple[list[Callable], RewardScorer, RewardScorer]:
+    """The reward functions, the scorer that runs them (in worker processes, with a time limit), and the
+    task's checker, for held-out accuracy, pre-flight and the step's accuracy: in workers with the same
+    time limit (the reward's own scorer when the checker is the reward)."""
+    reward_specs = list(rewards) if rewards is not None else list(config.rewards)
+    reward_fns = [resolve_reward(r) for r in reward_specs] or [task.reward]
+    # process-wide, before the reward workers fork, so they inherit it
+    if needs_sandbox([*reward_fns, *([task.env] if task.env else [])]):
+        set_sandbox(check_sandbox(config.sandbox))
+    weights = config.reward_weights or (1.0,) * len(reward_fns)
+    style = config.reward_style if reward_specs else "auto"
+    score = combine_rewards(
+        reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,
+        on_error=config.on_error, max_completion_tokens=config.max_new_tokens,
+        styles=[check_style(fn, style) for fn in reward_fns],
+    )
+    checker = score if reward_fns == [task.reward] and not config.reward_weights else \
+        combine_rewards([task.reward], workers=config.reward_workers, timeout=config.reward_timeout)
+    return reward_fns, score, checker
+
+
+def load_model(config: TrainConfig, device: torch.device, model: nn.Module | None, tokenizer: object | None
+               ) -> tuple[nn.Module, object]:
+    """The model and tokenizer given, or those the config names; the tokenizer pads with EOS if it has no pad."""
+    if model is None:
+        loaded = load_policy(config.model, device=device)
+        model, tokenizer = loaded.model, loaded.tokenizer
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def build_policy(config: TrainConfig, world: World, device: torch.device, model: nn.Module
+                 ) -> tuple[nn.Module, Policy, Policy | None, torch.optim.Optimizer]:
+    """The policy's module (on the device, LoRA-wrapped when asked, the same on every process), its calls
+    that FSDP can see, the frozen reference for the KL term, and the optimiser."""
+    model.to(device)
+    if config.lora_rank > 0:
+        model = add_lora(model, config.lora_rank, config.lora_alpha or None)
+    world.broadcast_parameters(model)
+    reference = reference_model(config, world, model)
+    policy = shard_policy(model, world)  # calls of the model that FSDP can see
+    params = [p for p in model.parameters() if p.requires_grad]
+    # the fused kernel updates in place, with none of the foreach path's parameter-sized temporaries
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+                                  fused=None if config.fsdp else True)
+    return model, policy, reference, optimizer
+
+
+def reference_model(config: TrainConfig, world: World, model: nn.Module) -> Policy | None:
+    """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
+    LoRA reuses the base weights."""
+    if config.beta == 0.0 or trains_adapter(model):
+        return None
+    ref = copy.deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return shard_policy(ref, world)
+
+
+def build_engine(config: TrainConfig, world: World, device: torch.device, model: nn.Module, tokenizer: object,
+                 agent: Agent | None, train_prompts: list[list[int]]) -> VLLMEngine | None:
+    """The vLLM engine for ``engine="vllm"`` (started at the first rollout); None for the own sampler."""
+    if config.engine == "own":
+        return None
+    # room for the longest prompt and the longest completion any setting may ask for; an episode's
+    # opening may add to the prompt (a tool list in the system message): room for that too
+    after = config.max_episode_tokens + EPISODE_OPENING_TOKENS if agent is not None else 0
+    longest = max(len(p) for p in train_prompts) + max(config.max_new_tokens, DATA_MAX_NEW_TOKENS, after)
+    # each process samples its own groups with an engine of its own, on its own device (or share of cores)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cpus = cpu_share(world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
+    engine = VLLMEngine(model, tokenizer, python=config.vllm_python, memory=config.vllm_memory,
+                        seed=config.seed, max_model_len=longest, cpus=cpus,
+                        sleep=config.vllm_sleep and device.type == "cuda" and not config.async_lag,
+                        bucket_mb=config.vllm_bucket_mb)  # sampling ahead: vLLM works while the policy trains
+    if world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
+        engine.push(model, full_state_dict(model, world))
+    return engine
+
+
+def preflight_verdict(report: PreflightReport, config: TrainConfig, world: World, run_dir: Path | None, *,
+                      fit: bool) -> dict[str, int]:
+    """Rank 0's verdict and fitted limit, binding every rank; the report printed (and written to run_dir);
+    RunStopped when the mode says the run must not start; else the config's changes: the fitted token
+    limit and what the step budget adapts."""
+    # every rank sampled the same draws; rank 0's verdict and limit bind all, so none can diverge
+    report.problems, report.fitted_max_new_tokens = world.broadcast_object(
+        (report.problems, report.fitted_max_new_tokens))
+    if world.is_main:
+        print(report.describe(), flush=True)
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    fatal = report.stops(config.preflight)
+    if fatal:
+        where = f" (report: {run_dir / 'preflight.json'})" if run_dir is not None else ""
+        raise RunStopped(f"pre-flight check: {fatal[0].message}{where}", exit_code=1)
+    fitted = {} if report.fitted_max_new_tokens is None else {"max_new_tokens": report.fitted_max_new_tokens}
+    return {**fitted, **budget_changes(report, replace(config, **fitted), world, run_dir, fit=fit)}
+
+
+def budget_changes(report: PreflightReport, config: TrainConfig, world: World, run_dir: Path | None, *,
+                   fit: bool) -> dict[str, int]:
+    """Print the steps that fit in --minutes; what to adapt (of what the user did not set) when too few do."""
+    untouched = {name for name in ("max_gen_rounds", "group_size") if name not in config.set_by_user
+                 and getattr(config, name) == TrainConfig.__dataclass_fields__[name].default}
+    changes = world.broadcast_object(step_budget(report, config, untouched | ({"max_new_tokens"} if fit else set())))
+    if world.is_main:
+        for line in report.budget(config.minutes):
+            print(line, flush=True)
+        if run_dir is not None:  # with the budget's lines; config.json, written next, has the values
+            (run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return changes
+
+
+MIN_STEPS = 10  # under --minutes, fewer steps than this leave no time to learn: the budget adapts the run
+MIN_GROUP = 4  # the step budget never makes groups smaller than this
+
+
+def step_budget(report: PreflightReport, config: object, adaptable: Collection[str]) -> dict[str, int]:
+    """The steps that fit in ``config.minutes`` at the check's pace, and, when fewer than MIN_STEPS
+    and ``config.adapt``, the changes that buy more, in order and only to ``adaptable`` options: a
+    lower max_new_tokens (fitted to what a correct answer needs), fewer generation rounds, a smaller
+    group_size (not below MIN_GROUP). Generation time is taken as proportional to the token limit,
+    the rounds and the group size, the update's to the group size and to the mean length of the check's
+    completions cut at the limit. Sets report.steps_fit and
+    report.adapted; returns the changed fields."""
+    if not config.minutes or report.step_seconds is None or report.update_seconds is None:
+        return {}
+    gen, upd, changes = report.step_seconds, report.update_seconds, {}
+    limit, rounds, group = config.max_new_tokens, config.max_gen_rounds, config.group_size
+    fits = lambda: int(60 * config.minutes // max(gen + upd, 1e-6))  # noqa: E731
+    report.steps_fit = report.steps_before = fits()
+    if report.steps_fit >= MIN_STEPS or not config.adapt:
+        return {}
+    answer = report.answer_limit
+    if "max_new_tokens" in adaptable and answer is not None and answer < limit:
+        gen *= answer / limit
+        if report.sample_lengths:  # the update pays for the tokens the samples keep under the new limit
+            upd *= mean_tokens(report.sample_lengths, answer) / max(mean_tokens(report.sample_lengths, limit), 1e-9)
+        changes["max_new_tokens"] = answer
+        report.adapted.append(f"step budget: max_new_tokens {limit} -> {answer} (what a correct answer needs)")
+    if fits() < MIN_STEPS and "max_gen_rounds" in adaptable and config.filter_groups and rounds > 1:
+        needed = min(rounds, math.ceil(1 / report.varying_frac)) if report.varying_frac else rounds
+        fewer = max(1, min(needed - 1, rounds - 1))
+        gen *= fewer / max(needed, 1)
+        changes["max_gen_rounds"] = fewer
+        report.adapted.append(f"step budget: max_gen_rounds {rounds} -> {fewer}")
+    if fits() < MIN_STEPS and "group_size" in adaptable and group > MIN_GROUP and not config.batch_size:
+        smaller = max(MIN_GROUP, group // 2)
+        gen, upd = gen * smaller / group, upd * smaller / group
+        changes["group_size"] = smaller
+        report.adapted.append(f"step budget: group_size {group} -> {smaller}")
+    report.steps_fit = fits()
+    return changes

@@ -1,0 +1,118 @@
+"""The package's modules import one another without a circle: not at load time, not inside a function,
+not under ``if TYPE_CHECKING`` (a type-only circle still ties two modules into one that cannot be read or
+tested apart). Importing a submodule initialises its parent package first; that edge is Python's, not the
+code's, and is not counted."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+GRPO = Path(__file__).resolve().parents[1] / "grpo"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST, name: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The package's modules that a module imports anywhere in its text (``from grpo.x import y`` counts
+    grpo.x.y when that is a module, else grpo.x)."""
+    here = name if is_package else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, up level - 1
+                up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            for alias in node.names:
+                out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {m for m in out if m in modules and m != name}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    modules = set(paths)
+    return {name: imported(ast.parse(path.read_text()), name, path.name == "__init__.py", modules)
+            for name, path in paths.items()}
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports (its modules in order, the first repeated at the end), or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack = [(start, iter(sorted(graph[start])))]
+        if start in done:
+            continue
+        path.append(start), on_path.add(start)
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop(), path.pop(), on_path.discard(node), done.add(node)
+            elif child in on_path:
+                return [*path[path.index(child):], child]
+            elif child not in done:
+                stack.append((child, iter(sorted(graph[child]))))
+                path.append(child), on_path.add(child)
+    return None
+
+
+def test_no_module_of_the_package_imports_itself_round_a_circle():
+    circle = find_circle(import_graph(GRPO))
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+def test_a_circle_is_found_even_when_one_edge_is_type_only(tmp_path):
+    pkg = tmp_path / "grpo"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from grpo.sub.c import C\n")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from grpo.b import B\n")
+    (pkg / "b.py").write_text("def f():\n    from grpo.sub import c\n")
+    (pkg / "sub" / "c.py").write_text("from .. import a\n")
+    assert find_circle(import_graph(pkg)) == ["grpo.a", "grpo.b", "grpo.sub.c", "grpo.a"]
+    (pkg / "sub" / "c.py").write_text("import grpo.sub\n")  # a submodule importing its own package: a circle
+    assert find_circle(import_graph(pkg)) == ["grpo.sub.c", "grpo.sub", "grpo.sub.c"]
+    (pkg / "sub" / "c.py").write_text("")
+    assert find_circle(import_graph(pkg)) is None
+
+
+def test_the_trainer_hands_the_phases_no_forwarding_methods():
+    """The phases are module functions that take plain values (grpo/sides.py); the trainer's public
+    methods are the run's own, none a round trip that hands ``self`` to a phase that reads it back."""
+    from grpo.trainer import GRPOTrainer
+
+    public = {name for name, value in vars(GRPOTrainer).items() if not name.startswith("_") and callable(value)}
+    assert public == {"step", "train", "close", "checkpoint_parts"}
+    properties = [name for name, value in vars(GRPOTrainer).items() if isinstance(value, property)]
+    assert properties == []
+
+
+def test_the_config_is_assigned_once_when_the_trainer_is_built(tmp_path, monkeypatch):
+    """What the steps read of the config is settled when the trainer is built: a run (with no pre-flight
+    check to fit it) never assigns trainer.config again."""
+    from tiny_run import tiny_trainer
+
+    from grpo.trainer import GRPOTrainer
+
+    assigned = []
+    setattr_ = GRPOTrainer.__setattr__
+
+    def watch(self, name, value):
+        if name == "config":
+            assigned.append(value)
+        setattr_(self, name, value)
+
+    monkeypatch.setattr(GRPOTrainer, "__setattr__", watch)
+    trainer = tiny_trainer(steps=2)
+    assert len(assigned) == 1
+    trainer.train(tmp_path / "run")
+    trainer.close()
+    assert len(assigned) == 1 and trainer.config is assigned[0]
