@@ -8,8 +8,10 @@ import copy
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -187,3 +189,12 @@ def step_budget(report: PreflightReport, config: object, adaptable: Collection[s
         report.adapted.append(f"step budget: group_size {group} -> {smaller}")
     report.steps_fit = fits()
     return changes
+
+
+def default_run_dir(config: TrainConfig) -> Path:
+    """--output, else runs/<time>-<the data file's or folder's name, or the task's>."""
+    if config.output:
+        return Path(config.output)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(config.data.rstrip("/")).stem) if config.data else config.task
+    return Path("runs") / f"{stamp}-{name or config.task}"

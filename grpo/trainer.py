@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -65,7 +64,15 @@ from grpo.prompts import run_prompts, run_task, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.screen import make_screen
-from grpo.setup import RewardFn, build_engine, build_policy, build_scorer, load_model, preflight_verdict
+from grpo.setup import (
+    RewardFn,
+    build_engine,
+    build_policy,
+    build_scorer,
+    default_run_dir,
+    load_model,
+    preflight_verdict,
+)
 from grpo.sides import Learner, Sampling
 from grpo.source import batch_source
 from grpo.step_metrics import (
@@ -365,13 +372,6 @@ class GRPOTrainer:
         """The latest step's highest-scoring completions, for the checker-suspected alarm."""
         shown = "; ".join(f"{r:.2f} for {text!r}" for r, text in self.top_completions)
         return f"; top-scoring completions: {shown}" if shown else ""
-
-
-def default_run_dir(config: TrainConfig) -> Path:
-    if config.output:
-        return Path(config.output)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{config.task}"
 
 
 def train(

@@ -1,5 +1,7 @@
 """Tiny-model runs of the whole loop that assert outcomes."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -233,3 +235,12 @@ def test_each_minibatch_is_normalised_by_its_own_tokens_and_sequences(tokenizer,
     assert len(by_minibatch) == 2, by_minibatch
     for (total_tokens, total_sequences), (tokens, sequences) in by_minibatch.items():
         assert (total_tokens, total_sequences) == (tokens, sequences)
+
+
+def test_a_runs_default_folder_is_named_after_its_data_file_or_its_task():
+    from grpo.trainer import default_run_dir
+
+    assert default_run_dir(TrainConfig(data="/tmp/my rows.jsonl")).name.endswith("-my-rows")
+    assert default_run_dir(TrainConfig(data="rows/")).name.endswith("-rows")
+    assert default_run_dir(TrainConfig(task="countdown")).name.endswith("-countdown")
+    assert default_run_dir(TrainConfig(output="here")) == Path("here")

@@ -197,7 +197,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if world.is_main:
         print(
             f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
-            f"over {summary['steps']} steps in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
+            f"over {summary['steps']} step{'s' if summary['steps'] != 1 else ''} in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
         )
         if summary.get("stopped_early"):
             print(f"stopped early after step {summary['steps']} of {summary['steps_planned']}: {summary['stopped_early']}")
