@@ -367,8 +367,10 @@ def _announce(sampling: Sampling, started: float | None) -> None:
         return
     if started is not None:
         print(f"pre-flight: vLLM started in {started:.0f} s (not counted in the generation estimate)", flush=True)
-    print(f"pre-flight: sampling {cfg.group_size} completions for each of {cfg.preflight_prompts} training prompts "
-          f"at <= {cfg.max_new_tokens} tokens; prompt format {cfg.prompt_format}, {describe_stops(cfg.stop)} "
+    more = (f" (up to {cfg.max_gen_rounds} rounds of new prompts while no group varies)"
+            if cfg.max_gen_rounds > 1 else "")
+    print(f"pre-flight: sampling {cfg.group_size} completions for each of {cfg.preflight_prompts} training prompts"
+          f"{more} at <= {cfg.max_new_tokens} tokens; prompt format {cfg.prompt_format}, {describe_stops(cfg.stop)} "
           "(--no-preflight skips this)", flush=True)
 
 

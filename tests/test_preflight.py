@@ -485,3 +485,16 @@ def test_the_step_budget_through_grpo_train_changes_only_what_the_user_left(tmp_
     assert (config["group_size"], config["max_gen_rounds"]) == (8, 4) and report["adapted"] == []
     assert "steps fit in 0.001 minutes" in out and "->" not in "".join(
         line for line in out.splitlines() if line.startswith("step budget"))
+
+
+def test_the_announcement_says_that_rounds_of_new_prompts_follow_while_no_group_varies(capsys):
+    """A check of 16 prompts that found no varying group samples 64 (4 rounds): the first line says it may."""
+    from types import SimpleNamespace
+
+    from grpo.preflight import _announce
+
+    world = SimpleNamespace(is_main=True)
+    _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=4), world=world), None)
+    assert "up to 4 rounds of new prompts while no group varies" in capsys.readouterr().out
+    _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=1), world=world), None)
+    assert "rounds" not in capsys.readouterr().out
