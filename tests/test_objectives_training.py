@@ -79,7 +79,7 @@ RUNS = [{"objective": o} for o in OBJECTIVES] + [
 def test_each_objective_and_estimator_raises_held_out_accuracy_on_add(setting, tmp_path):
     """10 steps on `add` at each objective's recommended settings, and under each estimator, raise held-out greedy
     accuracy by 15 points (opt-in, not in CI: tens of minutes; measured 2026-12-03: the objectives +43.8 to +54.7
-    points, rloo, reinforce_pp and reinforce_pp_baseline +45.3 to +48.4, docs/objectives.md)."""
+    points, the four estimators +45.3 to +48.4, docs/objectives.md)."""
     from grpo import train
 
     name = next(iter(setting.values()))
