@@ -110,10 +110,10 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
     setup_process(config)
     trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
                           task=Task("tiny", rows[:16], rows[16:], reward), progress=False)
-    trainer.engine = Recorder(trainer)
+    engine = trainer.sampling.engine = Recorder(trainer)  # the sampling side (grpo/sides.py) holds the engine
     m = trainer.step(1)
     assert m["optimizer_steps"] == 1
-    events = trainer.engine.events
+    events = engine.events
     assert events[-2:] == ["sleep", "push"] and set(events[:-2]) == {"generate"}, events
     # the gradients were freed before the engine woke for the push (their memory goes back to it)
     assert all(p.grad is None for p in trainer.model.parameters())
