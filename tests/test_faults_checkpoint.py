@@ -111,13 +111,17 @@ def wait_for_a_write(checkpoints: Path, proc: subprocess.Popen, step: int, timeo
         time.sleep(0.02)
 
 
+def start_slow_writes(tmp_path, model, monkeypatch):
+    """A one-process run whose checkpoint files take a second each to write; its checkpoints folder."""
+    monkeypatch.setitem(ENV, "FAULT", "slow")
+    return start(folder(tmp_path), model, *ARGS, runner=("patched.py",)), tmp_path / "run" / "checkpoints"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_a_checkpoint_write_stops_after_the_next_step_and_resumes_as_straight(
         tmp_path, straight, monkeypatch, sig):
     model, once = straight
-    monkeypatch.setitem(ENV, "FAULT", "slow")
-    proc = start(folder(tmp_path), model, *ARGS, runner=("patched.py",))
-    checkpoints = tmp_path / "run" / "checkpoints"
+    proc, checkpoints = start_slow_writes(tmp_path, model, monkeypatch)
     try:
         wait_for_a_write(checkpoints, proc, 1)
         proc.send_signal(sig)  # in the middle of writing checkpoint 1 (three files, a second each)
@@ -138,9 +142,7 @@ def test_a_signal_during_a_checkpoint_write_stops_after_the_next_step_and_resume
 def test_sigkill_in_the_middle_of_a_checkpoint_write_resumes_from_the_one_before_as_straight(
         tmp_path, straight, monkeypatch):
     model, once = straight
-    monkeypatch.setitem(ENV, "FAULT", "slow")
-    proc = start(folder(tmp_path), model, *ARGS, runner=("patched.py",))
-    checkpoints = tmp_path / "run" / "checkpoints"
+    proc, checkpoints = start_slow_writes(tmp_path, model, monkeypatch)
     try:
         wait_for_a_write(checkpoints, proc, 2)
         deadline = time.monotonic() + 60
