@@ -90,14 +90,14 @@ def _inherit_source(args: argparse.Namespace, run: dict) -> None:
     or data file's split, or its --eval-data file's first rows) with its --rewards. ``args.own`` says that
     eval scores the run's own held-out rows (given or inherited), built as training built them; on a split,
     never wider than the run's: the split is a fixed shuffle's first rows, a wider one holds trained prompts."""
+    source = run.get("eval_data") or run.get("data", "") if run else ""  # where the run's held-out rows came from
     if run and args.task is None and not args.data:
-        args.task, args.data = run.get("task", "add"), run.get("eval_data") or run.get("data", "")
+        args.task, args.data = run.get("task", "add"), source
         args.rows = "first" if run.get("eval_data") else args.rows
         if not args.rewards and run.get("rewards"):
             args.rewards, args.reward_weights = list(run["rewards"]), list(run.get("reward_weights") or [])
             args.reward_style = run.get("reward_style", "auto")
     args.task = args.task or "add"
-    source = run.get("eval_data") or run.get("data", "") if run else ""
     args.own = bool(run) and args.task == run.get("task", "add") and (
         _same_file(args.data, source) if source else not args.data) and (bool(run.get("eval_data")) or args.rows == "heldout")
     run_size = run.get("eval_size") if args.own and isinstance(run.get("eval_size"), int) else None
