@@ -184,6 +184,18 @@ def no_signal(signal: Sequence[float], cfg: AlarmConfig) -> str | None:
             "--max-new-tokens, or a reward with partial credit")
 
 
+def little_signal(signal: Sequence[float], raised: Sequence[str], cfg: AlarmConfig) -> str | None:
+    """The end of a run that trained on (next to) nothing, in one line, where ``no_signal`` did not fire
+    (a run shorter than its ``no_signal_steps``, or one whose few varying steps broke its count): the
+    steps' mean share of varying groups (``signal_frac``) under the alarm's own ``signal_min``."""
+    if not signal or "no_signal" in raised or float(np.mean(signal)) >= cfg.signal_min:
+        return None
+    varied = sum(s > 0 for s in signal)
+    return (f"little signal: {varied or 'none'} of the {len(signal)} steps trained on a group whose rewards "
+            f"differ (on average {float(np.mean(signal)):.0%} of the batch's groups), so next to nothing was "
+            "learned; what to do: docs/alarms.md, no_signal")
+
+
 def _line_ends(values: Sequence[float], steps: Sequence[float]) -> tuple[float, float]:
     """The least-squares line's values at the first and the last of ``steps``."""
     slope, intercept = np.polyfit(np.asarray(steps, dtype=float), np.asarray(values, dtype=float), 1)

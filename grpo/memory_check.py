@@ -239,10 +239,10 @@ def trainer_prediction(sampling: object, lengths: Sequence[int] = (),
         free, total = torch.cuda.mem_get_info(sampling.device)
         # what the process holds already is its own, not another's: free plus its reserve
         device = Device("cuda", sampling.world.size, free + torch.cuda.memory_reserved(sampling.device), total)
-    else:
-        available = mem_available()
-        device = Device("cpu", sampling.world.size, None if available is None else available // sampling.world.size,
-                        mem_total())
+    else:  # an equal share for each process on this host, plus what it holds: its weights are loaded by now
+        free, local = mem_available(), int(os.environ.get("LOCAL_WORLD_SIZE", sampling.world.size))
+        share = None if free is None else free // local + resident()
+        device = Device("cpu", sampling.world.size, share, mem_total())
     pool = getattr(getattr(sampling, "toolbox", None), "pool", None)
     run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
     model = model_shape(raw)
@@ -254,6 +254,28 @@ def trainer_prediction(sampling: object, lengths: Sequence[int] = (),
         return worst, device.available
     at_lengths = predict(model, dataclasses.replace(run, completion_tokens=measured), device)
     return dataclasses.replace(at_lengths, worst=worst.peak if worst.peak != at_lengths.peak else 0), device.available
+
+
+def resident() -> int:
+    """This process's resident set now, in bytes (/proc/self/statm; 0 off Linux)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def memory_line(pred: Prediction, available: int | None) -> str:
+    """Pre-flight's memory line, with a warning when a process's predicted peak (CUDA: its reserve) is over
+    what is available to it (trainer_prediction: its share of what is free plus what it holds). The
+    processes beside it (reward and tool workers, vLLM) are running by then, out of what is free already;
+    the weight push's buffer is not yet. Too late to adapt (the pre-load check does): it names the largest
+    term and the option that shrinks it, as the check's refusal does."""
+    line, need = pred.describe(available), max(pred.peak, pred.reserved) + pred.others.get("push_buffer", 0)
+    if available is None or need <= available:
+        return line
+    name, size = max(pred.terms.items(), key=lambda kv: kv[1])
+    return (f"{line}; warning: over what is available by {gib(need - available)}, so the run may be killed for "
+            f"memory: the largest term is {name} ({gib(size)}): shrink it with {SHRINKS.get(name, name)}")
 
 
 def measured_peak(device_type: str) -> int:

@@ -41,7 +41,7 @@ import torch
 from grpo.algorithm import group_varies
 from grpo.batch import row_errors, sample_and_score
 from grpo.evaluate import check_all
-from grpo.memory_check import trainer_prediction
+from grpo.memory_check import memory_line, trainer_prediction
 from grpo.sides import Learner, Sampling
 
 if TYPE_CHECKING:
@@ -360,13 +360,11 @@ def _sample_round(
     out.metrics.append(metrics)
 
 
-def _announce(sampling: Sampling, started: float | None) -> None:
-    """What the check is about to do (rank 0 prints), and vLLM's start-up apart from it."""
+def _announce(sampling: Sampling) -> None:
+    """What the check is about to do (rank 0 prints; the vLLM engine says its own start and its seconds)."""
     cfg = sampling.config
     if not sampling.world.is_main:
         return
-    if started is not None:
-        print(f"pre-flight: vLLM started in {started:.0f} s (not counted in the generation estimate)", flush=True)
     more = (f" (up to {cfg.max_gen_rounds} rounds of new prompts while no group varies)"
             if cfg.max_gen_rounds > 1 else "")
     print(f"pre-flight: sampling {cfg.group_size} completions for each of {cfg.preflight_prompts} training prompts"
@@ -406,9 +404,9 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
     same generator, so under torchrun all reach the same verdict. ``fit``: fit a token limit;
     ``tuned_limit``: the task's own limit is in use (a problem of its own when most completions hit it).
     """
-    started = start_engine(sampling.engine)  # before the clock: vLLM's start-up is not generation
+    start_engine(sampling.engine)  # before the clock: vLLM's start-up is not generation
     cfg, start, g = sampling.config, time.perf_counter(), sampling.config.group_size
-    _announce(sampling, started)
+    _announce(sampling)
     order = draw_prompts(len(sampling.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
     generator = torch.Generator(device=sampling.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
@@ -440,7 +438,7 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
         report.sample_lengths = list(samples.lengths)
     prediction, available = trainer_prediction(sampling, samples.lengths, samples.truncated)
     if prediction is not None:
-        report.memory, report.memory_line = prediction.to_dict(available), prediction.describe(available)
+        report.memory, report.memory_line = prediction.to_dict(available), memory_line(prediction, available)
         report.memory["prompt_tokens"] = max((len(p) for p in sampling.train_prompts), default=0)
     answer = fit_token_limit(samples.lengths, samples.truncated, [False] * len(samples.lengths),
                              cfg.max_new_tokens, reach=samples.reach, answer_lengths=samples.answer_lengths)

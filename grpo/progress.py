@@ -7,6 +7,7 @@ machine with torch and transformers alone) the trainer prints plain lines.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -56,8 +57,9 @@ def errored_line(step: int, metrics: dict[str, float]) -> str | None:
             "out of the loss and of their groups' statistics (errored/* in metrics.jsonl)")
 
 
-def _bars() -> object | None:
-    """rich's Progress with the trainer's columns, or None when rich is not installed."""
+def _bars(stderr: bool = False) -> object | None:
+    """rich's Progress with the trainer's columns (on stderr when ``stderr``), or None when rich is not
+    installed."""
     try:
         from rich.progress import (
             BarColumn,
@@ -69,10 +71,29 @@ def _bars() -> object | None:
         )
     except ImportError:
         return None
+    from rich.console import Console
+
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        console=Console(stderr=True) if stderr else None,
     )
+
+
+@contextmanager
+def eval_progress(total: int, said: str | None) -> Iterator[Callable[[int], None]]:
+    """`grpo eval`'s line ``said`` and its bar over its ``total`` completions, on stderr (stdout holds the
+    result alone: pure JSON with --json); yields the callback that advances the bar. ``said`` None
+    (--no-progress): neither; without rich: the line alone."""
+    if said is not None:
+        print(said, file=sys.stderr, flush=True)
+    bars = _bars(stderr=True) if said is not None else None
+    if bars is None:
+        yield lambda n: None
+        return
+    with bars:
+        task = bars.add_task("eval", total=total, info="held-out")
+        yield lambda n: bars.advance(task, n)
 
 
 class StepProgress:

@@ -106,7 +106,7 @@ def build_engine(config: TrainConfig, world: World, device: torch.device, model:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cpus = cpu_share(world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
     engine = VLLMEngine(model, tokenizer, python=config.vllm_python, memory=config.vllm_memory,
-                        seed=config.seed, max_model_len=longest, cpus=cpus,
+                        seed=config.seed, max_model_len=longest, cpus=cpus, announce=world.is_main,
                         sleep=config.vllm_sleep and device.type == "cuda" and not config.async_lag,
                         bucket_mb=config.vllm_bucket_mb)  # sampling ahead: vLLM works while the policy trains
     if world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from grpo.alarms import AlarmConfig, AlarmMonitor
+from grpo.alarms import AlarmConfig, AlarmMonitor, little_signal
 from grpo.algorithm import group_varies
 from grpo.batch import ERROR_CAUSES, Batch
 from grpo.distributed import World
@@ -276,6 +276,10 @@ class RunLog:
             self.bar.warn(step, text)
         if self.logger is not None:
             self.logger.log(step, metrics)
+
+    def little_signal(self) -> str | None:
+        """The run's end line when it trained on next to nothing and ``no_signal`` did not say so."""
+        return little_signal(self.monitor.series.get("signal_frac", []), list(self.raised), self.monitor.config)
 
     def step(self, step: int, metrics: dict[str, float], *, steps: int, log_every: int) -> None:
         """A training step's record, its progress bar, and its console lines (every log_every steps, and

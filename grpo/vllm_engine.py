@@ -128,9 +128,10 @@ class VLLMEngine:
     """
 
     def __init__(self, model: nn.Module, tokenizer: object, *, python: str = "", memory: float = 0.1,
-                 seed: int = 0, max_model_len: int = 4096, extra: dict | None = None,
+                 seed: int = 0, max_model_len: int = 4096, extra: dict | None = None, announce: bool = False,
                  cpus: str = "", sleep: bool = False, bucket_mb: float = BUCKET_MB) -> None:
         self.python = find_python(python)
+        self._say = print if announce else lambda text, **_: None  # the start and the ready line (rank 0's)
         self.sleep_mode = sleep  # vLLM's sleep mode (CUDA only): see sleep()
         self.sleeping: list[str] = []  # what vLLM has put to sleep and not woken yet: "weights", "kv_cache"
         self.cpus = cpus  # the cores vLLM's CPU backend binds its threads to ("0-3"); empty: every core
@@ -150,8 +151,7 @@ class VLLMEngine:
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.lora: tuple[str, int, str] | None = None  # the adapter version sampled with: (name, id, folder)
-        self.versions = 0
-        self.start_seconds = 0.0
+        self.versions, self.start_seconds = 0, 0.0
         self.failed = False  # the log is kept for the error message that names it
         self._model = model  # what start() writes for vLLM to load; dropped once started
         self._state: dict[str, Tensor] | None = None  # its gathered weights, when it is sharded (FSDP)
@@ -162,16 +162,16 @@ class VLLMEngine:
     # ---- start and stop ----
 
     def start(self) -> None:
-        """Write the model for vLLM, start the worker, wait until vLLM is ready (tens of seconds)."""
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + START_SECONDS["cpu" if self.cuda_device is None else "cuda"]
-        folder = self.dir / "model"
-        model = self._model
+        """Write the model for vLLM, start the worker, wait until vLLM is ready (tens of seconds, on a busy
+        CPU many minutes): a line says when it starts, with its limit and log, and one when it is ready."""
+        t0, limit = time.perf_counter(), START_SECONDS["cpu" if self.cuda_device is None else "cuda"]
+        deadline = time.monotonic() + limit
+        self._say(f"vLLM: starting, which may take minutes (limit {limit} s; log: {self.log})", flush=True)
+        folder, model = self.dir / "model", self._model
         base = model.get_base_model() if self.lora_rank else model  # the config vLLM loads: the base's
         _write_model(folder, base, base_weights(model, self._state))
         self.tokenizer.save_pretrained(folder)
-        address = str(self.dir / "socket")
-        key = secrets.token_bytes(32)
+        address, key = str(self.dir / "socket"), secrets.token_bytes(32)
         # not torchrun's variables: vLLM sets up torch.distributed for itself, and an inherited rank, world
         # or agent store would have it join the trainer's world instead
         inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith("TORCHELASTIC_")}
@@ -197,6 +197,7 @@ class VLLMEngine:
             self.push(model)  # the initial adapter (LoRA's B is zero: the base model's outputs)
         self._model = self._state = None
         self.start_seconds = time.perf_counter() - t0
+        self._say(f"vLLM: ready in {self.start_seconds:.0f} s", flush=True)
 
     def _connect(self, address: str, key: bytes, deadline: float) -> Connection:
         while time.monotonic() < deadline:

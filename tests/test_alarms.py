@@ -102,6 +102,15 @@ def test_no_signal_fires_after_no_signal_steps_low_steps_in_a_row():
     assert first.get("no_signal") == 10
 
 
+def test_a_run_that_trained_on_next_to_nothing_says_so_at_its_end_unless_no_signal_did():
+    # 4 steps, none varying: too few for no_signal (5 in a row); 1 of 4 varying: a mean of 12.5%, under 25%
+    assert alarms.little_signal([0.0] * 4, [], CFG).startswith("little signal: none of the 4 steps")
+    said = alarms.little_signal([0.0, 0.5, 0.0, 0.0], [], CFG)
+    assert said.startswith("little signal: 1 of the 4 steps") and "docs/alarms.md, no_signal" in said
+    assert alarms.little_signal([0.0] * 6, ["no_signal"], CFG) is None  # the alarm said it already
+    assert alarms.little_signal([0.25] * 4, [], CFG) is None and alarms.little_signal([], [], CFG) is None
+
+
 def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch):
     # measured on a multiplication file: stall, then checker_suspected, then stall again, each on for
     # fewer than two evaluations; the run learned nothing and must stop, with the alarm that is on now

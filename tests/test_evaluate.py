@@ -79,6 +79,33 @@ def test_cli_eval_rejects_k_above_samples(capsys):
     assert "--k must lie in 1..--samples (2)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_cli_eval_shows_progress_on_stderr_keeps_json_stdout_pure_and_takes_threads(capsys, monkeypatch, progress):
+    """A line and a bar over its prompts on stderr while it runs (off with --no-progress); --json's stdout is
+    the one JSON line; --threads reaches torch, as grpo train's does."""
+    import torch
+
+    from grpo.cli import main
+
+    tokenizer = make_tokenizer()
+    policy = type("P", (), {"tokenizer": tokenizer, "model": make_model(len(tokenizer), seed=3)})()
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy", lambda name, device: policy)
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    argv = ["eval", "--task", "add", "--eval-size", "4", "--samples", "2", "--k", "1", "2", "--max-new-tokens", "4",
+            "--device", "cpu", "--threads", "3", "--json"]
+    assert main(argv + ([] if progress else ["--no-progress"])) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and json.loads(out)["heldout_size"] == 4
+    assert threads == [3]
+    if progress:  # greedy then the samples: the bar counts each prompt once a pass
+        assert "grpo eval: 4 held-out prompts, greedy then 2 samples each, at most 4 tokens" in err
+        assert "8/8" in err, err
+    else:
+        assert err == ""
+
+
 def test_config_rejects_eval_k_above_eval_samples():
     from grpo.config import ConfigError, TrainConfig
 

@@ -264,6 +264,36 @@ def test_the_prediction_beside_the_first_step_uses_preflight_lengths_and_keeps_t
     assert cut.peak == worst.peak and cut.worst == 0
 
 
+def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(monkeypatch):
+    """Under torchrun, 2 processes on this host: each one's predicted peak against its half of what is free
+    plus what it holds already (its weights loaded before the check; MemAvailable no longer counts them).
+    Over that, the line warns and names the largest term's option, as the check before loading refuses."""
+    from types import SimpleNamespace
+
+    import grpo.memory_check as mc
+    from grpo.memory import GIB
+    from grpo.memory_check import memory_line
+
+    trainer = _trainer(_config())
+    trainer.world = SimpleNamespace(size=2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(mc, "resident", lambda: GIB)
+    monkeypatch.setattr(mc, "mem_available", lambda: 0)
+    peak = trainer_prediction(trainer)[0].peak
+    assert peak > GIB
+    monkeypatch.setattr(mc, "mem_available", lambda: 2 * (peak - GIB))  # room for both processes to grow
+    pred, available = trainer_prediction(trainer)
+    assert pred.per_process and available == peak and "warning" not in memory_line(pred, available)
+    monkeypatch.setattr(mc, "mem_available", lambda: 2 * (peak - GIB) - GIB)  # half a GiB short for each
+    pred, available = trainer_prediction(trainer)
+    line = memory_line(pred, available)
+    assert line.startswith("memory: each process's predicted peak") and available == peak - GIB // 2
+    assert "; warning: over what is available by 0.50 GiB, so the run may be killed for memory" in line
+    assert "shrink it with" in line
+    trainer.world = SimpleNamespace(size=4)  # two hosts of 2: the share is this host's half
+    assert trainer_prediction(trainer)[1] == peak - GIB // 2
+
+
 def test_the_output_layers_gradient_is_made_while_every_activation_is_alive():
     # backward starts at the output layer: its gradient (4 V H) exists beside all of one micro-batch's
     # activations; the layers' gradients come as those go. A vocabulary of 10,000 (Gemma-like, V H is

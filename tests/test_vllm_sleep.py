@@ -4,6 +4,8 @@ vLLM's CPU build has no sleep mode, so this checks the trainer-side protocol
 with the worker's replies stubbed: what is sent, in which order.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -153,6 +155,44 @@ def test_a_start_past_its_deadline_fails_with_the_log_named(tmp_path):
     with pytest.raises(EngineError, match=r"did not start in 480 s \(log: .*vllm.log\)"):
         engine._call({"model": "m"}, deadline=time.monotonic() + 1.5)
     assert engine.failed  # the log is kept
+
+
+def _starting(tmp_path, monkeypatch, announce: bool, ready: bool) -> VLLMEngine:
+    """An engine whose start() runs with no worker: nothing written, no process, the worker's replies
+    stubbed (ready, or past its deadline)."""
+    import grpo.vllm_engine as ve
+
+    for name in ("_write_model", "_shutdown"):  # no model files; no process group to end
+        monkeypatch.setattr(ve, name, lambda *a: None)
+    monkeypatch.setattr(ve, "base_weights", lambda *a: None)
+    monkeypatch.setattr(ve.subprocess, "Popen", lambda *a, **k: type("Worker", (), {"pid": -1})())
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine._say = print if announce else lambda text, **_: None
+    engine.cuda_device, engine.lora_rank, engine.log, engine.dir = None, 0, tmp_path / "vllm.log", tmp_path
+    engine._model = engine._state = None
+    engine.tokenizer = type("Tokenizer", (), {"save_pretrained": lambda self, folder: None})()
+    engine.python, engine.cpus, engine._finalizer = "python", "", type("Finalizer", (), {"detach": lambda self: None})()
+    engine.dtype, engine.seed, engine.memory, engine.max_model_len = "float32", 0, 0.1, 64
+    engine.sleep_mode, engine.extra, engine.failed = False, {}, False
+    engine._connect = lambda address, key, deadline: object()
+    engine._call = (lambda message, **_: None) if ready else lambda message, **_: (_ for _ in ()).throw(
+        ve.EngineError(engine._too_slow()))
+    return engine
+
+
+def test_the_start_says_it_may_take_minutes_its_limit_and_log_then_when_it_is_ready(tmp_path, monkeypatch, capsys):
+    from grpo.vllm_engine import START_SECONDS, EngineError
+
+    _starting(tmp_path, monkeypatch, announce=True, ready=True).start()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"vLLM: starting, which may take minutes (limit {START_SECONDS['cpu']} s; "
+                      f"log: {tmp_path / 'vllm.log'})")
+    assert len(out) == 2 and re.fullmatch(r"vLLM: ready in \d+ s", out[1])
+    with pytest.raises(EngineError, match="did not start in 900 s"):  # the start line came before the error
+        _starting(tmp_path, monkeypatch, announce=True, ready=False).start()
+    assert capsys.readouterr().out.startswith("vLLM: starting")
+    _starting(tmp_path, monkeypatch, announce=False, ready=True).start()  # another rank's engine: silent
+    assert capsys.readouterr().out == ""
 
 
 def test_a_full_push_sends_every_weight_through_one_shared_buffer_a_layer_never_split(tmp_path):

@@ -145,19 +145,8 @@ def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
     return weighted_reward(fns, [check_style(fn, args.reward_style) for fn in fns], args.reward_weights or None)
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    import torch
-
-    from grpo.config import settle_config
-    from grpo.episodes import make_agent
-    from grpo.evaluate import evaluate
-    from grpo.models import check_model, load_policy
-    from grpo.process import pick_device
-    from grpo.prompts import run_prompts, run_task, settle_format
-    from grpo.rewards import combine_rewards
-
-    run = _run_config(args.model)
-    _inherit_source(args, run)
+def _check_args(args: argparse.Namespace) -> None:
+    """The options' values, each refused in one line before the model loads."""
     if args.eval_size <= 0 or args.max_new_tokens < 0:
         raise ConfigError("--eval-size must be positive and --max-new-tokens >= 0")
     if args.reward_timeout <= 0:
@@ -166,7 +155,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--k must lie in 1..--samples ({args.samples}), got {args.k}")
     if args.temperature <= 0 and args.samples:
         raise ConfigError(f"--temperature must be > 0 to sample (--samples {args.samples}), got {args.temperature}")
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be >= 0, got {args.threads}")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from grpo.config import settle_config
+    from grpo.episodes import make_agent
+    from grpo.evaluate import evaluate
+    from grpo.models import check_model, load_policy
+    from grpo.process import pick_device
+    from grpo.progress import eval_progress
+    from grpo.prompts import run_prompts, run_task, settle_format
+    from grpo.rewards import combine_rewards
+
+    run = _run_config(args.model)
+    _inherit_source(args, run)
+    _check_args(args)
     check_model(args.model)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     # prompts as the run rendered them (its format, template, system prompt, few-shot examples, stop
     # strings), each unless given here
     config = _eval_config(args, run)
@@ -188,12 +198,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=shaped.prompt_format,
                                          chat_template=shaped.chat_template, **same), task)
     agent, toolbox = make_agent(episodes, task, policy.tokenizer)
-    try:
-        result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
-                          max_new_tokens=limit, samples=args.samples, ks=args.k,
-                          temperature=args.temperature, stop_strings=shaped.stop,
-                          generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent,
-                          token_budget=int(run.get("micro_batch_tokens", TrainConfig.micro_batch_tokens)))
+    said = None if args.no_progress else (f"grpo eval: {len(prompts)} held-out prompts, greedy" + (
+        f" then {args.samples} samples each" if args.samples else "") + f", at most {limit} tokens a completion")
+    try:  # greedy, then the samples: each pass advances the bar by every prompt
+        with eval_progress((2 if args.samples else 1) * len(prompts), said) as advance:
+            result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
+                              max_new_tokens=limit, samples=args.samples, ks=args.k,
+                              temperature=args.temperature, stop_strings=shaped.stop,
+                              generator=torch.Generator(device=device).manual_seed(args.seed), agent=agent,
+                              token_budget=int(run.get("micro_batch_tokens", TrainConfig.micro_batch_tokens)),
+                              on_batch=advance)
     finally:
         reward.close()
         if toolbox is not None:

@@ -105,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds one checker call may take; past it the completion scores 0 (default: 30)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the samples (default: 0)")
     ev.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
-    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.add_argument("--threads", type=int, default=0, metavar="INT",
+                    help="CPU threads for torch, as in grpo train (default: 0, torch's default)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress line and bar (they go to stderr)")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON (alone on stdout)")
     report = sub.add_parser("report", help="plots and an HTML page for a run, or two side by side",
                          description="Write report.png and report.html into RUN_DIR (for two runs: "
                          "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")

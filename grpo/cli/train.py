@@ -195,13 +195,21 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         world.close()
     if world.is_main:
-        print(
-            f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
-            f"over {summary['steps']} step{'s' if summary['steps'] != 1 else ''} in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"
-        )
-        if summary.get("stopped_early"):
-            print(f"stopped early after step {summary['steps']} of {summary['steps_planned']}: {summary['stopped_early']}")
+        print("\n".join(end_lines(summary, run_dir)))
     return 0
+
+
+def end_lines(summary: dict, run_dir: Path) -> list[str]:
+    """What a run's end says: held-out accuracy before and after, why it stopped early, and (when no alarm
+    said so) that it trained on next to nothing."""
+    steps = summary["steps"]
+    lines = [f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
+             f"over {steps} step{'s' if steps != 1 else ''} in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"]
+    if summary.get("stopped_early"):
+        lines.append(f"stopped early after step {steps} of {summary['steps_planned']}: {summary['stopped_early']}")
+    if summary.get("little_signal"):
+        lines.append(summary["little_signal"])
+    return lines
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
