@@ -3,6 +3,7 @@
     B=8 python bench/memory_probe.py      # 8 groups of 8 rows: 45 prompt + 12 completion tokens each
     B=16 python bench/memory_probe.py     # twice the tokens: the difference is the activations a token
     CKPT=1 B=8 python bench/memory_probe.py   # with gradient checkpointing
+    CKPT=1 B=3 T=128 python bench/memory_probe.py   # long completions: a micro-batch of --max-new-tokens 128
 
 Prints VmHWM (the kernel's peak resident set, GiB) after the imports, the load of the embedded model,
 the forward and the backward, the peak reset between them. Random tokens; the weights are SmolLM2-135M's.
@@ -38,7 +39,7 @@ def main() -> None:
     Path("/proc/self/clear_refs").write_text("5")
     policy = load_policy("smollm2")
     print("load", status("VmHWM"), "rss", status("VmRSS"), flush=True)
-    b, g, p, t = int(os.environ.get("B", 8)), 8, 45, 12
+    b, g, p, t = int(os.environ.get("B", 8)), 8, 45, int(os.environ.get("T", 12))
     torch.manual_seed(0)
     prompts = [torch.randint(100, 1000, (p,)).tolist() for _ in range(b)]
     rollout = Rollout(prompt_ids=prompts, completion_ids=torch.randint(100, 1000, (b * g, t)),
