@@ -157,7 +157,8 @@ def sample_next(
         token = logits.argmax(dim=-1)
         logp = torch.log_softmax(logits, dim=-1)
     else:
-        logp = torch.log_softmax(logits / temperature, dim=-1)
+        # z / 1 is z exactly: at the default temperature the division is a pass over (n, V) that changes nothing
+        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
         kept = filter_logits(logp, top_k=top_k, top_p=top_p)
         probs = kept.softmax(dim=-1)
         if top_k > 0 or top_p < 1.0:  # the kept tokens' mass renormalised to 1, as the draw uses it
