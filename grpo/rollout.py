@@ -30,6 +30,7 @@ from grpo.forward import (
     positions,
     select_rows,
 )
+from grpo.heap import reuse_freed_memory
 from grpo.streams import stream_uniforms
 
 
@@ -156,7 +157,8 @@ def sample_next(
         token = logits.argmax(dim=-1)
         logp = torch.log_softmax(logits, dim=-1)
     else:
-        logp = torch.log_softmax(logits / temperature, dim=-1)
+        # z / 1 is z exactly: at the default temperature the division is a pass over (n, V) that changes nothing
+        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
         kept = filter_logits(logp, top_k=top_k, top_p=top_p)
         probs = kept.softmax(dim=-1)
         if top_k > 0 or top_p < 1.0:  # the kept tokens' mass renormalised to 1, as the draw uses it
@@ -244,7 +246,36 @@ def sample_turn(
     ``streams`` (n, 2): each row's random stream (grpo/streams.py), drawn at counter
     ``drawn`` (n,) + t for its t-th token (``drawn``: its episode's tokens in earlier turns,
     so no number is used twice); without it rows draw from ``generator``.
+    Freed blocks are reused while the turn runs (grpo/heap.py): each step frees and allocates the same
+    few dozen blocks of a few MB.
     """
+    with reuse_freed_memory():
+        return _sample_turn(decoder, lm_head, tokenizer, state, max_new_tokens=max_new_tokens, stops=stops,
+                            budget=budget, temperature=temperature, top_p=top_p, top_k=top_k,
+                            stop_strings=stop_strings, generator=generator, streams=streams, drawn=drawn,
+                            stop_early=stop_early, keep_paused=keep_paused)
+
+
+def _sample_turn(
+    decoder: nn.Module,
+    lm_head: nn.Module,
+    tokenizer: object,
+    state: DecodeState,
+    *,
+    max_new_tokens: int,
+    stops: Tensor,
+    budget: Tensor | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    stop_strings: tuple[str, ...],
+    generator: torch.Generator | None,
+    streams: Tensor | None,
+    drawn: Tensor | None,
+    stop_early: Callable[[int, int], bool] | None,
+    keep_paused: bool,
+) -> Turn:
+    """:func:`sample_turn`'s loop, one decode step a token."""
     device = state.attn.device
     cache, attn, next_pos, logits = state.cache, state.attn, state.next_pos, state.logits
     tokens, logprobs, lengths, stopped = _turn_buffers(attn.shape[0], max_new_tokens, tokenizer.pad_token_id, device)

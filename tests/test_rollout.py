@@ -340,3 +340,25 @@ def test_the_worker_asks_vllm_for_the_truncated_distributions_log_probs():
     options = worker.sampling_options(request)
     assert (options["temperature"], options["top_p"], options["top_k"], options["logprobs"]) == (0.7, 0.9, 5, 0)
     assert worker.sampling_options({**request, "top_k": 0})["top_k"] == -1  # vLLM's "no top-k"
+
+
+PINNED = {  # the tiny model's completions for streams (7, 1, 0, row), as sampled before the per-token work of issue 35
+    "plain": [[88, 43, 9, 30, 6, 86, 76, 32, 36, 41], [4, 100, 12, 41, 44, 72, 80, 7, 72, 84],
+              [60, 93, 52, 27, 12, 100, 96, 60, 75, 71], [14, 25, 99, 91, 73, 10, 10, 94, 10, 12],
+              [76, 97, 86, 44, 40, 66, 15, 95, 49, 76], [92, 78, 44, 86, 37, 5, 60, 16, 41, 101]],
+    "truncated": [[97, 65, 8, 11, 8, 83, 81, 26, 51, 21], [12, 100, 12, 26, 60, 60, 60, 12, 60, 60],
+                  [65, 97, 68, 39, 5, 88, 88, 50, 70, 57], [15, 17, 102, 98, 82, 12, 10, 98, 10, 9],
+                  [82, 98, 98, 50, 27, 79, 22, 91, 45, 68], [98, 83, 31, 83, 15, 13, 67, 8, 34, 97]],
+}
+
+
+@pytest.mark.parametrize("case,options", [("plain", {}), ("truncated", {"top_k": 20, "top_p": 0.9, "temperature": 0.7})])
+def test_a_fixed_stream_samples_the_pinned_completions(tiny_model, tokenizer, case, options):
+    """Making a token cheaper must not change which token is drawn: a run's numbers stay those of its seed."""
+    from grpo.streams import stream_keys
+
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)["input_ids"]
+               for q in ("1+2?", "What is 30+4?")]
+    r = generate(tiny_model, tokenizer, prompts, group_size=3, max_new_tokens=10,
+                 streams=stream_keys(7, 1, 0, torch.arange(6)), **options)
+    assert r.completion_ids.tolist() == PINNED[case]
