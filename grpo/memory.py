@@ -55,11 +55,12 @@ SAMPLING_LOGIT_COPIES = 3
 # the fp32 copy of the weight when the head runs in bf16; see grpo/logprobs.py.
 LOGIT_CHUNK_TOKENS = 256
 LOGIT_CHUNK_COPIES = 2
-# Gradient checkpointing keeps far more than each layer's input here: measured with bench/memory_probe.py
-# (SmolLM2-135M, 1128 tokens, docs/memory.md), the forward kept 1.19 GiB above the load with it against 2.21
-# GiB without, and the backward then added the gradients whole where without it they replace activations.
-# 0.5 is fitted to that one model and length (the rest of the gap is the layers' caches and attention state).
-CHECKPOINT_KEPT = 0.5
+# Gradient checkpointing's backward holds more than its count (the kept inputs and caches, the gradients
+# whole, the re-run layer's set and its gradients): measured with bench/memory_probe.py (SmolLM2-135M,
+# docs/memory.md) the surplus was 0.04 to 0.35 GiB at five sizes, growing with the completion's length at
+# equal tokens; not explained. This bounds it per completion token of the micro-batch: the largest of the
+# five, 0.35 GiB over 3,072 completion tokens (122 KB), rounded up. Measured on one model, on a CPU (fp32).
+CHECKPOINT_SURPLUS_PER_TOKEN = 125_000
 # Copies of the gradients a multi-process step's all-reduce makes on a CPU: the flat one and gloo's own.
 SYNC_COPIES_CPU = 2
 
@@ -321,17 +322,26 @@ def micro_batch_tokens(run: RunShape, groups: int) -> tuple[int, int]:
 
 def activation_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int, dtype_bytes: int) -> int:
     """Activations one micro-batch keeps for backward: tokens x L x (values per token per layer) x bytes
-    (``ModelShape.activation_floats_per_token``), and the prompt's KV cache repeated for each row. With
-    gradient checkpointing each layer keeps only its input (tokens x L x H) and one layer's full set is
-    alive while it is recomputed; but no less than CHECKPOINT_KEPT of the activations without it, what
-    was measured to stay alive (the layers' caches and their recompute's state, grpo/logprobs.py)."""
-    per_layer = tokens * model.activation_floats_per_token() * dtype_bytes
-    repeated_prompt = kv_cache_bytes(model, rows, run.prompt_tokens, dtype_bytes)
-    full = model.layers * per_layer + repeated_prompt
+    (``ModelShape.activation_floats_per_token``), and the prompt's KV cache repeated for each row.
+    With gradient checkpointing, ``checkpointed_bytes``."""
     if run.gradient_checkpointing:
-        inputs = tokens * model.layers * model.hidden * dtype_bytes + per_layer + repeated_prompt
-        return max(inputs, int(CHECKPOINT_KEPT * full))
-    return full
+        return checkpointed_bytes(model, run, tokens, rows, dtype_bytes)
+    per_layer = tokens * model.activation_floats_per_token() * dtype_bytes
+    return model.layers * per_layer + kv_cache_bytes(model, rows, run.prompt_tokens, dtype_bytes)
+
+
+def checkpointed_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int, dtype_bytes: int) -> int:
+    """What a checkpointed micro-batch holds at its backward's peak, counted from grpo/logprobs.py
+    ``_checkpointed`` and grpo/forward.py ``select_rows``: each layer's input (tokens x L x H), the KV
+    cache as the layers extend it (rows x (prompt + completion)), the prompt's cache repeated for each row
+    twice (the repeat, and ``select_rows``' copy kept as the re-run's ``before``); then, in backward, the
+    re-run layer's set and its gradients (2 x tokens x one layer's values), and the measured surplus
+    CHECKPOINT_SURPLUS_PER_TOKEN per completion token (rows x completion)."""
+    per_layer = tokens * model.activation_floats_per_token() * dtype_bytes
+    kept = (tokens * model.layers * model.hidden * dtype_bytes
+            + kv_cache_bytes(model, rows, run.prompt_tokens + run.completion, dtype_bytes)
+            + 2 * kv_cache_bytes(model, rows, run.prompt_tokens, dtype_bytes))
+    return kept + 2 * per_layer + CHECKPOINT_SURPLUS_PER_TOKEN * rows * run.completion
 
 
 def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,

@@ -9,6 +9,7 @@ import pytest
 
 from grpo.config import ConfigError, TrainConfig
 from grpo.memory import (
+    CHECKPOINT_SURPLUS_PER_TOKEN,
     CPU_BASELINE,
     LOGIT_CHUNK_COPIES,
     LOGIT_CHUNK_TOKENS,
@@ -68,10 +69,14 @@ def test_predicted_terms_by_hand_on_the_cpu():
     # sampling: 8 rows x (5 + 3) tokens x 64 bytes; logits 3 x 8 rows x 10 x 4 bytes; AdamW's state from step 2
     sampling = BASE + 12 * p + 8 * 8 * 64 + SAMPLING_LOGIT_COPIES * 8 * 10 * 4
     assert pred.phases["sampling"] == sampling
-    # gradient checkpointing: each layer's input 34 x 2 x 8 x 4 = 2176, one layer's set 34 x 152 x 4 = 20672,
-    # the prompt cache 2560: 25408, above CHECKPOINT_KEPT (1/2) of 43904; backward adds the gradients whole
+    # gradient checkpointing: each layer's input 34 x 2 x 8 x 4 = 2176, the KV cache as the layers extend it
+    # 8 rows x (5 + 3) x 64 = 4096, the prompt's cache repeated twice 2 x 2560 = 5120, in backward the re-run
+    # layer's set and its gradients 2 x 34 x 152 x 4 = 41344, and the surplus per completion token (8 x 3);
+    # backward adds the gradients whole
     ckpt = predict(TINY, dataclasses.replace(RUN, gradient_checkpointing=True), Device("cpu"))
-    assert ckpt.phases["the update"] - pred.phases["the update"] == (25408 + 4 * p) - (43904 + 320)
+    kept = 2176 + 4096 + 5120 + 41344 + CHECKPOINT_SURPLUS_PER_TOKEN * 24
+    assert ckpt.terms["activations"] == kept
+    assert ckpt.phases["the update"] - pred.phases["the update"] == (kept + 4 * p) - (43904 + 320)
 
 
 def test_reference_lora_async_and_fsdp_terms():
@@ -169,10 +174,12 @@ def test_the_model_agrees_with_published_figures(monkeypatch):
     states = terms["weights"] + halves["gradients"] + terms["optimizer"]  # two micro-batches: gradients whole
     assert states == 16 * gpt2.params  # 16 x 1.5e9 = 24 GB (this shape counts a gated MLP: 2.0B parameters)
     # ... and (section 3.2) its activations at sequence 1K and batch 32 take about 8 GB with checkpointing
-    # that keeps each layer's input: this model's count of those (grpo's own checkpointing was measured to
-    # keep more, CHECKPOINT_KEPT of the activations without it, set to 0 here)
-    monkeypatch.setattr("grpo.memory.CHECKPOINT_KEPT", 0.0)
-    assert 7e9 < predict(gpt2, run, Device("cuda")).terms["activations"] < 9e9
+    # that keeps each layer's input: this model's count of those and one layer's set recomputed, 8.07e9 bytes.
+    # grpo's own checkpointing holds more: the KV cache the layers extend (32K x 2 x 48 x 25 x 64 x 2 bytes),
+    # a second layer set in backward (the first's gradients) and the measured surplus, 0 here
+    monkeypatch.setattr("grpo.memory.CHECKPOINT_SURPLUS_PER_TOKEN", 0)
+    kv, one_layer = 32768 * gpt2.kv_bytes_per_token(2), 32768 * gpt2.activation_floats_per_token() * 2
+    assert 7e9 < predict(gpt2, run, Device("cuda")).terms["activations"] - kv - one_layer < 9e9
 
 
 def test_an_adapter_folder_as_model_is_predicted_as_the_adapter_it_trains(tmp_path):
@@ -320,15 +327,27 @@ def test_gemma_blocks_keep_four_norms_and_query_key_norms():
     assert llama.activation_floats_per_token() == 2560 + 3072 + 3072 + 8192
 
 
-def test_checkpointing_keeps_at_least_the_measured_share_and_adds_the_gradients_whole():
-    # WIDE, 1024 tokens of one group: without checkpointing 24 layers' full sets; with it the layers'
-    # inputs and one layer's set are less than CHECKPOINT_KEPT (1/2) of that, which was measured to stay
+def test_checkpointing_counts_what_its_backward_holds_and_adds_the_gradients_whole():
+    # WIDE, 1024 tokens of one group (8 rows of 128, no prompt): each layer's input 1024 x 24 x 1024 x 4,
+    # the KV cache as the layers extend it 8 x 128 x 49152 (2 x 24 x 4 x 64 x 4 bytes a token), in backward
+    # the re-run layer's set and its gradients 2 x 1024 x 26624 x 4, and the measured surplus per completion
+    # token; not the half of the activations without it that the constant fitted at 1128 tokens kept
     run = RunShape(group_size=8, prompts_per_step=1, max_new_tokens=128, prompt_tokens=0, micro_batch_tokens=1024,
                    eval_rows=0, reward_workers=0, save_model=False, steps=1)
+    assert WIDE.activation_floats_per_token() == 26624 and WIDE.kv_bytes_per_token(4) == 49152
     plain = predict(WIDE, run, Device("cpu")).terms
     ckpt = predict(WIDE, dataclasses.replace(run, gradient_checkpointing=True), Device("cpu")).terms
-    assert ckpt["activations"] == plain["activations"] // 2
+    assert plain["activations"] == 24 * 1024 * 26624 * 4
+    assert ckpt["activations"] == (100_663_296 + 50_331_648 + 218_103_808
+                                   + CHECKPOINT_SURPLUS_PER_TOKEN * 8 * 128)
     assert ckpt["gradients"] == 4 * WIDE.params  # one micro-batch: backward frees little to make room
+
+
+def test_checkpointing_surplus_bounds_every_probe():
+    # bench/memory_probe.py's backward over the counted terms (docs/memory.md), GiB, by completion tokens:
+    # 8, 16, 24 groups of 8 x 12; 6 groups of 8 x 64; 3 groups of 8 x 128. It over-counts by at most 0.11 GiB
+    for surplus, completion_tokens in ((0.04, 768), (0.07, 1536), (0.21, 2304), (0.31, 3072), (0.35, 3072)):
+        assert surplus * 2**30 <= CHECKPOINT_SURPLUS_PER_TOKEN * completion_tokens < (surplus + 0.15) * 2**30
 
 
 def test_several_processes_sum_their_gradients_through_flat_copies():
