@@ -198,6 +198,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
     from grpo.config import TrainConfig
     from grpo.process import setup_process
     from grpo.rewards.basic import final_number
+    from grpo.setup import resolve_run
     from grpo.tasks import Task
     from grpo.trainer import GRPOTrainer
 
@@ -213,7 +214,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
     )
     task = Task("bench-add", rows, rows[:1], final_number)
     setup_process(config)
-    trainer = GRPOTrainer(config, task=task, rewards=[final_number], progress=False)
+    trainer = GRPOTrainer(resolve_run(config, task=task, rewards=[final_number]), progress=False)
     import grpo.trainer
 
     grpo.trainer.reference_logprobs = clock.wrap(grpo.trainer.reference_logprobs, "ref_logprobs")

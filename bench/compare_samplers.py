@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.heldout import evaluate_heldout  # noqa: E402
 from grpo.process import setup_process  # noqa: E402
+from grpo.setup import resolve_run  # noqa: E402
 from grpo.trainer import GRPOTrainer  # noqa: E402
 
 CONFIGS = {
@@ -100,7 +101,7 @@ def base_config(args: argparse.Namespace) -> TrainConfig:
 def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
     """Evaluate, train until the budget is spent (finishing the step under way), evaluate; return the figures."""
     setup_process(config)
-    trainer = GRPOTrainer(config, progress=False)
+    trainer = GRPOTrainer(resolve_run(config), progress=False)
     start_acc = evaluate_heldout(trainer.sampling).accuracy
     steps: list[dict] = []
     began = time.perf_counter()
@@ -145,7 +146,7 @@ def skip_check(config: TrainConfig, steps: int) -> dict:
     for skip in (True, False):
         uniform = replace(config, sampler="uniform", filter_groups=False, skip_zero_advantage=skip)
         setup_process(uniform)
-        trainer = GRPOTrainer(uniform, progress=False)
+        trainer = GRPOTrainer(resolve_run(uniform), progress=False)
         runs = [trainer.step(s) for s in range(1, steps + 1)]
         trainer.close()
         out["skip" if skip else "no_skip"] = {

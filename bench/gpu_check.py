@@ -184,10 +184,12 @@ def matmul_params(model: torch.nn.Module) -> int:
 def make_trainer(model: torch.nn.Module, tokenizer: object, device: torch.device, **config: object) -> object:
     """The default recipe on task add, its reward the parity one (named by file, as a user names theirs)."""
     from grpo import GRPOTrainer, TrainConfig
+    from grpo.setup import resolve_run
 
     settings = dict(task="add", steps=STEPS, device=str(device), eval_size=8, eval_every=-1, save_model=False)
-    return GRPOTrainer(TrainConfig(**{**settings, **config}), model=model, tokenizer=tokenizer,
-                       rewards=[f"{Path(__file__).resolve()}:first_char_parity"], progress=False)
+    run = resolve_run(TrainConfig(**{**settings, **config}), rewards=[f"{Path(__file__).resolve()}:first_char_parity"],
+                      model=model)
+    return GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
 
 
 def free_memory() -> None:

@@ -11,6 +11,7 @@ from grpo.config import TrainConfig
 # (`evaluate`, `rollout`): once that submodule is imported, its module object shadows the name.
 _LAZY = {
     "GRPOTrainer": "grpo.trainer",
+    "resolve_run": "grpo.setup",
     "train": "grpo.trainer",
     "setup_process": "grpo.process",
     "load_policy": "grpo.models",

@@ -243,55 +243,13 @@ def tis_weights(
     trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, cap: float, level: TisLevel = "token",
     mode: TisMode = "truncate", low: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Importance weights for tokens sampled by another engine than the trainer's, (N, T), detached.
-
-    The sampler (vLLM, or any engine whose numerics differ) draws o_t from
-    pi_sampler, while the loss assumes pi_trainer, the same weights computed
-    by the training pass. With delta_t = log pi_trainer(o_t) - log pi_sampler(o_t),
-    C = ``cap`` and L = ``low``, ``mode="truncate"`` (the default):
-
-    - ``"token"`` (TIS): w_t = min(exp(delta_t), C);
-    - ``"sequence"`` (the geometric mask): w_i = 1 for a completion whose geometric-mean
-      ratio exp(mean_t delta_t) lies in [1/C, C], else 0 for all its tokens (the geometric mean
-      is a divergence test, not an importance weight: this level only ever masks);
-    - ``"sequence_ratio"``: every token of completion i weighted by
-      w_i = min(exp(sum_t delta_t), C), the whole completion's importance ratio
-      prod_t pi_trainer(o_t | h_t) / pi_sampler(o_t | h_t), truncated (TRL's
-      sequence_truncate). Token
-      weights are biased when A_i depends on the whole completion (the prefix
-      h_t is the sampler's draw too). What this one corrects, exactly: the law
-      each completion was drawn from. For a per-completion term f(o) that is
-      fixed before the batch is drawn, E_{o~pi_sampler}[w(o) f(o) grad log
-      pi_trainer(o)] = E_{o~pi_trainer}[f(o) grad log pi_trainer(o)] when no
-      ratio reaches C (tests/test_async_correction.py: A(o) = r(o) - b with a
-      fixed b, every completion of one length). GRPO's loss is not such a term,
-      and these stay computed from the sampler's draws, uncorrected:
-      the group-normalised advantage (mean and std over the G completions
-      pi_sampler drew: A_i depends on the other rows of its group, which the
-      row's own ratio does not reweight); the loss normaliser of aggregate
-      "token" (the batch's total tokens, a sum over the drawn lengths; "fixed"
-      is a constant, and "sequence"'s 1/|o_i| a function of o_i, so those two
-      are not at issue); the cap (a truncated ratio leans towards pi_sampler);
-      and the KL term, which the weight does not multiply. So it removes the
-      bias of the per-token weights under a lag, not all of the lag's; its
-      variance grows with the length and the mismatch (a sampler K updates
-      behind, asynchronous GRPO).
-
-    ``mode="mask"`` keeps a weight inside [L, C] and sets one outside to 0 (L = 0: no lower bound):
-    token level w_t = rho_t 1[L <= rho_t <= C] (IcePop, arXiv:2510.18855, with [0.5, 5]; TRL's
-    token_mask), sequence level 1[L <= exp(mean_t delta_t) <= C] (the geometric mask; SkyRL's
-    off-policy recipe uses [0.99, 1.01]), sequence_ratio level w_i 1[L <= w_i <= C] on the
-    product ratio (TRL's sequence_mask).
-
-    Metrics, means over valid tokens: ``sampler_logp_diff`` mean |delta_t|,
-    ``sampler_kl`` the k3 estimate of KL(pi_sampler || pi_trainer) (the tokens
-    are the sampler's draws), ``tis_capped_frac`` the share of tokens capped or masked,
-    ``tis_masked_tokens`` the share masked (weight 0), ``tis_masked_sequences`` the share of
-    completions (with a token in the loss) that have a masked token, and ``sampler_logp_diff_max``,
-    max |delta_t| over the valid tokens (0 without any): a mean hides the few
-    tokens whose probabilities the two disagree on, which is where a bf16
-    output layer shows (see grpo/forward.py, ``head_logits``).
-    """
+    """Importance weights for tokens sampled by another engine than the trainer's, (N, T), detached, and
+    their metrics. With delta_t = log pi_trainer(o_t) - log pi_sampler(o_t): ``mode="truncate"`` caps the
+    weight at ``cap`` (token: min(exp(delta_t), C); sequence: the geometric mask, 1 when exp(mean_t delta_t)
+    lies in [1/C, C], else 0; sequence_ratio: min(exp(sum_t delta_t), C) on every token of the completion);
+    ``mode="mask"`` keeps a weight inside [``low``, ``cap``] and sets one outside to 0. What each level
+    corrects and what it leaves (the group advantage, the normaliser, the cap, the KL term), and the
+    metrics: docs/objectives.md, "Sampler/trainer mismatch corrections"."""
     with torch.no_grad():
         mask = mask.to(trainer_logp.dtype)
         delta = (trainer_logp - sampler_logp) * mask  # (N, T)

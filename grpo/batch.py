@@ -31,7 +31,7 @@ from torch import Tensor
 
 from grpo.algorithm import group_varies, members_needed
 from grpo.distributed import World
-from grpo.episodes import episode_total, scored_tokens
+from grpo.episode_scores import episode_total, scored_tokens
 from grpo.rewards.combine import pool_score_metrics
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.screen import Screening
@@ -307,8 +307,8 @@ def sample_and_score(
     seconds = time.perf_counter() - t0
     group_rows = [t.task.train[i] for i in prompts for _ in range(cfg.group_size)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
-    rewards, metrics = t.score(
-        rollout.texts, group_rows, scored_tokens(rollout), ids, truncated=rollout.truncated.tolist())
+    rewards, metrics = t.score(rollout.texts, group_rows, scored_tokens(rollout), ids,
+                               truncated=rollout.truncated.tolist(), max_completion_tokens=cfg.max_new_tokens)
     if rollout.episodes is not None:  # plus the environment's rewards; NaN where it raised
         rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
     return rollout, rewards, metrics, seconds

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from grpo.episodes import Agent, Episode, episode_total
+from grpo.episode_scores import episode_total
+from grpo.episodes import Agent, Episode
 from grpo.prompts import encode_prompts as encode_prompts  # the one renderer; imported from here too
 from grpo.rewards.combine import RewardScorer
 from grpo.rollout import generate

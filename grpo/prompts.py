@@ -162,15 +162,20 @@ def encode_prompts(tokenizer: object, messages: Sequence[Messages], fmt: PromptF
 def run_task(config: TrainConfig, *, task: Task | None = None, require_answer: bool = True) -> Task:
     """The task as a run has it, from its config: ``task`` if given, else the one the config names
     (a built-in task or ``data``, with its fields, template, system prompt and held-out split), then
-    formatted (:func:`format_task`). Training and ``grpo eval`` of the run's model both build it here."""
-    if task is None:
-        from grpo.tasks import load_task
+    formatted (:func:`format_task`). ``grpo eval`` of the run's model builds it here; training in these
+    two halves (grpo.setup.resolve_run loads it, the trainer formats it)."""
+    return format_task(task if task is not None else config_task(config, require_answer=require_answer), config)
 
-        task = load_task(config.task, data=config.data, heldout_size=config.eval_size,
-                         prompt_field=config.prompt_field, answer_field=config.answer_field,
-                         system_prompt=config.system_prompt, prompt_template=config.prompt_template,
-                         eval_data=config.eval_data, require_answer=require_answer)
-    return format_task(task, config)
+
+def config_task(config: TrainConfig, *, require_answer: bool = True) -> Task:
+    """The task the config names, as loaded: a built-in task or ``data``, with its fields, template, system
+    prompt and held-out split (not yet formatted)."""
+    from grpo.tasks import load_task
+
+    return load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
+                     answer_field=config.answer_field, system_prompt=config.system_prompt,
+                     prompt_template=config.prompt_template, eval_data=config.eval_data,
+                     require_answer=require_answer)
 
 
 def run_prompts(tokenizer: object, task: Task, config: TrainConfig, rows: Sequence[Mapping]) -> list[list[int]]:

@@ -1,6 +1,9 @@
-"""Building a run's parts, in the order they depend on each other: the rewards' scorer, the policy (loaded,
-LoRA-wrapped, sharded) with its reference and optimiser, the vLLM engine; then what the pre-flight check
-settles of the config. grpo/trainer.py calls these once; each takes what it reads and returns what it built."""
+"""A run's one setup path and the building of its parts. :func:`resolve_run` resolves what a run is (its task
+and rewards) and refuses what the options and the world size rule out, before anything loads; `grpo train`,
+`grpo preflight` and grpo.train() all start there. Then the parts, in the order they depend on each other:
+the rewards' scorer, the policy (loaded, LoRA-wrapped, sharded) with its reference and optimiser, the vLLM
+engine; then what the pre-flight check settles of the config. grpo/trainer.py calls these once; each takes
+what it reads and returns what it built."""
 
 from __future__ import annotations
 
@@ -10,45 +13,103 @@ import math
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
+from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
+from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
 from grpo.distributed import Policy, World, full_state_dict, shard_policy
 from grpo.episodes import Agent
 from grpo.interrupt import RunStopped
-from grpo.models import add_lora, load_policy, trains_adapter
+from grpo.models import add_lora, check_model, load_policy, trains_adapter
 from grpo.preflight import PreflightReport, mean_tokens
+from grpo.prompts import config_task
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.tasks import Task
+from grpo.tools import load_functions
 from grpo.vllm_engine import VLLMEngine, cpu_share
 
 RewardFn = Callable[[str, Mapping], float]
 EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may add to the task's prompt
 
 
-def build_scorer(config: TrainConfig, task: Task, rewards: Sequence[RewardFn | str] | None
+@dataclass(frozen=True)
+class RunSetup:
+    """A run as its options resolve it, before anything loads: the config as given (the trainer settles
+    it), the task (the given one, else the config's; formatted by the trainer, grpo.prompts.format_task)
+    and the rewards (the given, else the config's, resolved; none: the task's own checker)."""
+
+    config: TrainConfig
+    task: Task
+    rewards: list[Callable]
+
+
+def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Sequence[RewardFn | str] | None = None,
+                model: nn.Module | None = None, processes: int | None = None) -> RunSetup:
+    """The one setup path of `grpo train`, `grpo preflight` and grpo.train(): the task and the rewards, and
+    every refusal that depends only on the options and the number of ``processes`` (torchrun's WORLD_SIZE
+    when not given), each one line (ConfigError, RewardError, TaskError) before a model loads or a worker
+    forks. ``model``, when given, stands for the config's (which is then not checked)."""
+    processes = world_size() if processes is None else processes
+    if model is None:
+        check_model(config.model)
+    if task is None:
+        task = config_task(config, require_answer=not (rewards or config.rewards))
+    reward_fns = [resolve_reward(r) for r in (list(rewards) if rewards is not None else list(config.rewards))]
+    check_user_code(config, task, reward_fns)
+    adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
+    refuse_unbuilt(config, processes, adapter=adapter)  # the combinations not built (grpo/combinations.py)
+    if config.engine == "vllm":
+        from grpo import vllm_engine  # by the module: tests stand in for its find_python
+
+        vllm_engine.find_python(config.vllm_python)  # a Python that has vLLM (EngineError, one line, if not)
+    if config.prompts_per_step % processes:
+        raise ConfigError(
+            f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
+            f"processes ({processes}): each process samples whole groups"
+        )
+    return RunSetup(config, task, reward_fns)
+
+
+def check_user_code(config: TrainConfig, task: Task, reward_fns: Sequence[Callable]) -> None:
+    """The rewards fit their style, code rewards can be sandboxed, and the user's tool and environment files
+    import: refused now, not at the first step."""
+    for fn in reward_fns:
+        check_style(fn, config.reward_style)
+    if needs_sandbox(list(reward_fns) or [task.reward]):
+        check_sandbox(config.sandbox)
+    if config.tools and config.tools != "none":
+        load_functions(config.tools)
+    if config.env:
+        load_functions(config.env, "environment")
+    # as make_agent decides: the given or the task's environment, beside the given or the task's tools
+    has_env = bool(config.env) or getattr(task, "env", None) is not None
+    has_tools = (config.tools not in ("", "none")) or bool(getattr(task, "tools", ()))
+    if has_env and has_tools:
+        raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+
+
+def build_scorer(config: TrainConfig, task: Task, rewards: Sequence[Callable]
                  ) -> tuple[list[Callable], RewardScorer, RewardScorer]:
-    """The reward functions, the scorer that runs them (in worker processes, with a time limit), and the
-    task's checker, for held-out accuracy, pre-flight and the step's accuracy: in workers with the same
-    time limit (the reward's own scorer when the checker is the reward)."""
-    reward_specs = list(rewards) if rewards is not None else list(config.rewards)
-    reward_fns = [resolve_reward(r) for r in reward_specs] or [task.reward]
+    """The reward functions (the resolved ``rewards``, else the task's checker), the scorer that runs them
+    (in worker processes, with a time limit), and the task's checker, for held-out accuracy, pre-flight and
+    the step's accuracy: in workers with the same time limit (the reward's own scorer when the checker is
+    the reward)."""
+    reward_fns = list(rewards) or [task.reward]
     # process-wide, before the reward workers fork, so they inherit it
     if needs_sandbox([*reward_fns, *([task.env] if task.env else [])]):
         set_sandbox(check_sandbox(config.sandbox))
     weights = config.reward_weights or (1.0,) * len(reward_fns)
-    style = config.reward_style if reward_specs else "auto"
+    style = config.reward_style if rewards else "auto"
     score = combine_rewards(
         reward_fns, weights, workers=config.reward_workers, timeout=config.reward_timeout,
-        on_error=config.on_error, max_completion_tokens=config.max_new_tokens,
-        styles=[check_style(fn, style) for fn in reward_fns],
+        on_error=config.on_error, styles=[check_style(fn, style) for fn in reward_fns],
     )
     checker = score if reward_fns == [task.reward] and not config.reward_weights else \
         combine_rewards([task.reward], workers=config.reward_workers, timeout=config.reward_timeout)

@@ -20,7 +20,7 @@ from grpo.alarms import AlarmConfig, AlarmMonitor, little_signal
 from grpo.algorithm import group_varies
 from grpo.batch import ERROR_CAUSES, Batch
 from grpo.distributed import World
-from grpo.episodes import episode_metrics
+from grpo.episode_scores import episode_metrics
 from grpo.evaluate import check_all
 from grpo.heldout import subset_size, train_sample_size
 from grpo.metrics import MetricsLogger, repeated_ngram_frac

@@ -49,29 +49,30 @@ from torch import Tensor, nn
 
 from grpo.algorithm import group_advantages
 from grpo.batch import Batch, leave_out_errored
-from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
-from grpo.config import ConfigError, TrainConfig, settle_config
+from grpo.config import TrainConfig, settle_config
 from grpo.distributed import World, full_state_dict, init_world
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
 from grpo.heldout import full_evaluation, interim_evaluation
 from grpo.interrupt import StopRequests
 from grpo.memory_check import say_measured_memory
-from grpo.models import save_model, trains_adapter
+from grpo.models import save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import pick_device, setup_process
-from grpo.prompts import run_prompts, run_task, settle_format
+from grpo.prompts import format_task, run_prompts, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, make_sampler
 from grpo.screen import make_screen
 from grpo.setup import (
     RewardFn,
+    RunSetup,
     build_engine,
     build_policy,
     build_scorer,
     default_run_dir,
     load_model,
     preflight_verdict,
+    resolve_run,
 )
 from grpo.sides import Learner, Sampling
 from grpo.source import batch_source
@@ -91,8 +92,9 @@ __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "tr
 
 
 class GRPOTrainer:
-    """Trains a causal LM with GRPO. ``model``/``tokenizer``, ``task`` and ``rewards`` may be given
-    as objects (the Python API); otherwise they come from the config's names."""
+    """Trains a causal LM with GRPO: the run that grpo.setup.resolve_run resolved (its config, task and
+    rewards). ``model``/``tokenizer`` may be given as objects (the Python API); otherwise they come from the
+    config's name."""
 
     score = checker = toolbox = engine = None  # what runs outside the process (closed by close()), once built
     batches = None  # where each step's batch comes from (grpo/source.py), once built
@@ -102,45 +104,35 @@ class GRPOTrainer:
 
     def __init__(
         self,
-        config: TrainConfig,
+        run: RunSetup,
         *,
         model: nn.Module | None = None,
         tokenizer: object | None = None,
-        task: Task | None = None,
-        rewards: Sequence[RewardFn | str] | None = None,
         progress: bool = True,
         world: World | None = None,
         tools: Sequence[Callable] | None = None,
         env: Callable | None = None,
     ) -> None:
-        # the combinations that are not built, refused before anything loads or forks (grpo/combinations.py)
-        adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
-        refuse_unbuilt(config, world.size if world is not None else world_size(), adapter=adapter)
         try:
-            self._build(config, model, tokenizer, task, rewards, progress, world, tools, env)
+            self._build(run, model, tokenizer, progress, world, tools, env)
         except BaseException:  # what was started (reward, tool workers; the vLLM engine) ends with the failure
             self.close()
             raise
 
-    def _build(self, config: TrainConfig, model: nn.Module | None, tokenizer: object | None, task: Task | None,
-               rewards: Sequence[RewardFn | str] | None, progress: bool, world: World | None,
-               tools: Sequence[Callable] | None, env: Callable | None) -> None:
+    def _build(self, run: RunSetup, model: nn.Module | None, tokenizer: object | None, progress: bool,
+               world: World | None, tools: Sequence[Callable] | None, env: Callable | None) -> None:
         """The trainer's parts, in the order they depend on each other."""
         self.progress = progress
-        # the task the config names (or the one given), with its few-shot examples and r1-zero's reward
-        self.task = run_task(config, task=task, require_answer=not (rewards or config.rewards))
+        config = run.config
+        # the resolved task, with its few-shot examples and r1-zero's reward
+        self.task = format_task(run.task, config)
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
         self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
         self.auto_alarm_window = config.alarm_window == 0
         config = settle_config(config, self.task)
-        self.reward_fns, self.score, self.checker = build_scorer(config, self.task, rewards)
+        self.reward_fns, self.score, self.checker = build_scorer(config, self.task, run.rewards)
         self.world = world if world is not None else init_world(config.device, fsdp=config.fsdp)
-        if config.prompts_per_step % self.world.size:
-            raise ConfigError(
-                f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
-                f"processes ({self.world.size}): each process samples whole groups"
-            )
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
         model, self.tokenizer = load_model(config, self.device, model, tokenizer)
         # how rows become prompt tokens: the config names the format (auto resolved) and gains its stop strings
@@ -358,7 +350,6 @@ class GRPOTrainer:
         self.memory = report.memory
         changes = preflight_verdict(report, self.config, self.world, self.run_dir, fit=self.fit_token_limit)
         if changes:  # before the first step: the config and what is built from it are settled again
-            self.score.max_completion_tokens = changes.get("max_new_tokens", self.config.max_new_tokens)
             self._settle(replace(self.config, **changes))
         return report
 
@@ -392,8 +383,8 @@ def train(
     or ``env=MyEnv`` (a class or factory: one environment per episode) make the episodes multi-turn."""
     config = replace(config or TrainConfig(), **overrides)
     setup_process(config)
-    trainer = GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task, rewards=rewards, progress=progress,
-                          tools=tools, env=env)
+    run = resolve_run(config, task=task, rewards=rewards, model=model)  # refused here, before anything loads
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=progress, tools=tools, env=env)
     try:
         return trainer.train(Path(run_dir) if run_dir is not None else None)
     finally:

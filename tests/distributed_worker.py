@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import make_model, make_tokenizer  # noqa: E402
 
 import grpo.process  # noqa: E402
+import grpo.setup  # noqa: E402
 import grpo.trainer  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.distributed import full_state_dict  # noqa: E402
@@ -75,10 +76,8 @@ def run_case(case: dict) -> dict:
         "seed": 5, **case,
     })
     grpo.process.setup_process(config)
-    trainer = grpo.trainer.GRPOTrainer(
-        config, model=model, tokenizer=tokenizer, task=Task("tiny", rows[:32], rows[32:], reward), progress=False,
-        env=env,
-    )
+    run = grpo.setup.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], reward), model=model)
+    trainer = grpo.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False, env=env)
     held = watch_gathered_layers(trainer) if trainer.world.fsdp else []
     batches = []
     take = trainer.batches.next
@@ -156,8 +155,9 @@ def run_stop_case(rank_that_stops: int) -> dict:
                          device="cpu", save_model=False, seed=5, early_stop=True, eval_every=-1)
     grpo.process.setup_process(config)
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
-    trainer = grpo.trainer.GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
-                                       task=Task("tiny", rows[:32], rows[32:], first_char), progress=False)
+    model = make_model(len(tokenizer), seed=3)
+    run = grpo.setup.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], first_char), model=model)
+    trainer = grpo.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     summary = trainer.train(None)
     return {"steps": trainer.world.gather_objects(summary["steps"]),
             "stopped": trainer.world.gather_objects(summary["stopped_early"])}

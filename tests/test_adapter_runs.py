@@ -13,6 +13,7 @@ from grpo.cli import main as cli_main
 from grpo.config import ConfigError
 from grpo.models import adapter_rank, base_weights, trains_adapter
 from grpo.process import setup_process
+from grpo.setup import resolve_run
 from grpo.trainer import GRPOTrainer
 
 
@@ -38,7 +39,7 @@ def adapter_dir(tmp_path_factory):
 def _trainer(**kw) -> GRPOTrainer:
     config = tiny_config(**kw)
     setup_process(config)
-    return GRPOTrainer(config, task=tiny_task(), progress=False)
+    return GRPOTrainer(resolve_run(config, task=tiny_task()), progress=False)
 
 
 def _no_vllm_needed(monkeypatch):

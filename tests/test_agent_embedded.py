@@ -14,7 +14,8 @@ def policy():
 
 
 def test_code_retry_episodes_take_several_turns_with_feedback_masks_and_rewards(policy):
-    from grpo.episodes import Agent, episode_total
+    from grpo.episode_scores import episode_total
+    from grpo.episodes import Agent
     from grpo.logprobs import rollout_logprobs
     from grpo.tasks import get_task
 
@@ -46,7 +47,8 @@ def bare_products(n: int) -> list[dict]:
 
 
 def test_calc_episodes_call_the_calculator(policy):
-    from grpo.episodes import Agent, ToolEnv, episode_metrics, template_features
+    from grpo.episode_scores import episode_metrics
+    from grpo.episodes import Agent, ToolEnv, template_features
     from grpo.tasks import get_task
     from grpo.tools import ToolBox
 

@@ -11,6 +11,7 @@ from tiny_run import count_a, metrics_lines, params, tiny_config, tiny_task
 
 from grpo.batch import sample_and_score
 from grpo.process import setup_process
+from grpo.setup import resolve_run
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
@@ -44,8 +45,8 @@ def agent_trainer(env=Talk, tools=None, task=None, env_spec="", tools_spec="", *
     # any "a" ends a turn, so the random tiny model takes several
     config = tiny_config(stop=("a",), max_new_tokens=8, max_turns=3, env=env_spec, tools=tools_spec, **kw)
     setup_process(config)
-    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=task or tiny_task(), env=env, tools=tools,
-                       progress=False)
+    return GRPOTrainer(resolve_run(config, task=task or tiny_task(), model=model), model=model, tokenizer=tokenizer,
+                       env=env, tools=tools, progress=False)
 
 
 def watch_trained_logprobs(trainer: GRPOTrainer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

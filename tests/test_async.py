@@ -128,6 +128,7 @@ def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_pa
     from conftest import make_model, make_tokenizer
     from tiny_run import count_a, tiny_config, tiny_task
 
+    from grpo.setup import resolve_run
     from grpo.trainer import GRPOTrainer
 
     calls = []
@@ -140,8 +141,9 @@ def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_pa
 
     tokenizer = make_tokenizer()
     # no checkpoint after step 1: its wait for the thread would meet the error first
-    trainer = GRPOTrainer(tiny_config(steps=4, async_lag=1, on_error="raise", save_every=100), model=make_model(len(tokenizer)),
-                          tokenizer=tokenizer, task=tiny_task(count_a), rewards=[broken], progress=False)
+    config, model = tiny_config(steps=4, async_lag=1, on_error="raise", save_every=100), make_model(len(tokenizer))
+    run = resolve_run(config, task=tiny_task(count_a), rewards=[broken], model=model)
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     steps = []
     step = trainer.step
     trainer.step = lambda s: steps.append(s) or step(s)

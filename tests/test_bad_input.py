@@ -114,6 +114,8 @@ CASES = {
                                 "--engine vllm: no Python at ./no-such-python; run `make vllm`"),
     "vllm not installed": (["--engine", "vllm", "--vllm-python", sys.executable],
                            "--engine vllm: vLLM is not installed for " + sys.executable + "; run `make vllm`"),
+    "prompts not divisible among the processes": (["--prompts-per-step", "3", "--group-size", "2", "--nproc", "2"],
+                                                  "prompts_per_step (3) must be divisible by the number of processes (2)"),
     "vllm with LoRA under FSDP": (["--engine", "vllm", "--fsdp", "--lora-rank", "8", "--nproc", "2"],
                                   "engine vllm with LoRA under FSDP is not built: drop --fsdp"),
     "tis cap at 1": (["--tis-cap", "1.0"], "tis_cap must be above 1 (or 0: off), got 1.0"),
@@ -137,6 +139,55 @@ def test_bad_input_is_one_clear_line(place, args, message):
     assert "Traceback" not in result.stderr + result.stdout
     assert not (place / "run").exists()
     assert not (place / "not-a-run" / "checkpoints").exists()
+
+
+# What grpo.setup.resolve_run refuses (the model, the task, the rewards, tools and environments, the engine):
+# `grpo preflight` and grpo.train() refuse it as `grpo train` does, before a model loads.
+SETUP_CASES = {name: CASES[name] for name in (
+    "missing model path", "unreadable model", "model folder without config", "data file missing",
+    "data without answer", "eval data shares no field", "unknown reward", "reward file does not import",
+    "reward of another style than stated", "tool file does not import", "environment file missing",
+    "environment beside a task's tools", "environment beside a task's withheld tools", "vllm without its Python",
+    "vllm not installed")}
+
+
+@pytest.mark.parametrize("args, message", SETUP_CASES.values(), ids=SETUP_CASES.keys())
+def test_preflight_refuses_bad_input_as_train_does(place, args, message):
+    result = grpo("preflight", "--model", "model", *args, cwd=place)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+PYTHON_CASES = {
+    "missing model path": ({"model": "./no-such-model"}, "model path not found: ./no-such-model"),
+    "tool file does not import": ({"task": "calc", "tools": "no_import.py:score"},
+                                  "cannot import tool file no_import.py: No module named 'no_such_module_xyz'"),
+    "environment file missing": ({"env": "nope.py:Env"}, "environment file not found: nope.py"),
+    "environment beside a task's tools": ({"task": "calc", "env": "an_env.py:Env"},
+                                          "give tools or an environment, not both"),
+    "reward of another style than stated": ({"rewards": ("trl_len.py:reward_len",), "reward_style": "verl"},
+                                            "reward reward_len does not fit the verl style"),
+    "vllm without its Python": ({"engine": "vllm", "vllm_python": "./no-such-python"},
+                                "--engine vllm: no Python at ./no-such-python; run `make vllm`"),
+    "prompts not divisible among the processes": ({"prompts_per_step": 3, "group_size": 2},
+                                                  "prompts_per_step (3) must be divisible by the number of processes (2)"),
+}
+
+
+@pytest.mark.parametrize("options, message", PYTHON_CASES.values(), ids=PYTHON_CASES.keys())
+def test_grpo_train_refuses_bad_input_as_the_command_does(place, monkeypatch, options, message):
+    import re
+
+    import grpo
+
+    monkeypatch.chdir(place)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the world size the refusals are for; none gets as far as starting it
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(Exception, match=re.escape(message)):  # the CLI's one line is this exception's text
+        grpo.train(grpo.TrainConfig(**{"model": "model", "device": "cpu", **options}), progress=False)
 
 
 def test_existing_run_is_not_overwritten(place):

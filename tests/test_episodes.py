@@ -7,7 +7,8 @@ import torch
 
 from grpo.algorithm import policy_loss
 from grpo.config import ConfigError
-from grpo.episodes import Agent, Episode, EpisodeError, episode_metrics, scored_tokens
+from grpo.episode_scores import episode_metrics, scored_tokens
+from grpo.episodes import Agent, Episode, EpisodeError
 from grpo.logprobs import rollout_logprobs
 from grpo.streams import stream_keys, stream_seeds
 

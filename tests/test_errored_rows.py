@@ -132,6 +132,7 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training(monkeypatc
     from tiny_run import tiny_config, tiny_task
 
     from grpo.process import setup_process
+    from grpo.setup import resolve_run
     from grpo.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
@@ -139,7 +140,8 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training(monkeypatc
     config = tiny_config(stop=tuple("abcdefgh"), max_new_tokens=8, max_turns=2, prompts_per_step=8, group_size=4,
                          seed=0)
     setup_process(config)
-    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer, task=tiny_task(),
+    model = make_model(len(tokenizer), seed=3)
+    trainer = GRPOTrainer(resolve_run(config, task=tiny_task(), model=model), model=model, tokenizer=tokenizer,
                           env=RaisesOnOddTurnText, progress=False)
     seen = _spy(trainer, monkeypatch)
     episodes = []
@@ -176,13 +178,15 @@ def test_a_group_whose_environment_never_opened_is_left_out_and_counted(monkeypa
     from tiny_run import tiny_config, tiny_task
 
     from grpo.process import setup_process
+    from grpo.setup import resolve_run
     from grpo.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
     config = tiny_config(max_turns=2, prompts_per_step=8, group_size=4, seed=0)
     setup_process(config)
-    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
-                          task=tiny_task(), env=ClosedOnSomeRows, progress=False)
+    model = make_model(len(tokenizer), seed=3)
+    trainer = GRPOTrainer(resolve_run(config, task=tiny_task(), model=model), model=model, tokenizer=tokenizer,
+                          env=ClosedOnSomeRows, progress=False)
     seen, drawn, run = _spy(trainer, monkeypatch), [], trainer.agent.run
 
     def keep(model, tokenizer, rows, **kwargs):

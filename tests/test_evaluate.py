@@ -251,6 +251,7 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
     import grpo.evaluate
     from grpo.cli import main
     from grpo.process import setup_process
+    from grpo.setup import resolve_run
     from grpo.trainer import GRPOTrainer
 
     data = tmp_path / "qa.jsonl"
@@ -262,7 +263,8 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
                          **options)
     setup_process(config)
     tokenizer = make_tokenizer()
-    trainer = GRPOTrainer(config, model=make_model(len(tokenizer)), tokenizer=tokenizer, progress=False)
+    model = make_model(len(tokenizer))
+    trainer = GRPOTrainer(resolve_run(config, model=model), model=model, tokenizer=tokenizer, progress=False)
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(trainer.config.to_dict()))

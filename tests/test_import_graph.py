@@ -116,3 +116,36 @@ def test_the_config_is_assigned_once_when_the_trainer_is_built(tmp_path, monkeyp
     trainer.train(tmp_path / "run")
     trainer.close()
     assert len(assigned) == 1 and trainer.config is assigned[0]
+
+
+MODULE_LINES, FUNCTION_LINES = 500, 60  # the style's limits (../shared/STYLE.md)
+
+
+def oversized(root: Path) -> list[str]:
+    """The package's modules over MODULE_LINES lines and functions over FUNCTION_LINES (from the ``def``
+    line, decorators left out, to the last line of the body, docstring included), as 'path:line name: n'."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(root.parent)
+        if len(text.splitlines()) > MODULE_LINES:
+            out.append(f"{where}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES:
+                    out.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+    return out
+
+
+def test_no_module_or_function_of_the_package_is_over_the_size_limits():
+    assert oversized(GRPO) == []
+
+
+def test_an_oversized_module_and_function_are_found(tmp_path):
+    pkg = tmp_path / "grpo"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def f():\n" + "    x = 1\n" * FUNCTION_LINES + "\n" * (MODULE_LINES - FUNCTION_LINES))
+    assert oversized(pkg) == [f"grpo/a.py: {MODULE_LINES + 1} lines", f"grpo/a.py:1 f: {FUNCTION_LINES + 1} lines"]
+    (pkg / "a.py").write_text("def f():\n" + "    x = 1\n" * (FUNCTION_LINES - 1))
+    assert oversized(pkg) == []

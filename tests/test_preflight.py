@@ -120,11 +120,13 @@ def test_checker_suspected_fires_on_a_run_that_games_its_training_reward(tmp_pat
                          group_size=4, max_new_tokens=6, lr=3e-2, warmup_steps=1, eval_size=8, eval_every=2,
                          device="cpu", save_model=False, reward_workers=0, preflight="off", log_every=0)
     from grpo.process import setup_process
+    from grpo.setup import resolve_run
     from grpo.trainer import GRPOTrainer
 
     setup_process(config)
-    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer, task=task,
-                          rewards=[count_a], progress=False)
+    model = make_model(len(tokenizer), seed=3)
+    trainer = GRPOTrainer(resolve_run(config, task=task, rewards=[count_a], model=model), model=model,
+                          tokenizer=tokenizer, progress=False)
     summary = trainer.train(tmp_path / "run")
     assert summary["stopped_early"] is not None and summary["stopped_early"].startswith("checker suspected")
     assert summary["steps"] < 16

@@ -149,12 +149,14 @@ def test_the_trainer_renders_and_stops_in_the_configured_format(capsys):
     from tiny_run import tiny_config, tiny_task
 
     from grpo.preflight import run_preflight
+    from grpo.setup import resolve_run
     from grpo.trainer import GRPOTrainer
 
     tokenizer = bare_tokenizer()
-    trainer = GRPOTrainer(tiny_config(prompt_format="r1-zero", preflight="warn", preflight_prompts=2,
-                                      max_gen_rounds=1), model=make_model(len(tokenizer)), tokenizer=tokenizer,
-                          task=tiny_task(final_number), progress=False)
+    config = tiny_config(prompt_format="r1-zero", preflight="warn", preflight_prompts=2, max_gen_rounds=1)
+    model = make_model(len(tokenizer))
+    trainer = GRPOTrainer(resolve_run(config, task=tiny_task(final_number), model=model), model=model,
+                          tokenizer=tokenizer, progress=False)
     try:
         assert trainer.config.stop == ("</answer>",)
         assert tokenizer.decode(trainer.train_prompts[0]).endswith("User: say a 0\nAssistant: <think>")

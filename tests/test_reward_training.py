@@ -8,6 +8,7 @@ from unguarded import in_process_score
 from grpo.config import TrainConfig
 from grpo.process import setup_process
 from grpo.rewards.code import code_tests
+from grpo.setup import resolve_run
 from grpo.tasks import get_task
 from grpo.trainer import GRPOTrainer
 
@@ -61,8 +62,8 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     config = TrainConfig(preflight="off", temperature=1.0, sampler="uniform", filter_groups=False, steps=2, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=2,
                          sample_every=0, device="cpu", save_model=False, reward_workers=2, reward_timeout=10)
     setup_process(config)
-    trainer = GRPOTrainer(config, model=tiny_model, tokenizer=tokenizer, task=get_task("code", heldout_size=2),
-                          progress=False)
+    run = resolve_run(config, task=get_task("code", heldout_size=2), model=tiny_model)
+    trainer = GRPOTrainer(run, model=tiny_model, tokenizer=tokenizer, progress=False)
     assert trainer.reward_fns == [code_tests]
     score, seen = trainer.sampling.score, []
 
@@ -94,7 +95,7 @@ def test_gsm8k_with_math_answer_and_think_format_on_the_embedded_model(tmp_path)
         sample_every=1, device="cpu", save_model=False, reward_workers=2,
     )
     setup_process(config)
-    trainer = GRPOTrainer(config, progress=False)
+    trainer = GRPOTrainer(resolve_run(config), progress=False)
     summary = trainer.train(tmp_path / "run")
     assert summary["steps"] == 2
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()

@@ -120,6 +120,15 @@ def test_worker_pool_matches_in_process_and_passes_lengths():
     assert a[0].tolist()[:4] == [1.0, -0.5, 0.0, 0.0]
 
 
+def test_the_token_limit_is_the_calls_not_one_set_on_the_scorer():
+    # a run's pre-flight check may fit a new limit: each call says the limit its completions were sampled under
+    texts, rows, lengths = ["17", "17"], [ROW, ROW], [90, 45]
+    score = combine_rewards([overlong_penalty])
+    assert score(texts, rows, lengths, max_completion_tokens=100)[0].tolist() == [-0.5, 0.0]
+    assert score(texts, rows, lengths, max_completion_tokens=50)[0].tolist() == [-1.0, -0.5]
+    assert score.max_completion_tokens is None
+
+
 def test_errors_and_timeouts_mark_the_row_errored_are_counted_and_warned():
     score = combine_rewards([boom, slow, nan_reward, exact_match], workers=2, timeout=0.5)
     try:

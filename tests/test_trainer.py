@@ -7,6 +7,7 @@ import torch
 
 from grpo.config import TrainConfig
 from grpo.process import setup_process
+from grpo.setup import resolve_run
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
@@ -34,7 +35,8 @@ def _config(**kw):
 def _trainer(model, tokenizer, reward=count_a, **kw):
     config = _config(**kw)
     setup_process(config)
-    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=_task(reward), progress=False)
+    return GRPOTrainer(resolve_run(config, task=_task(reward), model=model), model=model, tokenizer=tokenizer,
+                       progress=False)
 
 
 def test_two_steps_change_the_parameters(tiny_model, tokenizer, tmp_path):

@@ -17,6 +17,7 @@ from test_episodes import Echo
 from grpo.config import TrainConfig
 from grpo.logprobs import rollout_logprobs
 from grpo.process import setup_process
+from grpo.setup import resolve_run
 from grpo.streams import stream_keys
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
@@ -46,8 +47,9 @@ def _trainer(env=None, **kw) -> GRPOTrainer:
                   prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-2, warmup_steps=0, eval_size=8,
                   sample_every=0, device="cpu", save_model=False, reward_workers=0, engine="vllm")
     setup_process(TrainConfig(**{**config, **kw}))
-    return GRPOTrainer(TrainConfig(**{**config, **kw}), model=model, tokenizer=tokenizer,
-                       task=Task("tiny", rows[:32], rows[32:], first_char_parity), progress=False, env=env)
+    run = resolve_run(TrainConfig(**{**config, **kw}), task=Task("tiny", rows[:32], rows[32:], first_char_parity),
+                      model=model)
+    return GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False, env=env)
 
 
 @pytest.fixture

@@ -100,6 +100,7 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
 
     from grpo.config import TrainConfig
     from grpo.process import setup_process
+    from grpo.setup import resolve_run
     from grpo.tasks import Task
     from grpo.trainer import GRPOTrainer
 
@@ -110,8 +111,9 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
                          save_model=False, reward_workers=0)
     reward = lambda completion, example: float(ord(completion[0]) % 2) if completion else 0.5  # noqa: E731
     setup_process(config)
-    trainer = GRPOTrainer(config, model=make_model(len(tokenizer), seed=3), tokenizer=tokenizer,
-                          task=Task("tiny", rows[:16], rows[16:], reward), progress=False)
+    model = make_model(len(tokenizer), seed=3)
+    run = resolve_run(config, task=Task("tiny", rows[:16], rows[16:], reward), model=model)
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     engine = trainer.sampling.engine = Recorder(trainer)  # the sampling side (grpo/sides.py) holds the engine
     m = trainer.step(1)
     assert m["optimizer_steps"] == 1

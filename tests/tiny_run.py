@@ -10,6 +10,7 @@ from conftest import make_model, make_tokenizer
 
 from grpo.config import TrainConfig
 from grpo.process import setup_process
+from grpo.setup import resolve_run
 from grpo.tasks import Task
 from grpo.trainer import GRPOTrainer
 
@@ -37,7 +38,8 @@ def tiny_trainer(reward=count_a, **kw) -> GRPOTrainer:
     model = make_model(len(tokenizer), seed=3)
     config = tiny_config(**kw)
     setup_process(config)
-    return GRPOTrainer(config, model=model, tokenizer=tokenizer, task=tiny_task(reward), progress=False)
+    return GRPOTrainer(resolve_run(config, task=tiny_task(reward), model=model), model=model, tokenizer=tokenizer,
+                       progress=False)
 
 
 def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:

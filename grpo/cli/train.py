@@ -98,43 +98,6 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_engine(config: TrainConfig, nproc: int) -> None:
-    """The combinations that are not built (grpo/combinations.py), for the processes about to run;
-    --engine vllm: a Python that has vLLM (EngineError, one line, if not)."""
-    from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
-
-    refuse_unbuilt(config, world_size(nproc), adapter=config_trains_adapter(config))
-    if config.engine != "vllm":
-        return
-    from grpo.vllm_engine import find_python
-
-    find_python(config.vllm_python)
-
-
-def _check_user_code(config: TrainConfig, task: object) -> None:
-    """The rewards resolve and fit their style, code rewards can be sandboxed, and the user's tool and
-    environment files import: refused now, not at the first step."""
-    from grpo.rewards import resolve_reward
-    from grpo.rewards.sandbox import check_sandbox, needs_sandbox
-    from grpo.rewards.styles import check_style
-    from grpo.tools import load_functions
-
-    reward_fns = [resolve_reward(spec) for spec in config.rewards] or [task.reward]
-    for fn in reward_fns[: len(config.rewards)]:
-        check_style(fn, config.reward_style)
-    if needs_sandbox(reward_fns):
-        check_sandbox(config.sandbox)
-    if config.tools and config.tools != "none":
-        load_functions(config.tools)
-    if config.env:
-        load_functions(config.env, "environment")
-    # as make_agent decides: the given or the task's environment, beside the given or the task's tools
-    has_env = bool(config.env) or getattr(task, "env", None) is not None
-    has_tools = (config.tools not in ("", "none")) or bool(getattr(task, "tools", ()))
-    if has_env and has_tools:
-        raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
-
-
 def _check_memory(config: TrainConfig, task: object, nproc: int, argv: list[str], *, resume: bool
                   ) -> tuple[TrainConfig, list[str]]:
     """The memory check before the weights load (grpo/memory_check.py); what it adapted is also passed to
@@ -153,22 +116,17 @@ def _check_memory(config: TrainConfig, task: object, nproc: int, argv: list[str]
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
-    from grpo.models import check_model
-    from grpo.tasks import load_task
-
-    check_model(config.model)
-    task = load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
-                     answer_field=config.answer_field, system_prompt=config.system_prompt,
-                     prompt_template=config.prompt_template, eval_data=config.eval_data,
-                     require_answer=not config.rewards)
-    _check_user_code(config, task)
-    if config.output and run_dir is None:
-        check_run_dir(Path(config.output))
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
-    _check_engine(config, args.nproc)
+    from grpo.combinations import world_size
+    from grpo.setup import resolve_run
+
+    run = resolve_run(config, processes=world_size(args.nproc))  # the task, the rewards, the refusals
+    if config.output and run_dir is None:
+        check_run_dir(Path(config.output))
     if "WORLD_SIZE" not in os.environ:  # once, where the command starts; the launched processes get its result
-        config, argv = _check_memory(config, task, args.nproc, argv, resume=bool(args.resume))
+        config, argv = _check_memory(config, run.task, args.nproc, argv, resume=bool(args.resume))
+        run = dataclasses.replace(run, config=config)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
 
@@ -184,7 +142,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
                 raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
         setup_process(config)
-        trainer = GRPOTrainer(config, task=task, progress=not args.no_progress, world=world)  # data read once
+        trainer = GRPOTrainer(run, progress=not args.no_progress, world=world)  # data read once
         if world.is_main:
             where = f"{'resuming' if args.resume else 'run directory:'} {run_dir}"
             print(where + (f" ({world.size} processes)" if world.size > 1 else ""), flush=True)
@@ -214,17 +172,17 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
-    from grpo.models import check_model
+    from grpo.setup import resolve_run
 
     config = _config_from_args(args)
-    check_model(config.model)
+    run = resolve_run(config)  # the task, the rewards and the refusals, as grpo train's
     from grpo.preflight import run_preflight
     from grpo.process import setup_process
     from grpo.setup import step_budget
     from grpo.trainer import GRPOTrainer
 
     setup_process(config)
-    trainer = GRPOTrainer(config, progress=False)
+    trainer = GRPOTrainer(run, progress=False)
     try:
         report = run_preflight(trainer.sampling, trainer.learner, fit=trainer.fit_token_limit,
                                tuned_limit=trainer.tuned_token_limit)

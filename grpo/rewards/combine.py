@@ -63,7 +63,8 @@ class RewardScorer:
     others once per completion. A None value (trl style) adds nothing to the total and is left
     out of that function's mean and std; ``reward_none/<name>`` counts them.
     ``lengths`` (completion tokens) are added to each row as ``completion_tokens``
-    with ``max_completion_tokens``, for length-aware rewards such as ``overlong_penalty``;
+    with ``max_completion_tokens`` (the call's, else the scorer's), for length-aware rewards such as
+    ``overlong_penalty``;
     ``truncated`` (hit the token limit) as ``truncated``, for answer rewards, which give a cut
     completion 0.
     Rewards with a ``score_batch`` method (a learned reward model) run batched in this process.
@@ -145,12 +146,14 @@ class RewardScorer:
     def __call__(
         self, texts: Sequence[str], rows: Sequence[Mapping], lengths: Sequence[int] | None = None,
         completion_ids: Sequence[Sequence[int]] | None = None,
-        truncated: Sequence[bool] | None = None,
+        truncated: Sequence[bool] | None = None, max_completion_tokens: int | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
+        """The completions' rewards (N,; NaN where a call failed) and the metrics. ``max_completion_tokens``:
+        the token limit they were sampled under (default: the scorer's own, else the longest length)."""
         if truncated is not None:
             rows = [{**r, "truncated": bool(t)} for r, t in zip(rows, truncated, strict=True)]
         if lengths is not None:
-            limit = self.max_completion_tokens or max(lengths, default=0)
+            limit = max_completion_tokens or self.max_completion_tokens or max(lengths, default=0)
             rows = [{**r, "completion_tokens": int(n), "max_completion_tokens": limit} for r, n in zip(rows, lengths, strict=True)]
         total = torch.zeros(len(texts))  # (N,)
         errored = torch.zeros(len(texts), dtype=torch.bool)  # (N,)
