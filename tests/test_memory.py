@@ -366,3 +366,30 @@ def test_several_processes_sum_their_gradients_through_flat_copies():
     assert pred.phases["the gradient sync"] == BASE + 12 * p + 3 * 4 * p
     assert "the gradient sync" not in predict(TINY, dataclasses.replace(RUN, fsdp=True), Device("cpu", world=2)).phases
     assert "the gradient sync" not in predict(TINY, RUN, Device("cpu")).phases
+
+
+def test_gpu_page_figures_are_what_the_model_predicts():
+    # docs/gpu.md's two Qwen2.5-1.5B commands (a 60-token prompt, 100 steps, 256 new tokens, CUDA): its
+    # allocated / reserved peaks and the LoRA update alone, recomputed so the page cannot go stale
+    from pathlib import Path
+
+    page = " ".join((Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text(encoding="utf-8").split())
+    qwen = ModelShape.from_config({"num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 8960,
+                                   "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                                   "tie_word_embeddings": True, "model_type": "qwen2"})
+
+    def pred(checkpointing: bool, **kw: object):
+        config = TrainConfig(max_new_tokens=256, steps=100, gradient_checkpointing=checkpointing, **kw)
+        return predict(qwen, RunShape.from_config(config, 60), Device("cuda"))
+
+    def gb(n: int) -> str:
+        return f"{n / 1e9:.1f}"
+
+    full, plain = pred(True, lr=1e-6), pred(False, lr=1e-6)
+    lora, lora_plain = pred(True, lr=1e-5, lora_rank=16), pred(False, lr=1e-5, lora_rank=16)
+    assert f"full fine-tuning {gb(full.peak)} / {gb(full.reserved)} GB, in the update" in page
+    assert f"({gb(plain.peak)} / {gb(plain.reserved)} GB without `--gradient-checkpointing`)" in page
+    assert f"LoRA {gb(lora.peak)} / {gb(lora.reserved)} GB, when the merged model is written" in page
+    assert (f"(the update alone {gb(lora.phases['the update'])} GB, {gb(lora_plain.phases['the update'])} GB "
+            f"without checkpointing)") in page
+    assert f"{full.terms['activations'] / 1e9:.2f} GB;" in page  # the checkpointed activations' sum
