@@ -304,6 +304,20 @@ def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(m
     assert trainer_prediction(trainer)[1] == peak - GIB // 2
 
 
+def test_the_weight_push_buffer_counts_against_host_memory_only():
+    # vLLM's push buffer (full fine-tuning) lies in /dev/shm: beside a CPU process's peak it counts, beside a
+    # CUDA process's reserve (GPU memory) it does not
+    from grpo.memory_check import memory_line
+
+    run = dataclasses.replace(RUN, engine="vllm", vllm_bucket_mb=1.0, preflight_rows=0)
+    for kind in ("cpu", "cuda"):
+        pred = predict(TINY, run, Device(kind, total=2**30))
+        assert pred.others["push_buffer"] == 2**20
+        own = max(pred.peak, pred.reserved)
+        assert "warning" not in memory_line(pred, own + 2**20)
+        assert ("warning" in memory_line(pred, own)) == (kind == "cpu")
+
+
 def test_the_output_layers_gradient_is_made_while_every_activation_is_alive():
     # backward starts at the output layer: its gradient (4 V H) exists beside all of one micro-batch's
     # activations; the layers' gradients come as those go. A vocabulary of 10,000 (Gemma-like, V H is
