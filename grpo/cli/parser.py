@@ -76,7 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, default=1, metavar="INT",
                        help="data-parallel processes on this machine, started by grpo itself with torchrun's environment; "
                             "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
-    ev = sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task")
+    _add_eval(sub.add_parser("eval", help="held-out greedy pass@1, pass@k and maj@k of a model on a task"))
+    report = sub.add_parser("report", help="plots and an HTML page for a run, or two side by side",
+                         description="Write report.png and report.html into RUN_DIR (for two runs: "
+                         "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
+    report.add_argument("--output", default=None, help="write into this folder instead")
+    sub.add_parser("tasks", help="list the built-in tasks with their own settings")
+    pre = sub.add_parser(
+        "preflight", help="sample the starting model on a few training prompts and say whether GRPO can learn",
+        description="The pre-flight check on its own: pass rate, groups that vary, truncation, lengths and reward "
+        "errors of the starting model, with what to try. Takes every `grpo train` option. Exits 1 when the "
+        "check finds a problem that stops a run (any problem with --preflight strict).",
+    )
+    pre.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
+    _add_config_options(pre)
+    _add_check_reward(sub)
+    return parser
+
+
+def _add_eval(ev: argparse.ArgumentParser) -> None:
+    """grpo eval's options."""
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default=None,
                     help="built-in task scored without --data (default: for a model grpo train saved, the run's "
@@ -109,22 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CPU threads for torch, as in grpo train (default: 0, torch's default)")
     ev.add_argument("--no-progress", action="store_true", help="no progress line and bar (they go to stderr)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (alone on stdout)")
-    report = sub.add_parser("report", help="plots and an HTML page for a run, or two side by side",
-                         description="Write report.png and report.html into RUN_DIR (for two runs: "
-                         "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")
-    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
-    report.add_argument("--output", default=None, help="write into this folder instead")
-    sub.add_parser("tasks", help="list the built-in tasks with their own settings")
-    pre = sub.add_parser(
-        "preflight", help="sample the starting model on a few training prompts and say whether GRPO can learn",
-        description="The pre-flight check on its own: pass rate, groups that vary, truncation, lengths and reward "
-        "errors of the starting model, with what to try. Takes every `grpo train` option. Exits 1 when the "
-        "check finds a problem that stops a run (any problem with --preflight strict).",
-    )
-    pre.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
-    _add_config_options(pre)
-    _add_check_reward(sub)
-    return parser
 
 
 def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
