@@ -59,8 +59,10 @@ LOGIT_CHUNK_COPIES = 2
 # whole, the re-run layer's set and its gradients): measured with bench/memory_probe.py (SmolLM2-135M,
 # docs/memory.md) the surplus was 0.04 to 0.35 GiB at five sizes, growing with the completion's length at
 # equal tokens; not explained. This bounds it per completion token of the micro-batch: the largest of the
-# five, 0.35 GiB over 3,072 completion tokens (122 KB), rounded up. Measured on one model, on a CPU (fp32).
-CHECKPOINT_SURPLUS_PER_TOKEN = 125_000
+# five, 0.35 GiB over 3,072 completion tokens (122 KB), rounded up to 125 KB, taken as a multiple of one
+# token's layer inputs (L x H x bytes: 30 x 576 x 4 = 69,120 B on SmolLM2-135M in fp32), so that it
+# scales with the model: 1.81 x 69,120 = 125,107 B. Fitted on one model, on a CPU (fp32).
+CHECKPOINT_SURPLUS_LAYER_INPUTS = 1.81
 # Copies of the gradients a multi-process step's all-reduce makes on a CPU: the flat one and gloo's own.
 SYNC_COPIES_CPU = 2
 
@@ -336,12 +338,18 @@ def checkpointed_bytes(model: ModelShape, run: RunShape, tokens: int, rows: int,
     cache as the layers extend it (rows x (prompt + completion)), the prompt's cache repeated for each row
     twice (the repeat, and ``select_rows``' copy kept as the re-run's ``before``); then, in backward, the
     re-run layer's set and its gradients (2 x tokens x one layer's values), and the measured surplus
-    CHECKPOINT_SURPLUS_PER_TOKEN per completion token (rows x completion)."""
+    ``checkpoint_surplus_per_token`` per completion token (rows x completion)."""
     per_layer = tokens * model.activation_floats_per_token() * dtype_bytes
     kept = (tokens * model.layers * model.hidden * dtype_bytes
             + kv_cache_bytes(model, rows, run.prompt_tokens + run.completion, dtype_bytes)
             + 2 * kv_cache_bytes(model, rows, run.prompt_tokens, dtype_bytes))
-    return kept + 2 * per_layer + CHECKPOINT_SURPLUS_PER_TOKEN * rows * run.completion
+    return kept + 2 * per_layer + checkpoint_surplus_per_token(model, dtype_bytes) * rows * run.completion
+
+
+def checkpoint_surplus_per_token(model: ModelShape, dtype_bytes: int) -> int:
+    """Checkpointing's measured backward surplus per completion token: CHECKPOINT_SURPLUS_LAYER_INPUTS
+    times one token's layer inputs, L x H x dtype bytes (125,107 B on SmolLM2-135M in fp32)."""
+    return int(CHECKPOINT_SURPLUS_LAYER_INPUTS * model.layers * model.hidden * dtype_bytes)
 
 
 def update_terms(model: ModelShape, run: RunShape, device: Device, groups: int,

@@ -268,9 +268,11 @@ def memory_line(pred: Prediction, available: int | None) -> str:
     """Pre-flight's memory line, with a warning when a process's predicted peak (CUDA: its reserve) is over
     what is available to it (trainer_prediction: its share of what is free plus what it holds). The
     processes beside it (reward and tool workers, vLLM) are running by then, out of what is free already;
-    the weight push's buffer is not yet. Too late to adapt (the pre-load check does): it names the largest
-    term and the option that shrinks it, as the check's refusal does."""
-    line, need = pred.describe(available), max(pred.peak, pred.reserved) + pred.others.get("push_buffer", 0)
+    the weight push's buffer is not yet: it is host memory (/dev/shm), counted against a CPU's available
+    memory only, not a GPU's (a CUDA prediction is the one with a reserve). Too late to adapt (the pre-load
+    check does): it names the largest term and the option that shrinks it, as the check's refusal does."""
+    push = pred.others.get("push_buffer", 0) if not pred.reserved else 0
+    line, need = pred.describe(available), max(pred.peak, pred.reserved) + push
     if available is None or need <= available:
         return line
     name, size = max(pred.terms.items(), key=lambda kv: kv[1])

@@ -315,3 +315,18 @@ def test_grpo_eval_of_a_runs_model_runs_its_episodes_in_the_runs_chat_template(t
         main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4", "--samples", "0"])
     assert seen["agent"].prompt_format.template == OTHER_TEMPLATE  # the openings as training rendered them
     assert tokenizer.decode(seen["prompts"][0]).startswith("<|im_start|>system: ")
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_grpo_eval_refuses_a_non_positive_eval_size_before_loading_the_model(size, monkeypatch, capsys):
+    # --eval-size 0 once fell back to 256 prompts in silence
+    from grpo.cli import main
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("grpo.models.check_model", no_model)
+    monkeypatch.setattr("grpo.models.load_policy", no_model)
+    assert main(["eval", "--task", "add", "--eval-size", size, "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [f"grpo eval: error: --eval-size must be positive, got {size}"]

@@ -84,16 +84,25 @@ def test_a_turn_is_sampled_inside_the_scope(libc, tiny_model, tokenizer):
 
 
 def test_the_scope_samples_the_same_tokens_and_logprobs_bit_for_bit(monkeypatch, tiny_model, tokenizer):
+    # _released recorded by monkeypatch before anything sets it, and glibc's threshold put back after, so
+    # the 1 MiB release does not leak into the rest of the session
+    before = heap._released["mib"]
     monkeypatch.setitem(heap._released, "depth", 0)
+    monkeypatch.setitem(heap._released, "mib", before)
     heap.release_freed_memory(1)  # what a training process sets (heap_release_mb = 1), with glibc's real allocator
     out = {}
-    for mib in (0, 1, 0, 1):  # 0: the scope is off, every freed block of 1 MiB and more goes back at once
-        monkeypatch.setitem(heap._released, "mib", mib)
-        streams = torch.tensor([[11, 12], [13, 14], [15, 16], [17, 18]])
-        r = generate(tiny_model, tokenizer, _prompts(tokenizer), group_size=2, max_new_tokens=16, streams=streams,
-                     stop_token_ids=[])
-        if mib in out:
-            assert torch.equal(r.completion_ids, out[mib].completion_ids)
-        out[mib] = r
+    try:
+        for mib in (0, 1, 0, 1):  # 0: the scope is off, every freed block of 1 MiB and more goes back at once
+            heap._released["mib"] = mib
+            streams = torch.tensor([[11, 12], [13, 14], [15, 16], [17, 18]])
+            r = generate(tiny_model, tokenizer, _prompts(tokenizer), group_size=2, max_new_tokens=16,
+                         streams=streams, stop_token_ids=[])
+            if mib in out:
+                assert torch.equal(r.completion_ids, out[mib].completion_ids)
+            out[mib] = r
+    finally:
+        libc = heap._libc()
+        if libc is not None:  # glibc's threshold as it was: the session's release, else glibc's 128 KiB start
+            libc.mallopt(heap.M_MMAP_THRESHOLD, (before << 20) if before else 128 << 10)
     assert torch.equal(out[0].completion_ids, out[1].completion_ids)
     assert torch.equal(out[0].logprobs, out[1].logprobs)

@@ -96,21 +96,6 @@ def test_without_early_stop_the_same_run_goes_on_with_the_alarm(tmp_path):
     assert summary["steps"] == 5 and summary["stopped_early"] is None and "no_signal" in summary["alarms"]
 
 
-def test_a_run_too_short_for_the_no_signal_alarm_ends_saying_it_trained_on_nothing(tmp_path):
-    # 4 steps with no group varying: no_signal needs 5 in a row; the end says so in one line, and not
-    # again where the alarm fired
-    from grpo.cli.train import end_lines
-
-    short = tiny_trainer(reward=never, steps=4).train(tmp_path / "short")
-    assert "no_signal" not in short["alarms"]
-    said = end_lines(short, tmp_path / "short")
-    assert said[0].startswith("held-out accuracy") and len(said) == 2
-    assert said[1].startswith("little signal: none of the 4 steps") and "docs/alarms.md" in said[1]
-    fired = tiny_trainer(reward=never, steps=4, no_signal_steps=3, early_stop=False).train(tmp_path / "fired")
-    assert "no_signal" in fired["alarms"] and fired["little_signal"] is None
-    assert len(end_lines(fired, tmp_path / "fired")) == 1
-
-
 def test_checker_suspected_fires_on_a_run_that_games_its_training_reward(tmp_path):
     # the training reward (share of 'a') is learnable; the held-out checker ('b' exactly) never moves
     tokenizer = make_tokenizer()

@@ -171,6 +171,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.prompts import run_prompts, run_task, settle_format
     from grpo.rewards import combine_rewards
 
+    if args.eval_size is not None and args.eval_size <= 0:  # before 0 could fall back to a default size
+        raise ConfigError(f"--eval-size must be positive, got {args.eval_size}")
     run = _run_config(args.model)
     _inherit_source(args, run)
     _check_args(args)
