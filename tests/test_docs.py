@@ -13,6 +13,7 @@ runs the embedded model (slow).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -24,6 +25,9 @@ import pytest
 from conftest import make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+# an example run in a bare environment keeps the one torch thread a pytest worker gives its processes
+# (tests/conftest.py): two threads each on two busy cores wait on each other
+ONE_THREAD = {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]} if "OMP_NUM_THREADS" in os.environ else {}
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.M | re.S)
 SHELL = ("", "bash", "sh", "shell", "console")  # a code block in these is typed; text, python, yaml are not
@@ -324,7 +328,7 @@ EXAMPLES = [words for _, words in ALL_COMMANDS if words[0] == "python" and words
 def test_every_example_command_runs(words):
     quick = ["--steps", "1", "--eval-size", "2", "--prompts", "2", "--group", "2"]
     result = subprocess.run([sys.executable, *words[1:], *quick], cwd=ROOT, capture_output=True, text=True,
-                            timeout=900, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            timeout=900, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **ONE_THREAD})
     assert result.returncode == 0, result.stderr[-2000:]
 
 
