@@ -219,4 +219,5 @@ def r1_zero_reward(checker: RewardFn) -> RewardFn:
 
     reward.__name__ = f"{getattr(checker, '__name__', 'reward')}_r1_zero"
     reward.r1_zero = True
+    reward.needs_sandbox = getattr(checker, "needs_sandbox", False)  # a code checker still runs sandboxed
     return reward

@@ -159,6 +159,18 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--threads must be >= 0, got {args.threads}")
 
 
+def _check_eval_size(args: argparse.Namespace) -> None:
+    """A given --eval-size below 1 is refused before anything can replace it by a default size."""
+    if args.eval_size is not None and args.eval_size <= 0:
+        raise ConfigError(f"--eval-size must be positive, got {args.eval_size}")
+
+
+def _start_line(args: argparse.Namespace, prompts: int, limit: int) -> str:
+    """The line on stderr before the bar: what the evaluation will score."""
+    sampled = f" then {args.samples} samples each" if args.samples else ""
+    return f"grpo eval: {prompts} held-out prompts, greedy{sampled}, at most {limit} tokens a completion"
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
@@ -171,8 +183,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.prompts import run_prompts, run_task, settle_format
     from grpo.rewards import combine_rewards
 
-    if args.eval_size is not None and args.eval_size <= 0:  # before 0 could fall back to a default size
-        raise ConfigError(f"--eval-size must be positive, got {args.eval_size}")
+    _check_eval_size(args)
     run = _run_config(args.model)
     _inherit_source(args, run)
     _check_args(args)
@@ -200,8 +211,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=shaped.prompt_format,
                                          chat_template=shaped.chat_template, **same), task)
     agent, toolbox = make_agent(episodes, task, policy.tokenizer)
-    said = None if args.no_progress else (f"grpo eval: {len(prompts)} held-out prompts, greedy" + (
-        f" then {args.samples} samples each" if args.samples else "") + f", at most {limit} tokens a completion")
+    said = None if args.no_progress else _start_line(args, len(prompts), limit)
     try:  # greedy, then the samples: each pass advances the bar by every prompt
         with eval_progress((2 if args.samples else 1) * len(prompts), said) as advance:
             result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,

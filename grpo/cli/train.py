@@ -119,13 +119,15 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.combinations import world_size
+    from grpo.prompts import format_task
     from grpo.setup import resolve_run
 
     run = resolve_run(config, processes=world_size(args.nproc))  # the task, the rewards, the refusals
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
     if "WORLD_SIZE" not in os.environ:  # once, where the command starts; the launched processes get its result
-        config, argv = _check_memory(config, run.task, args.nproc, argv, resume=bool(args.resume))
+        # the task as the trainer formats it: r1-zero drops a task's tuned token limit, which the completions' terms read
+        config, argv = _check_memory(config, format_task(run.task, config), args.nproc, argv, resume=bool(args.resume))
         run = dataclasses.replace(run, config=config)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
