@@ -76,8 +76,8 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "        per_token = per_token * tis_weight", "        per_token = per_token", "TIS weights ignored"),
     (A, "    low = out.clipped & (adv < 0)  # (N, T)", "    low = out.clipped & (adv > 0)  # (N, T)",
      "clip_frac_low counts the wrong side"),
-    (R, "        logp = torch.log_softmax(logits / temperature, dim=-1)", "        logp = torch.log_softmax(logits, dim=-1)",
-     "the sampler ignores the temperature"),
+    (R, "        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)",
+     "        logp = torch.log_softmax(logits, dim=-1)", "the sampler ignores the temperature"),
     # (drawing from logp.exp() instead is no longer a mutant: logp is the truncated distribution's by then)
     (R, "        probs = kept.softmax(dim=-1)", "        probs = logp.softmax(dim=-1)",
      "top-k/top-p filtering ignored by the draw"),
