@@ -29,6 +29,7 @@ import argparse
 import gc
 import json
 import multiprocessing
+import re
 import signal
 import statistics
 import sys
@@ -98,11 +99,40 @@ def base_config(args: argparse.Namespace) -> TrainConfig:
     })
 
 
+OPERATION = re.compile(r"(\d+)\s*([+-])\s*(\d+)")
+
+
+def carry_bucket(prompt: str) -> str | None:
+    """"carry" or "no carry" for a prompt of two numbers added ("borrow" / "no borrow" subtracted), by its
+    units digits; None for any other prompt."""
+    found = OPERATION.search(prompt)
+    if found is None:
+        return None
+    a, op, b = int(found.group(1)), found.group(2), int(found.group(3))
+    if op == "+":
+        return "carry" if a % 10 + b % 10 >= 10 else "no carry"
+    return "borrow" if a % 10 < b % 10 else "no borrow"
+
+
+def bucket_accuracy(rows: list[dict], start: tuple[bool, ...], end: tuple[bool, ...]) -> dict[str, dict]:
+    """Held-out greedy accuracy at the end per difficulty bucket: the prompts the starting model solved
+    and those it did not (any task), and carry or not (a task of two numbers added or subtracted).
+    Each bucket: its size and the accuracy at the start and at the end."""
+    buckets: dict[str, list[int]] = {"solved at start": [], "unsolved at start": []}
+    for i, row in enumerate(rows[: len(end)]):
+        buckets["solved at start" if start[i] else "unsolved at start"].append(i)
+        kind = carry_bucket(str(row.get("prompt", "")))
+        if kind is not None:
+            buckets.setdefault(kind, []).append(i)
+    return {name: {"size": len(ix), "start": sum(start[i] for i in ix) / len(ix),
+                   "end": sum(end[i] for i in ix) / len(ix)} for name, ix in buckets.items() if ix}
+
+
 def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
     """Evaluate, train until the budget is spent (finishing the step under way), evaluate; return the figures."""
     setup_process(config)
     trainer = GRPOTrainer(resolve_run(config), progress=False)
-    start_acc = evaluate_heldout(trainer.sampling).accuracy
+    start = evaluate_heldout(trainer.sampling)
     steps: list[dict] = []
     began = time.perf_counter()
     with log_path.open("w") as log:
@@ -111,7 +141,8 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
             steps.append(metrics)
             log.write(json.dumps({"step": len(steps), **metrics}) + "\n")
     train_minutes = (time.perf_counter() - began) / 60
-    end_acc = evaluate_heldout(trainer.sampling).accuracy
+    end = evaluate_heldout(trainer.sampling)
+    buckets = bucket_accuracy(list(trainer.sampling.task.heldout), start.solved, end.solved)
     trainer.close()  # its reward workers: left open, the pool's process waits on them at exit and the run hangs
     del trainer
     gc.collect()
@@ -121,8 +152,9 @@ def timed_run(config: TrainConfig, minutes: float, log_path: Path) -> dict:
     generated = sum(m["generated_groups"] for m in steps)
     return {
         "seed": config.seed,
-        "heldout_accuracy_start": start_acc,
-        "heldout_accuracy_end": end_acc,
+        "heldout_accuracy_start": start.accuracy,
+        "heldout_accuracy_end": end.accuracy,
+        "buckets": buckets,
         "steps": len(steps),
         "train_minutes": round(train_minutes, 3),
         "steps_per_minute": len(steps) / train_minutes,
@@ -194,6 +226,21 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def bucket_table(runs: dict[str, list[dict]]) -> str:
+    """Held-out accuracy at the end per difficulty bucket, mean [min, max] over seeds, per configuration."""
+    names = list(runs)
+    kinds = list(dict.fromkeys(k for r in runs.values() for run in r for k in run["buckets"]))
+    lines = [f"{'held-out accuracy at the end, by bucket':38}" + "".join(f"{n:>30}" for n in names)]
+    for kind in kinds:
+        cells = []
+        for n in names:
+            ends = [run["buckets"][kind]["end"] for run in runs[n] if kind in run["buckets"]]
+            cells.append(f"{statistics.fmean(ends):.1%} [{min(ends):.1%}, {max(ends):.1%}]" if ends else "-")
+        sizes = sorted({run["buckets"][kind]["size"] for r in runs.values() for run in r if kind in run["buckets"]})
+        lines.append(f"{kind + ' (' + '/'.join(map(str, sizes)) + ' prompts)':38}" + "".join(f"{c:>30}" for c in cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -222,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.task}, {args.minutes:g} min of training per run, seeds {args.seeds}, {args.jobs} run(s) at "
           f"once, {base.threads or torch.get_num_threads()} thread(s) each; mean [min, max] over seeds")
     print(table(summary))
+    print(bucket_table(runs))
     report = {"task": args.task, "minutes": args.minutes, "seeds": args.seeds, "jobs": args.jobs,
               "config": base.to_dict(),
               "summary": summary, "runs": runs}
