@@ -200,6 +200,8 @@ class GRPOTrainer:
         """Take the step's batch (sampled now, or ahead), compute group advantages, update the policy on it,
         record the step."""
         t0 = time.perf_counter()
+        if self.config is None:  # stepped by hand, without train(): no pre-flight, the config as given
+            self._settle(self.draft)
         batch, waits = self.batches.next(step)
         with self.batches.turn(waits):  # sampling ahead with the own engine: once the thread's turn ends
             t_scored = time.perf_counter()

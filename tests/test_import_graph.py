@@ -132,6 +132,22 @@ def test_the_config_is_assigned_once_and_the_sampler_built_once(tmp_path, monkey
         assert trainer.config.max_new_tokens < 256 and trainer.sampling.config is trainer.config
 
 
+def test_a_trainer_whose_preflight_may_fit_steps_by_hand_with_the_config_as_given():
+    """step(n) without train() (bench scripts, the Python API): no pre-flight runs, the config is the one
+    given, settled once on the first step."""
+    from tiny_run import tiny_trainer
+
+    trainer = tiny_trainer(steps=1, preflight="warn", max_new_tokens=0, preflight_prompts=2, max_gen_rounds=1,
+                           eval_size=4)
+    try:
+        assert trainer.config is None  # the check could change it: not settled yet
+        metrics = trainer.step(1)
+        assert trainer.config is trainer.draft and trainer.sampling.config is trainer.config
+        assert metrics["generated_groups"] >= 1
+    finally:
+        trainer.close()
+
+
 MODULE_LINES, FUNCTION_LINES = 500, 60  # the style's limits (../shared/STYLE.md)
 
 
