@@ -1,6 +1,7 @@
 """A run's one setup path and the building of its parts. :func:`resolve_run` resolves what a run is (its task
 and rewards) and refuses what the options and the world size rule out, before anything loads; `grpo train`,
-`grpo preflight` and grpo.train() all start there. Then the parts, in the order they depend on each other:
+`grpo preflight` and grpo.train() all start there, then run the memory check before loading
+(:func:`check_before_loading`). Then the parts, in the order they depend on each other:
 the rewards' scorer, the policy (loaded, LoRA-wrapped, sharded) with its reference and optimiser, the vLLM
 engine; then what the pre-flight check settles of the config. grpo/trainer.py calls these once; each takes
 what it reads and returns what it built."""
@@ -27,7 +28,7 @@ from grpo.episodes import Agent
 from grpo.interrupt import RunStopped
 from grpo.models import add_lora, check_model, load_policy, trains_adapter
 from grpo.preflight import PreflightReport, mean_tokens
-from grpo.prompts import config_task
+from grpo.prompts import config_task, format_task
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
@@ -43,11 +44,14 @@ EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may ad
 class RunSetup:
     """A run as its options resolve it, before anything loads: the config as given (the trainer settles
     it), the task (the given one, else the config's; formatted by the trainer, grpo.prompts.format_task)
-    and the rewards (the given, else the config's, resolved; none: the task's own checker)."""
+    and the rewards (the given, else the config's, resolved; none: the task's own checker); the user's tool
+    and environment files as checked (imported here, once; the agent is made from them)."""
 
     config: TrainConfig
     task: Task
     rewards: list[Callable]
+    tools: list[Callable] | None = None  # config.tools' functions; None: none named (or "none")
+    env: Callable | None = None  # config.env's environment; None: none named
 
 
 def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Sequence[RewardFn | str] | None = None,
@@ -62,7 +66,7 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
     if task is None:
         task = config_task(config, require_answer=not (rewards or config.rewards))
     reward_fns = [resolve_reward(r) for r in (list(rewards) if rewards is not None else list(config.rewards))]
-    check_user_code(config, task, reward_fns)
+    tools, env = check_user_code(config, task, reward_fns)
     adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
     refuse_unbuilt(config, processes, adapter=adapter)  # the combinations not built (grpo/combinations.py)
     if config.engine == "vllm":
@@ -74,36 +78,58 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
             f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
             f"processes ({processes}): each process samples whole groups"
         )
-    return RunSetup(config, task, reward_fns)
+    return RunSetup(config, task, reward_fns, tools, env)
 
 
-def check_user_code(config: TrainConfig, task: Task, reward_fns: Sequence[Callable]) -> None:
-    """The rewards fit their style, code rewards can be sandboxed, and the user's tool and environment files
-    import: refused now, not at the first step."""
+def check_before_loading(run: RunSetup, processes: int, *, resume: bool = False) -> RunSetup:
+    """The memory check before the weights load (grpo/memory_check.py), shared by `grpo train`, `grpo
+    preflight` and grpo.train(): the run with what it adapted, or ConfigError, one line, for a run that
+    cannot fit. Once, where the run starts: a process torchrun started skips it (the command that started
+    it checked, and passed on what it adapted). A resumed run's options refuse, never adapt."""
+    if "WORLD_SIZE" in os.environ:
+        return run
+    from grpo.memory_check import check_memory
+
+    config = run.config
+    # the task as the trainer formats it: r1-zero drops a task's tuned token limit, which the completions' terms read
+    checked = check_memory(replace(config, adapt=config.adapt and not resume), format_task(run.task, config), processes)
+    return replace(run, config=replace(checked, adapt=config.adapt))
+
+
+def check_user_code(config: TrainConfig, task: Task, reward_fns: Sequence[Callable]
+                    ) -> tuple[list[Callable] | None, Callable | None]:
+    """The rewards fit their style, the user's tool and environment files import, and code rewards and
+    environments that run code can be sandboxed: refused now, not at the first step. Returns the tools and
+    the environment the files hold (None where none is named), imported once: the agent is made from them."""
     for fn in reward_fns:
         check_style(fn, config.reward_style)
-    if needs_sandbox(list(reward_fns) or [task.reward]):
+    tools = load_functions(config.tools) if config.tools and config.tools != "none" else None
+    env = load_functions(config.env, "environment")[0] if config.env else None
+    if needs_sandbox([*(list(reward_fns) or [task.reward]), *episode_envs(task, env)]):
         check_sandbox(config.sandbox)
-    if config.tools and config.tools != "none":
-        load_functions(config.tools)
-    if config.env:
-        load_functions(config.env, "environment")
     # as make_agent decides: the given or the task's environment, beside the given or the task's tools
     has_env = bool(config.env) or getattr(task, "env", None) is not None
     has_tools = (config.tools not in ("", "none")) or bool(getattr(task, "tools", ()))
     if has_env and has_tools:
         raise ConfigError("give tools or an environment, not both (an environment can call tools itself)")
+    return tools, env
 
 
-def build_scorer(config: TrainConfig, task: Task, rewards: Sequence[Callable]
+def episode_envs(task: Task, env: Callable | None) -> list[Callable]:
+    """The environments a run's episodes may come from, for the sandbox's switch: the one given (by --env or
+    the Python API) and the task's own."""
+    return [e for e in (env, getattr(task, "env", None)) if e is not None]
+
+
+def build_scorer(config: TrainConfig, task: Task, rewards: Sequence[Callable], env: Callable | None = None
                  ) -> tuple[list[Callable], RewardScorer, RewardScorer]:
     """The reward functions (the resolved ``rewards``, else the task's checker), the scorer that runs them
     (in worker processes, with a time limit), and the task's checker, for held-out accuracy, pre-flight and
     the step's accuracy: in workers with the same time limit (the reward's own scorer when the checker is
-    the reward)."""
+    the reward). ``env``: the environment given (--env or the Python API), which may run code too."""
     reward_fns = list(rewards) or [task.reward]
     # process-wide, before the reward workers fork, so they inherit it
-    if needs_sandbox([*reward_fns, *([task.env] if task.env else [])]):
+    if needs_sandbox([*reward_fns, *episode_envs(task, env)]):
         set_sandbox(check_sandbox(config.sandbox))
     weights = config.reward_weights or (1.0,) * len(reward_fns)
     style = config.reward_style if rewards else "auto"
@@ -194,6 +220,13 @@ def preflight_verdict(report: PreflightReport, config: TrainConfig, world: World
         raise RunStopped(f"pre-flight check: {fatal[0].message}{where}", exit_code=1)
     fitted = {} if report.fitted_max_new_tokens is None else {"max_new_tokens": report.fitted_max_new_tokens}
     return {**fitted, **budget_changes(report, replace(config, **fitted), world, run_dir, fit=fit)}
+
+
+def preflight_may_change(config: TrainConfig, *, fit: bool) -> bool:
+    """Whether the pre-flight check can change the config: it runs, and it fits a token limit (``fit``) or
+    may adapt the run to a time budget (step_budget changes nothing without ``minutes`` and ``adapt``). The
+    trainer builds the prompt sampler once the check has settled these, and only then."""
+    return config.preflight != "off" and (fit or (bool(config.minutes) and config.adapt))
 
 
 def budget_changes(report: PreflightReport, config: TrainConfig, world: World, run_dir: Path | None, *,

@@ -1,7 +1,8 @@
 """The two sides of a step, as plain values the phases take: ``Sampling`` (what generating, scoring and
 evaluating read: grpo/batch.py, grpo/heldout.py, grpo/step_metrics.py, grpo/preflight.py) and ``Learner``
-(what the update reads: grpo/update.py). The trainer builds both once its config is settled; sampling
-ahead (grpo/ahead.py) samples from a copy of ``Sampling`` whose model is its own."""
+(what the update reads: grpo/update.py). The trainer builds both once its config is settled (where the
+pre-flight check may change the config, the check first gets a pair of its own, with no prompt sampler: it
+draws its own prompts); sampling ahead (grpo/ahead.py) samples from a copy of ``Sampling`` whose model is its own."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ class Sampling:
     autocast: AbstractContextManager
     train_prompts: list[list[int]]  # the task's rows as prompt tokens
     heldout_prompts: list[list[int]]
-    sampler: UniformSampler | FrontierSampler  # which prompts next
-    draws: DrawCounts  # which groups are a first try at their prompt
+    sampler: UniformSampler | FrontierSampler | None  # which prompts next (None: the pre-flight check's side)
+    draws: DrawCounts | None  # which groups are a first try at their prompt (None: as the sampler)
     screen: Screen | None  # which candidates get a group (grpo/screen.py); None: the sampler's draw as it is
     score: RewardScorer  # the rewards, in worker processes with a time limit
     checker: RewardScorer  # the task's checker, the same way (the scorer itself when the checker is the reward)

@@ -1,37 +1,31 @@
 """The GRPO loop, top to bottom.
 
-Each step: take the step's batch from the batch source (grpo/source.py:
-sampled at the step, or ahead in a thread, grpo/ahead.py): B prompts
-(grpo/sampler.py: uniform, or the frontier sampler), a group of G completions
-for each, scored (grpo/batch.py, with DAPO's dynamic sampling); standardise rewards within
-each group into advantages (grpo/algorithm.py); update the policy with the
-clipped surrogate, plus beta * KL when beta > 0 (grpo/update.py); record
-(grpo/step_metrics.py); evaluate on held-out prompts now and then
+Each step: take the step's batch from the batch source (grpo/source.py: sampled at the step, or ahead in a
+thread, grpo/ahead.py): B prompts (grpo/sampler.py: uniform, or the frontier sampler), a group of G
+completions for each, scored (grpo/batch.py, with DAPO's dynamic sampling); standardise rewards within each
+group into advantages (grpo/algorithm.py); update the policy with the clipped surrogate, plus beta * KL when
+beta > 0 (grpo/update.py); record (grpo/step_metrics.py); evaluate on held-out prompts now and then
 (grpo/heldout.py); checkpoint (grpo/run_state.py).
 
 Deviations from DeepSeekMath's GRPO, all configurable:
-- the default aggregation is per token over the batch (DAPO), not the mean
-  of per-sequence means;
+- the default aggregation is per token over the batch (DAPO), not the mean of per-sequence means;
 - the default clip is asymmetric (DAPO's clip-higher: 0.2 below, 0.28 above);
 - no KL penalty by default (beta = 0), so no reference model is loaded;
-- a group whose rewards are all equal has zero advantages and, with beta = 0,
-  contributes exactly nothing to the gradient, so its forward and backward
-  passes are skipped (the loss normaliser still counts its tokens, so the
-  update is unchanged); a step where every group is like that makes no
-  optimiser update at all;
-- an optimiser step whose loss or gradient is NaN/inf is skipped (and counted as
-  nonfinite_skipped); max_bad_steps such steps in a row stop the run.
+- a group whose rewards are all equal has zero advantages and, with beta = 0, contributes exactly nothing to
+  the gradient, so its forward and backward passes are skipped (the loss normaliser still counts its tokens,
+  so the update is unchanged); a step where every group is like that makes no optimiser update at all;
+- an optimiser step whose loss or gradient is NaN/inf is skipped (and counted as nonfinite_skipped);
+  max_bad_steps such steps in a row stop the run.
 
 Checkpoints (grpo/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
 
-Under torchrun each process samples and trains on its share of the whole
-groups of the same global batch, with the whole batch's advantages and loss
-normaliser; every completion draws from a random stream of its own, keyed by
-its place in the run, not by the process (grpo/distributed.py,
-grpo/streams.py), so the update does not depend on the world size W.
+Under torchrun each process samples and trains on its share of the whole groups of the same global batch,
+with the whole batch's advantages and loss normaliser; every completion draws from a random stream of its
+own, keyed by its place in the run, not by the process (grpo/distributed.py, grpo/streams.py), so the update
+does not depend on the world size W.
 
-Process-wide settings (seeds, threads, the allocator) are not the trainer's:
-call :func:`grpo.process.setup_process` first, as :func:`train` and the CLI do.
+Process-wide settings (seeds, threads, the allocator) are not the trainer's: call
+:func:`grpo.process.setup_process` first, as :func:`train` and the CLI do.
 """
 
 from __future__ import annotations
@@ -61,16 +55,18 @@ from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import pick_device, setup_process
 from grpo.prompts import format_task, run_prompts, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
-from grpo.sampler import DrawCounts, make_sampler
-from grpo.screen import make_screen
+from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler, make_sampler
+from grpo.screen import Screen, make_screen
 from grpo.setup import (
     RewardFn,
     RunSetup,
     build_engine,
     build_policy,
     build_scorer,
+    check_before_loading,
     default_run_dir,
     load_model,
+    preflight_may_change,
     preflight_verdict,
     resolve_run,
 )
@@ -101,18 +97,11 @@ class GRPOTrainer:
     run_dir: Path | None = None  # where rank 0 writes; None on the other ranks
     saving: bool = False  # checkpoints are written (on every process: under FSDP all take part)
     memory: dict | None = None  # the pre-flight check's memory prediction (grpo/memory.py), and the measured peak
+    config: TrainConfig | None = None  # the config the steps run with, once settled (_settle assigns it once)
 
-    def __init__(
-        self,
-        run: RunSetup,
-        *,
-        model: nn.Module | None = None,
-        tokenizer: object | None = None,
-        progress: bool = True,
-        world: World | None = None,
-        tools: Sequence[Callable] | None = None,
-        env: Callable | None = None,
-    ) -> None:
+    def __init__(self, run: RunSetup, *, model: nn.Module | None = None, tokenizer: object | None = None,
+                 progress: bool = True, world: World | None = None, tools: Sequence[Callable] | None = None,
+                 env: Callable | None = None) -> None:
         try:
             self._build(run, model, tokenizer, progress, world, tools, env)
         except BaseException:  # what was started (reward, tool workers; the vLLM engine) ends with the failure
@@ -131,7 +120,9 @@ class GRPOTrainer:
         self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
         self.auto_alarm_window = config.alarm_window == 0
         config = settle_config(config, self.task)
-        self.reward_fns, self.score, self.checker = build_scorer(config, self.task, run.rewards)
+        # the given tools and environment, else those the config's files hold (imported once, by resolve_run)
+        tools, env = tools if tools is not None else run.tools, env or run.env
+        self.reward_fns, self.score, self.checker = build_scorer(config, self.task, run.rewards, env)
         self.world = world if world is not None else init_world(config.device, fsdp=config.fsdp)
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
         model, self.tokenizer = load_model(config, self.device, model, tokenizer)
@@ -149,11 +140,16 @@ class GRPOTrainer:
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         )
-        self._settle(config)
+        self.draft = config  # the config as the pre-flight check samples with it, before what it fits
+        if preflight_may_change(config, fit=self.fit_token_limit):  # settled in train(), after the check
+            # until then the sides are the check's, with no prompt sampler (it draws its own prompts)
+            self.sampling, self.learner = self._sides(config, None, None, None, random.Random(config.seed))
+        else:
+            self._settle(config)
 
     def _settle(self, config: TrainConfig) -> None:
-        """The config the steps run with, and what is built from it: the prompt sampler (and its RNG), the
-        draw counts, the screen, the two sides of a step and the batch source."""
+        """The config the steps run with (assigned here, once), and what is built from it: the prompt
+        sampler (and its RNG), the draw counts, the screen, the two sides of a step and the batch source."""
         self.config = config
         self.prompt_rng = random.Random(config.seed)
         self.sampler = make_sampler(
@@ -163,15 +159,19 @@ class GRPOTrainer:
         )
         self.draws = DrawCounts(len(self.task.train))  # which groups are a first try at their prompt
         self.screen = make_screen(config)  # None: each round generates the sampler's draw as it is
-        self.sampling = Sampling(
-            config, self.world, self.device, self.task, self.tokenizer, self.model, self.policy, self.autocast,
-            self.train_prompts, self.heldout_prompts, self.sampler, self.draws, self.screen, self.score,
-            self.checker, self.reward_fns, self.agent, self.toolbox, self.engine)
         # sampling ahead, the minibatches' order has an RNG of its own (prompt_rng draws in the thread)
         order_rng = random.Random(f"minibatch-order-{config.seed}") if config.async_lag else self.prompt_rng
-        self.learner = Learner(config, self.world, self.model, self.policy, self.reference, self.optimizer,
-                               self.tokenizer, self.autocast, order_rng)
+        self.sampling, self.learner = self._sides(config, self.sampler, self.draws, self.screen, order_rng)
         self.batches = batch_source(self.sampling, self.learner, config.async_lag)
+
+    def _sides(self, config: TrainConfig, sampler: UniformSampler | FrontierSampler | None, draws: DrawCounts | None,
+               screen: Screen | None, order_rng: random.Random) -> tuple[Sampling, Learner]:
+        """The two sides of a step (grpo/sides.py) over the trainer's parts, with this config."""
+        return (Sampling(config, self.world, self.device, self.task, self.tokenizer, self.model, self.policy,
+                         self.autocast, self.train_prompts, self.heldout_prompts, sampler, draws, screen, self.score,
+                         self.checker, self.reward_fns, self.agent, self.toolbox, self.engine),
+                Learner(config, self.world, self.model, self.policy, self.reference, self.optimizer, self.tokenizer,
+                        self.autocast, order_rng))
 
     def checkpoint_parts(self) -> dict[str, object]:
         """The run's state besides the weights and the optimiser's, by name, as a checkpoint holds it
@@ -200,6 +200,8 @@ class GRPOTrainer:
         """Take the step's batch (sampled now, or ahead), compute group advantages, update the policy on it,
         record the step."""
         t0 = time.perf_counter()
+        if self.config is None:  # stepped by hand, without train(): no pre-flight, the config as given
+            self._settle(self.draft)
         batch, waits = self.batches.next(step)
         with self.batches.turn(waits):  # sampling ahead with the own engine: once the thread's turn ends
             t_scored = time.perf_counter()
@@ -252,9 +254,13 @@ class GRPOTrainer:
         self.run_dir = run_dir if self.world.is_main else None  # only rank 0 writes
         self.saving = run_dir is not None
         start = time.perf_counter()
-        state = self._resume(run_dir) if resume else None
-        preflight = None if resume or self.config.preflight == "off" else self._preflight()
-        state = state or RunState.start(self.config, auto_alarm_window=self.auto_alarm_window)  # config final
+        preflight, changes = (None, {}) if resume or self.draft.preflight == "off" else self._preflight()
+        if self.config is None:  # the check could change it: settled now, once, with what it fitted and adapted
+            self._settle(replace(self.draft, **changes))
+        elif changes:
+            raise RuntimeError(f"pre-flight changed {sorted(changes)} of a config settled before it")
+        state = self._resume(run_dir) if resume else RunState.start(self.config,
+                                                                    auto_alarm_window=self.auto_alarm_window)
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
                        explain={"checker_suspected": self._top_completions})
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
@@ -343,15 +349,13 @@ class GRPOTrainer:
         if self.run_dir is not None:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    def _preflight(self) -> PreflightReport:
-        """Run the pre-flight check; stop when the mode says so; adopt a fitted token limit and the step budget."""
+    def _preflight(self) -> tuple[PreflightReport, dict[str, int]]:
+        """Run the pre-flight check on the draft config; stop when the mode says so; the report, and the
+        config's changes: a fitted token limit and what the step budget adapts."""
         report = run_preflight(self.sampling, self.learner, fit=self.fit_token_limit,
                                tuned_limit=self.tuned_token_limit)
         self.memory = report.memory
-        changes = preflight_verdict(report, self.config, self.world, self.run_dir, fit=self.fit_token_limit)
-        if changes:  # before the first step: the config and what is built from it are settled again
-            self._settle(replace(self.config, **changes))
-        return report
+        return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""
@@ -384,6 +388,8 @@ def train(
     config = replace(config or TrainConfig(), **overrides)
     setup_process(config)
     run = resolve_run(config, task=task, rewards=rewards, model=model)  # refused here, before anything loads
+    if model is None:  # the memory check before loading, as grpo train's (a model given is loaded already)
+        run = check_before_loading(run, 1)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=progress, tools=tools, env=env)
     try:
         return trainer.train(Path(run_dir) if run_dir is not None else None)

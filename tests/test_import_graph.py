@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 GRPO = Path(__file__).resolve().parents[1] / "grpo"
 
 
@@ -95,15 +97,18 @@ def test_the_trainer_hands_the_phases_no_forwarding_methods():
     assert properties == []
 
 
-def test_the_config_is_assigned_once_when_the_trainer_is_built(tmp_path, monkeypatch):
-    """What the steps read of the config is settled when the trainer is built: a run (with no pre-flight
-    check to fit it) never assigns trainer.config again."""
+@pytest.mark.parametrize("fits", [False, True], ids=["no-preflight", "preflight-fits-the-limit"])
+def test_the_config_is_assigned_once_and_the_sampler_built_once(tmp_path, monkeypatch, fits):
+    """What the steps read of the config is settled once: when the trainer is built, or, where the pre-flight
+    check can change it (here it fits the token limit to the data), once the check has settled its values.
+    A run never assigns trainer.config again, and builds its prompt sampler once, after the check."""
     from tiny_run import tiny_trainer
 
+    import grpo.trainer
     from grpo.trainer import GRPOTrainer
 
-    assigned = []
-    setattr_ = GRPOTrainer.__setattr__
+    assigned, built = [], []
+    setattr_, make_sampler = GRPOTrainer.__setattr__, grpo.trainer.make_sampler
 
     def watch(self, name, value):
         if name == "config":
@@ -111,11 +116,36 @@ def test_the_config_is_assigned_once_when_the_trainer_is_built(tmp_path, monkeyp
         setattr_(self, name, value)
 
     monkeypatch.setattr(GRPOTrainer, "__setattr__", watch)
-    trainer = tiny_trainer(steps=2)
-    assert len(assigned) == 1
+    monkeypatch.setattr(grpo.trainer, "make_sampler", lambda *a, **kw: built.append(kw) or make_sampler(*a, **kw))
+    # no token limit given, and none tuned for the task: the check samples at 256 and fits one (any "a" ends
+    # a completion, so the tiny model's end soon and the check stops at the limit it will fit)
+    checked = dict(preflight="warn", max_new_tokens=0, preflight_prompts=2, max_gen_rounds=1, stop=("a",),
+                   eval_size=4) if fits else {}
+    trainer = tiny_trainer(steps=2, **checked)
+    if not fits:
+        assert len(assigned) == 1
     trainer.train(tmp_path / "run")
     trainer.close()
     assert len(assigned) == 1 and trainer.config is assigned[0]
+    assert len(built) == 1
+    if fits:  # the run's limit is the fitted one, settled before the sampler was built
+        assert trainer.config.max_new_tokens < 256 and trainer.sampling.config is trainer.config
+
+
+def test_a_trainer_whose_preflight_may_fit_steps_by_hand_with_the_config_as_given():
+    """step(n) without train() (bench scripts, the Python API): no pre-flight runs, the config is the one
+    given, settled once on the first step."""
+    from tiny_run import tiny_trainer
+
+    trainer = tiny_trainer(steps=1, preflight="warn", max_new_tokens=0, preflight_prompts=2, max_gen_rounds=1,
+                           eval_size=4)
+    try:
+        assert trainer.config is None  # the check could change it: not settled yet
+        metrics = trainer.step(1)
+        assert trainer.config is trainer.draft and trainer.sampling.config is trainer.config
+        assert metrics["generated_groups"] >= 1
+    finally:
+        trainer.close()
 
 
 MODULE_LINES, FUNCTION_LINES = 500, 60  # the style's limits (../shared/STYLE.md)

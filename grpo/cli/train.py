@@ -98,19 +98,13 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _check_memory(config: TrainConfig, task: object, nproc: int, argv: list[str], *, resume: bool
-                  ) -> tuple[TrainConfig, list[str]]:
-    """The memory check before the weights load (grpo/memory_check.py); what it adapted is also passed to
-    the processes --nproc starts (a resumed run's options stay as they were: it refuses, never adapts)."""
-    from grpo.memory_check import check_memory
-
-    checked = check_memory(dataclasses.replace(config, adapt=config.adapt and not resume), task, nproc)
-    checked = dataclasses.replace(checked, adapt=config.adapt)
+def _adapted_argv(given: TrainConfig, checked: TrainConfig, argv: list[str]) -> list[str]:
+    """The command line with what the memory check adapted, for the processes --nproc starts."""
     for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size"):
         value = getattr(checked, name)
-        if value != getattr(config, name):
+        if value != getattr(given, name):
             argv = [*argv, flag(name)] if value is True else [*argv, flag(name), str(value)]
-    return checked, argv
+    return argv
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -119,16 +113,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.combinations import world_size
-    from grpo.prompts import format_task
-    from grpo.setup import resolve_run
+    from grpo.setup import check_before_loading, resolve_run
 
     run = resolve_run(config, processes=world_size(args.nproc))  # the task, the rewards, the refusals
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
-    if "WORLD_SIZE" not in os.environ:  # once, where the command starts; the launched processes get its result
-        # the task as the trainer formats it: r1-zero drops a task's tuned token limit, which the completions' terms read
-        config, argv = _check_memory(config, format_task(run.task, config), args.nproc, argv, resume=bool(args.resume))
-        run = dataclasses.replace(run, config=config)
+    # once, where the command starts; the launched processes get what it adapted on their command line
+    run = check_before_loading(run, args.nproc, resume=bool(args.resume))
+    config, argv = run.config, _adapted_argv(config, run.config, argv)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
 
@@ -174,10 +166,12 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
-    from grpo.setup import resolve_run
+    from grpo.setup import check_before_loading, resolve_run
 
     config = _config_from_args(args)
     run = resolve_run(config)  # the task, the rewards and the refusals, as grpo train's
+    run = check_before_loading(run, 1)  # the memory check, as grpo train's
+    config = run.config
     from grpo.preflight import run_preflight
     from grpo.process import setup_process
     from grpo.setup import step_budget
@@ -185,11 +179,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     setup_process(config)
     trainer = GRPOTrainer(run, progress=False)
-    try:
+    try:  # the check as the trainer runs it, on its draft config
         report = run_preflight(trainer.sampling, trainer.learner, fit=trainer.fit_token_limit,
                                tuned_limit=trainer.tuned_token_limit)
     finally:
         trainer.close()
-    step_budget(report, trainer.config, set())  # what fits; nothing is changed here
-    print("\n".join([report.describe(), *report.budget(trainer.config.minutes)]))
+    step_budget(report, trainer.draft, set())  # what fits; nothing is changed here
+    print("\n".join([report.describe(), *report.budget(trainer.draft.minutes)]))
     return 1 if report.stops("on" if config.preflight == "off" else config.preflight) else 0
