@@ -1,0 +1,128 @@
+"""How well the prompt-end hidden state predicts which groups vary, by layer, on the starting model.
+
+    python bench/screen_probe.py [--task add] [--prompts 256] [--threads 1]
+
+Samples a group of G completions for each of N training prompts with the starting policy, as step 1's
+first round would (grpo/batch.py generate_round: the run's sampler settings, token limit and rewards),
+then reads the hidden state at each prompt's end after every layer (one prompt at a time, no padding).
+For each layer it fits grpo/screen.py's predictor (the fractional logistic regression on standardised
+features, the ridge chosen as the screen chooses it) with 4-fold cross-validation, and prints, from the
+held-out folds' predictions:
+
+- the share of groups that vary among all N, and among the quarter (and the half) ranked likeliest to
+  vary by P(mixed) = 1 - p^G - (1 - p)^G: what a screen of 4 (2) candidates a group would generate;
+- the log-loss of the predicted pass fraction against the base rate's.
+
+The last layer's state is what the screen uses now; an earlier layer would cost a fraction of the
+prefill. The last line is a JSON object with the figures; ``--out FILE`` also writes each prompt's row,
+pass fraction and whether its group varied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from grpo.batch import generate_round  # noqa: E402
+from grpo.config import TrainConfig  # noqa: E402
+from grpo.process import setup_process  # noqa: E402
+from grpo.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
+from grpo.setup import resolve_run  # noqa: E402
+from grpo.trainer import GRPOTrainer  # noqa: E402
+
+
+def layer_states(model: torch.nn.Module, prompts: list[list[int]]) -> np.ndarray:
+    """(L + 1, N, H): the hidden state at each prompt's last token after the embedding and every layer."""
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            hidden = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+            out.append(torch.stack([h[0, -1] for h in hidden]).float().numpy())
+    return np.stack(out, axis=1)
+
+
+def cross_validated(x: np.ndarray, y: np.ndarray, w: np.ndarray, folds: int, seed: int) -> np.ndarray:
+    """(N,) each group's predicted pass fraction from a fit on the other folds."""
+    rng = np.random.default_rng(seed)
+    fold = rng.permutation(len(y)) % folds
+    pred = np.zeros(len(y))
+    for k in range(folds):
+        train, test = fold != k, fold == k
+        mu, sigma = x[train].mean(axis=0), x[train].std(axis=0) + 1e-6
+        z = (x - mu) / sigma
+        inner = rng.random(train.sum()) < 0.25
+        zt, yt, wt = z[train], y[train], w[train]
+        ridge = min(RIDGES, key=lambda r: log_loss(fit_logistic(zt[~inner], yt[~inner], wt[~inner], r),
+                                                   zt[inner], yt[inner], wt[inner]))
+        beta = fit_logistic(zt, yt, wt, ridge)
+        pred[test] = sigmoid(beta[0] + z[test] @ beta[1:])
+    return pred
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="add")
+    p.add_argument("--data", default="")
+    p.add_argument("--prompts", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the task's setting")
+    p.add_argument("--out", default="", help="also write each prompt's row, pass fraction and whether its group "
+                                               "varied to this JSON file")
+    args = p.parse_args()
+    extra = {"data": args.data} if args.data else {"task": args.task}
+    if args.max_new_tokens:
+        extra["max_new_tokens"] = args.max_new_tokens
+    config = TrainConfig.from_dict({"threads": args.threads, "seed": args.seed, "eval_size": 1, "save_model": False,
+                                    "sample_every": 0, "log_every": 0, "preflight": "off", **extra})
+    setup_process(config)
+    trainer = GRPOTrainer(resolve_run(config), progress=False)
+    sampling, g = trainer.sampling, trainer.config.group_size
+    drawn = sampling.sampler.draw(args.prompts, 1)
+    start = time.perf_counter()
+    rewards, valid = [], []
+    for k in range(0, len(drawn), 32):
+        r = generate_round(sampling, drawn[k : k + 32], 1, k // 32)
+        rewards.append(r.rewards.view(-1, g))
+        valid.append(r.valid().view(-1, g))
+    seconds_generate = time.perf_counter() - start
+    rewards, valid = torch.cat(rewards).float(), torch.cat(valid)
+    w = valid.float().sum(1).numpy()
+    y = ((rewards.clamp(0, 1) * valid).sum(1).numpy() / np.maximum(w, 1))
+    varies = np.array([len(set(rw[v].tolist())) > 1 for rw, v in zip(rewards, valid, strict=True)])
+    start = time.perf_counter()
+    states = layer_states(sampling.model, [sampling.train_prompts[i] for i in drawn])
+    seconds_states = time.perf_counter() - start
+    trainer.close()
+    if args.out:
+        Path(args.out).write_text(json.dumps([{"row": sampling.task.train[i], "pass": float(q), "varies": bool(v)}
+                                              for i, q, v in zip(drawn, y, varies, strict=True)]))
+    base = float((w * y).sum() / w.sum())
+    base_loss = log_loss(np.array([np.log(base / (1 - base))]), np.zeros((len(y), 0)), y, w)
+    print(f"{config.task or config.data}: {len(y)} prompts x G={g}, pass rate {base:.1%}, groups that vary "
+          f"{varies.mean():.1%}; generation {seconds_generate:.0f} s, hidden states {seconds_states:.0f} s")
+    print(f"{'layer':>6} {'top quarter vary':>17} {'top half vary':>14} {'log-loss':>9} (base {base_loss:.4f})")
+    figures = {"varies": float(varies.mean()), "pass_rate": base, "base_log_loss": base_loss, "layers": {}}
+    for layer in range(1, states.shape[0]):
+        pred = cross_validated(states[layer], y, w, 4, args.seed)
+        order = np.argsort(-mixed_chance(pred, g), kind="stable")
+        quarter, half = varies[order[: len(y) // 4]].mean(), varies[order[: len(y) // 2]].mean()
+        logit = np.log(np.clip(pred, 1e-6, 1 - 1e-6) / np.clip(1 - pred, 1e-6, 1))
+        loss = log_loss(np.array([0.0, 1.0]), logit[:, None], y, w)  # the prediction itself, weighted as base
+        figures["layers"][layer] = {"top_quarter_varies": float(quarter), "top_half_varies": float(half),
+                                    "log_loss": loss}
+        print(f"{layer:>6} {quarter:>17.1%} {half:>14.1%} {loss:>9.4f}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
