@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
-from grpo.config import ConfigError
+from grpo.config import ConfigError, TrainConfig
 from grpo.memory import Device, ModelShape, Prediction, RunShape, estimate_prompt_tokens, gib, predict
 
 # the option a user changes to shrink each term, for the refusal's line
@@ -209,7 +209,8 @@ def check_memory(config: object, task: object, world: int) -> object:
     device = run_device(settled, world)
     adaptable = set() if not config.adapt else {
         name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size")
-        if name not in config.set_by_user}
+        # what the user set (on the command line, in a config file, or away from its default in Python) stays
+        if name not in config.set_by_user and getattr(config, name) == TrainConfig.__dataclass_fields__[name].default}
     changes, _ = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
     return dataclasses.replace(config, **changes) if changes else config
 

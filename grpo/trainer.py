@@ -257,8 +257,8 @@ class GRPOTrainer:
         preflight, changes = (None, {}) if resume or self.draft.preflight == "off" else self._preflight()
         if self.config is None:  # the check could change it: settled now, once, with what it fitted and adapted
             self._settle(replace(self.draft, **changes))
-        elif changes:
-            raise RuntimeError(f"pre-flight changed {sorted(changes)} of a config settled before it")
+        elif changes and self.world.is_main:  # step() ran by hand first, with the config as given: kept
+            print(f"pre-flight: {sorted(changes)} not adopted: steps already ran with the config as given", flush=True)
         state = self._resume(run_dir) if resume else RunState.start(self.config,
                                                                     auto_alarm_window=self.auto_alarm_window)
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,

@@ -142,3 +142,37 @@ def test_an_environment_given_by_env_that_runs_code_gets_the_sandbox(tmp_path, m
         trainer.close()
         sys.modules.pop("coding_env_36", None)
     assert checked == ["weak", "weak"] and set_up == ["weak"]
+
+
+def test_the_memory_check_leaves_alone_what_a_python_config_set(monkeypatch):
+    """grpo.train() fills no set_by_user: an option given away from its default in Python is the user's,
+    and the check before loading may not adapt it (only micro_batch_tokens, the one at its default here)."""
+    from grpo.memory_check import check_memory
+
+    seen = {}
+
+    def record(model, config, prompt_tokens, device, adaptable, *rest):
+        seen["adaptable"] = set(adaptable)
+        return {}, None
+
+    monkeypatch.setattr("grpo.memory_check.adapt_to_memory", record)
+    config = TrainConfig(gradient_checkpointing=True, eval_batch_size=7)
+    check_memory(config, get_task("add"), 1)
+    assert seen["adaptable"] == {"micro_batch_tokens"}
+
+
+def test_train_after_stepping_by_hand_keeps_the_config_the_steps_ran_with(tmp_path, capsys):
+    """step() before train() settles the config as given; train()'s pre-flight then fits a limit that it
+    must not adopt (the steps already ran at the given one): it says so and the run goes on."""
+    from tiny_run import tiny_trainer
+
+    trainer = tiny_trainer(steps=2, preflight="warn", max_new_tokens=0, preflight_prompts=2, max_gen_rounds=1,
+                           stop=("a",), eval_size=4)
+    try:
+        trainer.step(1)
+        given = trainer.config
+        trainer.train(tmp_path / "run")
+        assert trainer.config is given and given.max_new_tokens == 256
+    finally:
+        trainer.close()
+    assert "not adopted: steps already ran with the config as given" in capsys.readouterr().out
