@@ -1,6 +1,6 @@
 """How well the prompt-end hidden state predicts which groups vary, by layer, on the starting model.
 
-    python bench/screen_probe.py [--task add] [--prompts 256] [--threads 1]
+    python bench/screen_probe.py [--task add | --data FILE] [--model M] [--prompts 256] [--threads 1] [--out FILE]
 
 Samples a group of G completions for each of N training prompts with the starting policy, as step 1's
 first round would (grpo/batch.py generate_round: the run's sampler settings, token limit and rewards),
@@ -71,6 +71,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="add")
     p.add_argument("--data", default="")
+    p.add_argument("--model", default="smollm2", help="the policy to probe (a trained run's RUN/model, say)")
     p.add_argument("--prompts", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -81,7 +82,7 @@ def main() -> int:
     extra = {"data": args.data} if args.data else {"task": args.task}
     if args.max_new_tokens:
         extra["max_new_tokens"] = args.max_new_tokens
-    config = TrainConfig.from_dict({"threads": args.threads, "seed": args.seed, "eval_size": 1, "save_model": False,
+    config = TrainConfig.from_dict({"model": args.model, "threads": args.threads, "seed": args.seed, "eval_size": 1, "save_model": False,
                                     "sample_every": 0, "log_every": 0, "preflight": "off", **extra})
     setup_process(config)
     trainer = GRPOTrainer(resolve_run(config), progress=False)
