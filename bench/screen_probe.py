@@ -1,6 +1,7 @@
 """How well the prompt-end hidden state predicts which groups vary, by layer, on the starting model.
 
-    python bench/screen_probe.py [--task add | --data FILE] [--model M] [--prompts 256] [--threads 1] [--out FILE]
+    python bench/screen_probe.py [--task add | --data FILE] [--model M] [--prompts 256] [--threads 1]
+        [--target pass|varies] [--out FILE]
 
 Samples a group of G completions for each of N training prompts with the starting policy, as step 1's
 first round would (grpo/batch.py generate_round: the run's sampler settings, token limit and rewards),
@@ -12,6 +13,11 @@ held-out folds' predictions:
 - the share of groups that vary among all N, and among the quarter (and the half) ranked likeliest to
   vary by P(mixed) = 1 - p^G - (1 - p)^G: what a screen of 4 (2) candidates a group would generate;
 - the log-loss of the predicted pass fraction against the base rate's.
+
+With ``--target varies`` the ranking comes from a logistic regression fitted directly on whether each
+group varied, rather than from P(mixed) of the predicted pass fraction: when a prompt's completions are
+mostly all right or all wrong (a pass rate per prompt near 0 or 1), a predicted pass fraction near 0.5
+means "not sure which", not "mixed", and the screen's formula ranks those prompts first.
 
 The last layer's state is what the screen uses now; an earlier layer would cost a fraction of the
 prefill. The last line is a JSON object with the figures; ``--out FILE`` also writes each prompt's row,
@@ -76,6 +82,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the task's setting")
+    p.add_argument("--target", choices=("pass", "varies"), default="pass",
+                   help="rank by P(mixed) from the predicted pass fraction, as the screen does (pass), or by a "
+                        "regression fitted on whether each group varied (varies)")
     p.add_argument("--out", default="", help="also write each prompt's row, pass fraction and whether its group "
                                                "varied to this JSON file")
     args = p.parse_args()
@@ -113,8 +122,13 @@ def main() -> int:
     print(f"{'layer':>6} {'top quarter vary':>17} {'top half vary':>14} {'log-loss':>9} (base {base_loss:.4f})")
     figures = {"varies": float(varies.mean()), "pass_rate": base, "base_log_loss": base_loss, "layers": {}}
     for layer in range(1, states.shape[0]):
-        pred = cross_validated(states[layer], y, w, 4, args.seed)
-        order = np.argsort(-mixed_chance(pred, g), kind="stable")
+        if args.target == "varies":  # P(the group varies) fitted directly on whether each one did
+            order = np.argsort(-cross_validated(states[layer], varies.astype(float), np.ones(len(y)), 4, args.seed),
+                               kind="stable")
+            pred = cross_validated(states[layer], y, w, 4, args.seed)
+        else:
+            pred = cross_validated(states[layer], y, w, 4, args.seed)
+            order = np.argsort(-mixed_chance(pred, g), kind="stable")
         quarter, half = varies[order[: len(y) // 4]].mean(), varies[order[: len(y) // 2]].mean()
         logit = np.log(np.clip(pred, 1e-6, 1 - 1e-6) / np.clip(1 - pred, 1e-6, 1))
         loss = log_loss(np.array([0.0, 1.0]), logit[:, None], y, w)  # the prediction itself, weighted as base
