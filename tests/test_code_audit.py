@@ -5,6 +5,7 @@ in-process guard, and tests of a shape whose verdict the sandboxed process gives
 """
 
 import json
+import os
 
 import pytest
 
@@ -34,6 +35,24 @@ def test_without_a_sandbox_every_containment_probe_is_caught():
     rows = list(get_task("code").heldout)[:1]
     report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=15.0))
     assert set(CONTAINMENT) <= set(report.failures()), report.table()
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm"])
+def test_a_write_outside_is_caught_when_the_run_is_killed_before_it_reports(where):
+    # the probe writes on the host, then outlives the wall-clock limit: it never returns what it wrote, so
+    # only the file itself (its name holds the run's token) can show it; the audit also removes it
+    slow = {"write, then hang": f"""
+import time
+with open("{where}/bomb-{{token}}-0", "wb") as f:
+    f.write(b"x")
+time.sleep(30)
+"""}
+    rows = list(get_task("code").heldout)[:1]
+    before = {name for name in os.listdir(where) if name.startswith("bomb-")}
+    report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=2.0), probes=slow)
+    assert report.failures() == ["write, then hang"], report.table()
+    assert f"wrote {where}/bomb-" in report.outcomes[0].example
+    assert {name for name in os.listdir(where) if name.startswith("bomb-")} <= before  # removed
 
 
 def test_the_weak_guard_fails_the_audit():

@@ -104,14 +104,14 @@ def alive_with(token: str) -> list[int]:
 
 
 def written_outside(canaries: Canaries, token: str) -> list[Path]:
-    """The files named ``token`` that a run wrote where it should not reach (its sandbox's outside)."""
-    places = [canaries.outside / token, Path("/tmp") / token, Path.home() / token, Path.cwd() / token,
-              Path.cwd().parent / token, Path("/") / token]
-    return [p for p in places if _exists(p)]
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except OSError:  # a folder we may not search (a home that is not ours)
-        return False
+    """The files whose name holds ``token`` that a run wrote where it should not reach (its sandbox's
+    outside). Looked for on disk, so a run killed before it could report what it wrote still leaves its trace."""
+    places = [canaries.outside, Path("/tmp"), Path.home(), Path.cwd(), Path.cwd().parent, Path("/"), Path("/dev/shm"),
+              Path("/dev")]
+    found: list[Path] = []
+    for place in dict.fromkeys(places):
+        try:
+            found += [place / name for name in os.listdir(place) if token in name]
+        except OSError:  # a folder we may not list (a home that is not ours), or none
+            pass
+    return found

@@ -230,7 +230,7 @@ written = 0
 for i in range(50):
     for where in (".", "/tmp", "/", "/dev/shm", "/dev"):
         try:
-            with open(f"{{where}}/bomb-{{i}}", "wb") as f:
+            with open(f"{{where}}/bomb-{token}-{{i}}", "wb") as f:
                 f.write(b"x" * 2 * 1024**2)
             written += 2 * 1024**2
         except Exception:
