@@ -1,8 +1,10 @@
 """One GRPO workload through this project and through TRL's GRPOTrainer, side by side.
 
 The workload (issue 5): SmolLM2-135M-Instruct (the embedded model), fp32, full
-fine-tuning, on CPU; a fixed set of 16 "What is a + b?" prompts; each step
-samples B = 2 prompts x G = 8 completions = 16, at most 48 new tokens (both
+fine-tuning, on CPU; a fixed set of 16 "What is a + b?" prompts, taken in
+the set's order by both sides (step k: prompts 2k-1 and 2k, so both sample
+from the same prompts each step; the parent stops if the prompts the two
+rewards scored differ); each step samples B = 2 prompts x G = 8 completions = 16, at most 48 new tokens (both
 sides stop at EOS), temperature 1.0, beta = 0.04 (so both sides run a frozen
 reference model), learning rate 1e-6 (constant), one optimiser step per
 generation (on-policy: neither side recomputes old log-probs). Both sides
@@ -119,6 +121,16 @@ def prompt_rows() -> list[dict]:
 # ---- the child side: one library, driven step by step over two pipes ----
 
 
+def in_order(sampler: type) -> None:
+    """Our uniform sampler takes the prompts in the set's order, B a step, as TRL's sampler does with
+    ``shuffle_dataset=False``: both sides sample from the same prompts each step (the parent checks it)."""
+
+    def draw(self: object, n: int, step: int, exclude: object = (), *, avoid: object = ()) -> list[int]:
+        return [((step - 1) * n + k) % self.size for k in range(n)]
+
+    sampler.draw = draw
+
+
 class Channel:
     """JSON lines to and from the parent over inherited pipe descriptors."""
 
@@ -198,6 +210,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
     from grpo.config import TrainConfig
     from grpo.process import setup_process
     from grpo.rewards.basic import final_number
+    from grpo.sampler import UniformSampler
     from grpo.setup import resolve_run
     from grpo.tasks import Task
     from grpo.trainer import GRPOTrainer
@@ -212,9 +225,17 @@ def run_ours(work: Workload, chan: Channel) -> None:
         reward_workers=0, eval_size=1, sample_every=0, log_every=0, device="cpu", threads=work.threads,
         seed=work.seed, sampler="uniform", filter_groups=False,  # one generation of 16 per step, as TRL's
     )
-    task = Task("bench-add", rows, rows[:1], final_number)
+    scored: list[str] = []
+
+    def reward(text: str, row: dict) -> float:
+        scored.append(row["answer"])
+        return final_number(text, row)
+
+    reward.__name__ = final_number.__name__
+    in_order(UniformSampler)
+    task = Task("bench-add", rows, rows[:1], reward)
     setup_process(config)
-    trainer = GRPOTrainer(resolve_run(config, task=task, rewards=[final_number]), progress=False)
+    trainer = GRPOTrainer(resolve_run(config, task=task, rewards=[reward]), progress=False)
     import grpo.trainer
 
     grpo.trainer.reference_logprobs = clock.wrap(grpo.trainer.reference_logprobs, "ref_logprobs")
@@ -226,7 +247,8 @@ def run_ours(work: Workload, chan: Channel) -> None:
         start = time.perf_counter()
         metrics = trainer.step(step)
         seconds = time.perf_counter() - start
-        chan.send(**our_record(metrics, seconds, clock.take()))
+        chan.send(**our_record(metrics, seconds, clock.take()), answers=sorted(set(scored)))
+        scored.clear()
     chan.receive()
     chan.send(peak_rss_mb=peak_rss_mb())
 
@@ -277,7 +299,11 @@ def trl_config(work: Workload, output_dir: str) -> object:
         save_strategy="no",
         disable_tqdm=True,
         seed=work.seed,
+        shuffle_dataset=False,  # the set's order, as ours takes it (in_order)
     )
+
+
+TRL_SCORED: list[str] = []
 
 
 def trl_reward(completions: list, answer: list, **_: object) -> list[float]:
@@ -285,6 +311,7 @@ def trl_reward(completions: list, answer: list, **_: object) -> list[float]:
     from grpo.rewards.basic import final_number
 
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    TRL_SCORED.extend(answer)
     return [final_number(t, {"answer": a}) for t, a in zip(texts, answer, strict=True)]
 
 
@@ -345,7 +372,9 @@ def _trl_stepper(base: type, trainer: object, clock: PhaseClock, chan: Channel) 
                 seconds=seconds, train_seconds=seconds - phases["generate"] - phases["reward"],
                 phases=phases, trainer_times={},
                 completion_len=metrics["completions/mean_length"][-1], reward_mean=metrics["reward"][-1],
+                answers=sorted(set(TRL_SCORED)),
             )
+            TRL_SCORED.clear()
 
     return Stepper()
 
@@ -520,10 +549,15 @@ def main(work: Workload) -> None:
         trl = Side("trl", work, Path(logs))
         for i in range(work.steps):
             tag = "warm-up" if i < work.warmup_steps else "measured"
+            answers = []
             for side in (ours, trl):
                 record = side.step()
+                answers.append(record["answers"])
                 print(f"step {i + 1} ({tag}) {side.name:4}: {record['seconds']:7.2f} s, "
                       f"mean completion {record['completion_len']:.1f} tokens", flush=True)
+            if answers[0] != answers[1]:
+                raise SystemExit(f"step {i + 1}: the sides sampled different prompts (answers {answers[0]} "
+                                 f"against {answers[1]})")
         ours_rss, trl_rss = ours.finish(), trl.finish()
     warn_if_busy(work, "after")
     peak = max(peak, gemm_peak_flops(work.threads))
@@ -537,7 +571,8 @@ def main(work: Workload) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--warmup-steps", type=int, default=1, help="steps run first and dropped, per side")
-    p.add_argument("--measured-steps", type=int, default=3, help="steps measured per side")
+    p.add_argument("--measured-steps", type=int, default=7,
+                   help="steps measured per side (7: after one warm-up step, each of the other 14 prompts once)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="most tokens per completion (48: the workload)")
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: the CPUs this process may use)")
     p.add_argument("--seed", type=int, default=0)

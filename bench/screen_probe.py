@@ -82,6 +82,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=0, help="0: the task's setting")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: the run's default")
     p.add_argument("--target", choices=("pass", "varies"), default="pass",
                    help="rank by P(mixed) from the predicted pass fraction, as the screen does (pass), or by a "
                         "regression fitted on whether each group varied (varies)")
@@ -91,6 +92,8 @@ def main() -> int:
     extra = {"data": args.data} if args.data else {"task": args.task}
     if args.max_new_tokens:
         extra["max_new_tokens"] = args.max_new_tokens
+    if args.temperature:
+        extra["temperature"] = args.temperature
     config = TrainConfig.from_dict({"model": args.model, "threads": args.threads, "seed": args.seed, "eval_size": 1, "save_model": False,
                                     "sample_every": 0, "log_every": 0, "preflight": "off", **extra})
     setup_process(config)
