@@ -3,8 +3,8 @@
 The workload (issue 5): SmolLM2-135M-Instruct (the embedded model), fp32, full
 fine-tuning, on CPU; a fixed set of 16 "What is a + b?" prompts, taken in
 the set's order by both sides (step k: prompts 2k-1 and 2k, so both sample
-from the same prompts each step; the parent stops if the prompts the two
-rewards scored differ); each step samples B = 2 prompts x G = 8 completions = 16, at most 48 new tokens (both
+from the same prompts each step; each step line shows the prompts each
+side's reward scored, and the parent stops if they differ); each step samples B = 2 prompts x G = 8 completions = 16, at most 48 new tokens (both
 sides stop at EOS), temperature 1.0, beta = 0.04 (so both sides run a frozen
 reference model), learning rate 1e-6 (constant), one optimiser step per
 generation (on-policy: neither side recomputes old log-probs). Both sides
@@ -118,6 +118,13 @@ def prompt_rows() -> list[dict]:
     return rows
 
 
+def prompt_numbers(scored: list[str]) -> str:
+    """The set's prompt numbers (from 1) that a step's rewards scored, with how many completions each."""
+    texts = [r["prompt"] for r in prompt_rows()]
+    numbers = sorted(texts.index(t) + 1 if t in texts else 0 for t in scored)  # 0: not a prompt of the set
+    return " ".join(f"{k}x{numbers.count(k)}" for k in dict.fromkeys(numbers))
+
+
 # ---- the child side: one library, driven step by step over two pipes ----
 
 
@@ -228,7 +235,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
     scored: list[str] = []
 
     def reward(text: str, row: dict) -> float:
-        scored.append(row["answer"])
+        scored.append(row["prompt"])
         return final_number(text, row)
 
     reward.__name__ = final_number.__name__
@@ -247,7 +254,7 @@ def run_ours(work: Workload, chan: Channel) -> None:
         start = time.perf_counter()
         metrics = trainer.step(step)
         seconds = time.perf_counter() - start
-        chan.send(**our_record(metrics, seconds, clock.take()), answers=sorted(set(scored)))
+        chan.send(**our_record(metrics, seconds, clock.take()), prompts=sorted(scored))
         scored.clear()
     chan.receive()
     chan.send(peak_rss_mb=peak_rss_mb())
@@ -306,12 +313,12 @@ def trl_config(work: Workload, output_dir: str) -> object:
 TRL_SCORED: list[str] = []
 
 
-def trl_reward(completions: list, answer: list, **_: object) -> list[float]:
+def trl_reward(completions: list, answer: list, prompts: list, **_: object) -> list[float]:
     """This project's final_number, in TRL's reward-function shape."""
     from grpo.rewards.basic import final_number
 
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    TRL_SCORED.extend(answer)
+    TRL_SCORED.extend(p[-1]["content"] if isinstance(p, list) else p for p in prompts)
     return [final_number(t, {"answer": a}) for t, a in zip(texts, answer, strict=True)]
 
 
@@ -372,7 +379,7 @@ def _trl_stepper(base: type, trainer: object, clock: PhaseClock, chan: Channel) 
                 seconds=seconds, train_seconds=seconds - phases["generate"] - phases["reward"],
                 phases=phases, trainer_times={},
                 completion_len=metrics["completions/mean_length"][-1], reward_mean=metrics["reward"][-1],
-                answers=sorted(set(TRL_SCORED)),
+                prompts=sorted(TRL_SCORED),
             )
             TRL_SCORED.clear()
 
@@ -549,15 +556,16 @@ def main(work: Workload) -> None:
         trl = Side("trl", work, Path(logs))
         for i in range(work.steps):
             tag = "warm-up" if i < work.warmup_steps else "measured"
-            answers = []
+            scored = []
             for side in (ours, trl):
                 record = side.step()
-                answers.append(record["answers"])
+                scored.append(record["prompts"])
                 print(f"step {i + 1} ({tag}) {side.name:4}: {record['seconds']:7.2f} s, "
-                      f"mean completion {record['completion_len']:.1f} tokens", flush=True)
-            if answers[0] != answers[1]:
-                raise SystemExit(f"step {i + 1}: the sides sampled different prompts (answers {answers[0]} "
-                                 f"against {answers[1]})")
+                      f"mean completion {record['completion_len']:.1f} tokens, "
+                      f"prompts {prompt_numbers(record['prompts'])}", flush=True)
+            if scored[0] != scored[1]:
+                raise SystemExit(f"step {i + 1}: the sides sampled from different prompts "
+                                 f"({prompt_numbers(scored[0])} against {prompt_numbers(scored[1])})")
         ours_rss, trl_rss = ours.finish(), trl.finish()
     warn_if_busy(work, "after")
     peak = max(peak, gemm_peak_flops(work.threads))

@@ -48,11 +48,11 @@ with open("{where}/bomb-{{token}}-0", "wb") as f:
 time.sleep(30)
 """}
     rows = list(get_task("code").heldout)[:1]
-    before = {name for name in os.listdir(where) if name.startswith("bomb-")}
-    report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=2.0), probes=slow)
+    report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=5.0), probes=slow)
     assert report.failures() == ["write, then hang"], report.table()
-    assert f"wrote {where}/bomb-" in report.outcomes[0].example
-    assert {name for name in os.listdir(where) if name.startswith("bomb-")} <= before  # removed
+    path = report.outcomes[0].example.removeprefix("wrote ")
+    assert path.startswith(f"{where}/bomb-"), report.table()
+    assert not os.path.exists(path)  # the audit removed it
 
 
 def test_the_weak_guard_fails_the_audit():
