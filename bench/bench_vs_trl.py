@@ -4,7 +4,8 @@ The workload (issue 5): SmolLM2-135M-Instruct (the embedded model), fp32, full
 fine-tuning, on CPU; a fixed set of 16 "What is a + b?" prompts, taken in
 the set's order by both sides (step k: prompts 2k-1 and 2k, so both sample
 from the same prompts each step; each step line shows the prompts each
-side's reward scored, and the parent stops if they differ); each step samples B = 2 prompts x G = 8 completions = 16, at most 48 new tokens (both
+side's reward scored, and the parent stops if they differ); each step
+samples B = 2 prompts x G = 8 completions = 16, at most 48 new tokens (both
 sides stop at EOS), temperature 1.0, beta = 0.04 (so both sides run a frozen
 reference model), learning rate 1e-6 (constant), one optimiser step per
 generation (on-policy: neither side recomputes old log-probs). Both sides
