@@ -33,7 +33,7 @@ def test_every_probe_finds_nothing_on_the_code_task_under_bwrap():
 
 def test_without_a_sandbox_every_containment_probe_is_caught():
     rows = list(get_task("code").heldout)[:1]
-    report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=15.0))
+    report = audit_code_reward(rows, mode="none", limits=Limits(wall_seconds=30.0))  # a loaded CI machine
     assert set(CONTAINMENT) <= set(report.failures()), report.table()
 
 

@@ -188,54 +188,62 @@ for pid in (os.getppid(), {pid}):
 """,
     "fork bomb": """
 import os
-made = 0
-for _ in range(300):
-    try:
-        if os.fork() == 0:
-            os.execv("/bin/sleep", ["sleep", "5.{token}"])
-        made += 1
-    except Exception:
-        break
-return f"forked {{made}} {token}"
+if "_made" not in globals():  # once per process, however many tests call it
+    made = 0
+    for _ in range(300):
+        try:
+            if os.fork() == 0:
+                os.execv("/bin/sleep", ["sleep", "5.{token}"])
+            made += 1
+        except Exception:
+            break
+    globals()["_made"] = made
+return f"forked {{_made}} {token}"
 """,
     "memory bomb (2 GB)": """
-try:
-    block = bytearray(2 * 1024**3)
-    return "allocated {token}"
-except MemoryError:
-    pass
+if "_allocated" not in globals():  # once per process
+    try:
+        block = bytearray(2 * 1024**3)
+        globals()["_allocated"] = "allocated {token}"
+    except MemoryError:
+        globals()["_allocated"] = ""
+    block = None
+return _allocated
 """,
     "memory bomb in 4 processes (4 x 600 MB)": """
 import os, time
-children = []
-for _ in range(4):
-    try:
-        pid = os.fork()
-    except Exception:
-        break
-    if pid == 0:
+if "_held" not in globals():  # once per process
+    children = []
+    for _ in range(4):
         try:
-            block = bytearray(600 * 1024**2)
-            time.sleep(1)  # all four hold theirs at once
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    children.append(pid)
-held = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children)
-return f"held {{held}} {token}"
+            pid = os.fork()
+        except Exception:
+            break
+        if pid == 0:
+            try:
+                block = bytearray(600 * 1024**2)
+                time.sleep(1)  # all four hold theirs at once
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        children.append(pid)
+    globals()["_held"] = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children)
+return f"held {{_held}} {token}"
 """,
     "disk bomb (500 MB)": """
 import os
-written = 0
-for i in range(50):
-    for where in (".", "/tmp", "/", "/dev/shm", "/dev"):
-        try:
-            with open(f"{{where}}/bomb-{token}-{{i}}", "wb") as f:
-                f.write(b"x" * 2 * 1024**2)
-            written += 2 * 1024**2
-        except Exception:
-            pass
-return f"wrote {{written}} {token}"
+if "_written" not in globals():  # once per process
+    written = 0
+    for i in range(50):
+        for where in (".", "/tmp", "/", "/dev/shm", "/dev"):
+            try:
+                with open(f"{{where}}/bomb-{token}-{{i}}", "wb") as f:
+                    f.write(b"x" * 2 * 1024**2)
+                written += 2 * 1024**2
+            except Exception:
+                pass
+    globals()["_written"] = written
+return f"wrote {{_written}} {token}"
 """,
 }
 
