@@ -21,17 +21,32 @@ KERNEL_NOISE = 1e-6  # relative: how far a GPU's decode and prefill kernels leav
 def _kernel_noise(module, inputs, hidden):
     """Perturb the final hidden states of passes over more than one token (the prompts and the training
     pass) by a relative KERNEL_NOISE; the decode step (one token) keeps its own. On this CPU the passes
-    agree bit for bit under autocast, so the difference a GPU's kernels make is added by hand."""
+    agree bit for bit in fp32, so the difference a GPU's kernels make is added by hand."""
     if hidden.shape[1] == 1:
         return hidden
     noise = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(hidden.shape[1]))
     return hidden * (1 + KERNEL_NOISE * noise)
 
 
+def _decoder_outside_autocast(decoder: torch.nn.Module) -> None:
+    """Run the decoder (everything before the output layer) in fp32 whatever the autocast: its decode
+    step and its multi-token passes then differ by _kernel_noise alone. A CPU without native bf16 (AVX2
+    only) computes a bf16 one-token product and a many-token one by different kernels, which leaves the
+    hidden states further apart than a GPU's and would hide what the head's precision does."""
+    forward = decoder.forward
+
+    def fp32_forward(*args, **kwargs):
+        with torch.autocast("cpu", enabled=False):
+            return forward(*args, **kwargs)
+
+    decoder.forward = fp32_forward
+
+
 def test_sampler_and_trainer_agree_to_fp32_rounding_under_bf16_autocast():
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3, hidden=64)
     model.get_decoder().norm.register_forward_hook(_kernel_noise)
+    _decoder_outside_autocast(model.get_decoder())  # the head alone sees the autocast
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)["input_ids"]
                for q in ["1+2?", "What is 30+4?", "hi"]]
     with torch.autocast("cpu", dtype=torch.bfloat16):
