@@ -187,8 +187,8 @@ for pid in (os.getppid(), {pid}):
         pass
 """,
     "fork bomb": """
-import os
-if "_made" not in globals():  # once per process, however many tests call it
+import os, sys
+if not hasattr(sys, "_made_{token}"):  # once per process, however many tests or inputs call it
     made = 0
     for _ in range(300):
         try:
@@ -197,22 +197,23 @@ if "_made" not in globals():  # once per process, however many tests call it
             made += 1
         except Exception:
             break
-    globals()["_made"] = made
-return f"forked {{_made}} {token}"
+    sys._made_{token} = made
+return f"forked {{sys._made_{token}}} {token}"
 """,
     "memory bomb (2 GB)": """
-if "_allocated" not in globals():  # once per process
+import sys
+if not hasattr(sys, "_allocated_{token}"):  # once per process
     try:
         block = bytearray(2 * 1024**3)
-        globals()["_allocated"] = "allocated {token}"
+        sys._allocated_{token} = "allocated {token}"
     except MemoryError:
-        globals()["_allocated"] = ""
+        sys._allocated_{token} = None
     block = None
-return _allocated
+return sys._allocated_{token}
 """,
     "memory bomb in 4 processes (4 x 600 MB)": """
-import os, time
-if "_held" not in globals():  # once per process
+import os, sys, time
+if not hasattr(sys, "_held_{token}"):  # once per process
     children = []
     for _ in range(4):
         try:
@@ -227,12 +228,12 @@ if "_held" not in globals():  # once per process
             except BaseException:
                 os._exit(1)
         children.append(pid)
-    globals()["_held"] = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children)
-return f"held {{_held}} {token}"
+    sys._held_{token} = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in children)
+return f"held {{sys._held_{token}}} {token}"
 """,
     "disk bomb (500 MB)": """
-import os
-if "_written" not in globals():  # once per process
+import os, sys
+if not hasattr(sys, "_written_{token}"):  # once per process
     written = 0
     for i in range(50):
         for where in (".", "/tmp", "/", "/dev/shm", "/dev"):
@@ -242,8 +243,8 @@ if "_written" not in globals():  # once per process
                 written += 2 * 1024**2
             except Exception:
                 pass
-    globals()["_written"] = written
-return f"wrote {{_written}} {token}"
+    sys._written_{token} = written
+return f"wrote {{sys._written_{token}}} {token}"
 """,
 }
 
