@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,6 +33,7 @@ from torch import Tensor
 from grpo.algorithm import group_varies, members_needed
 from grpo.distributed import World
 from grpo.episode_scores import episode_total, scored_tokens
+from grpo.packed import packed_linears
 from grpo.rewards.combine import pool_score_metrics
 from grpo.rollout import Rollout, concat_rollouts, generate
 from grpo.screen import Screening
@@ -143,6 +145,13 @@ def sample_batch(sampling: Sampling, step: int, avoid: Collection[int] = ()) -> 
     rounds, the draws and the batch are those of one process. ``avoid``: the
     prompts of batches sampled ahead and not yet trained on (grpo/ahead.py).
     """
+    # the own engine's rounds share one reordering of the weights (grpo/packed.py); vLLM samples elsewhere
+    with packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext():
+        return _sample_rounds(sampling, step, avoid)
+
+
+def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Batch:
+    """:func:`sample_batch`'s rounds."""
     cfg, g = sampling.config, sampling.config.group_size
     rounds: list[Round] = []
     n = cfg.prompts_per_step

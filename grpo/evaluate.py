@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from grpo.episode_scores import episode_total
 from grpo.episodes import Agent, Episode
+from grpo.packed import packed_linears
 from grpo.prompts import encode_prompts as encode_prompts  # the one renderer; imported from here too
 from grpo.rewards.combine import RewardScorer
 from grpo.rollout import generate
@@ -209,15 +210,16 @@ def evaluate(
     bad = [k for k in ks if not 0 < k <= samples] if samples else []
     if bad:
         raise ValueError(f"each k must be in 1..samples ({samples}), got {bad[0]}")
-    acc, _, solved = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
-                                     batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings,
-                                     agent=agent, token_budget=token_budget)
-    if not samples or not prompts:
-        return EvalResult(acc, len(prompts), solved=tuple(solved))
-    texts, truncated, extra = completions(
-        model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
-        batch_size=batch_size, generator=generator, streams=streams, on_batch=on_batch, stop_strings=stop_strings,
-        agent=agent, rows=rows, token_budget=token_budget)
+    with packed_linears(model, lazy=True):  # every batch's turns on one reordering (grpo/packed.py)
+        acc, _, solved = greedy_accuracy(model, tokenizer, prompts, rows, reward, max_new_tokens=max_new_tokens,
+                                         batch_size=batch_size, on_batch=on_batch, stop_strings=stop_strings,
+                                         agent=agent, token_budget=token_budget)
+        if not samples or not prompts:
+            return EvalResult(acc, len(prompts), solved=tuple(solved))
+        texts, truncated, extra = completions(
+            model, tokenizer, prompts, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
+            batch_size=batch_size, generator=generator, streams=streams, on_batch=on_batch,
+            stop_strings=stop_strings, agent=agent, rows=rows, token_budget=token_budget)
     marked = scored_rows(rows, truncated, samples)
     scores = check_all(reward, texts, marked)
     pass_sums = dict.fromkeys(ks, 0.0)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from grpo.packed import linear
+
 
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Left-pad token lists; return ids (B, L) and attention mask (B, L)."""
@@ -242,7 +244,7 @@ def head_logits(hidden: Tensor, lm_head: nn.Module) -> Tensor:
         lm_head, transform = lm_head.lm_head, lm_head.transform
     bias = getattr(lm_head, "bias", None)
     with torch.autocast(hidden.device.type, enabled=False):
-        return transform(F.linear(hidden.float(), lm_head.weight.float(), None if bias is None else bias.float()))
+        return transform(linear(hidden.float(), lm_head.weight.float(), None if bias is None else bias.float()))
 
 
 def has_sliding_window(model: nn.Module) -> bool:

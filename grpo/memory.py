@@ -164,6 +164,7 @@ class Device:
     world: int = 1
     available: int | None = None
     total: int = 0  # the host's or device's memory, what vLLM's share is a share of
+    packs_weights: bool = False  # whether the own engine samples on a reordered copy of the weights (grpo/packed.py)
 
 
 @dataclass(frozen=True)
@@ -300,11 +301,17 @@ def kv_cache_bytes(model: ModelShape, rows: int, tokens: int, dtype_bytes: int) 
     return rows * tokens * model.kv_bytes_per_token(dtype_bytes)
 
 
-def sampling_terms(model: ModelShape, rows: int, tokens: int, dtype_bytes: int) -> dict[str, int]:
-    """A decoding round of ``rows`` rows at once: their KV cache at its longest, and the decode step's
-    logits, rows x V fp32 floats SAMPLING_LOGIT_COPIES times."""
-    return {"kv_cache": kv_cache_bytes(model, rows, tokens, dtype_bytes),
-            "sampling_logits": SAMPLING_LOGIT_COPIES * rows * model.vocab * 4}
+def sampling_terms(model: ModelShape, rows: int, tokens: int, dtype_bytes: int, device: Device,
+                   reordered: bool = True) -> dict[str, int]:
+    """A decoding round of ``rows`` rows at once: their KV cache at its longest, the decode step's
+    logits, rows x V fp32 floats SAMPLING_LOGIT_COPIES times, and on a CPU that reorders them
+    (grpo/packed.py; ``reordered``: on the main thread) a copy of the linear layers' fp32 weights,
+    L x layer + V H (the output layer; a layer's norms counted too)."""
+    terms = {"kv_cache": kv_cache_bytes(model, rows, tokens, dtype_bytes),
+             "sampling_logits": SAMPLING_LOGIT_COPIES * rows * model.vocab * 4}
+    if device.kind == "cpu" and device.packs_weights and reordered:
+        terms["reordered_weights"] = 4 * (model.layers * model.layer_params + model.vocab * model.hidden)
+    return terms
 
 
 def micro_batch_tokens(run: RunShape, groups: int) -> tuple[int, int]:
@@ -432,14 +439,15 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     own = run.engine == "own"
     phases: dict[str, dict[str, int]] = {}
     if run.preflight_rows and own:
-        phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act)}
+        phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act, device)}
     if run.preflight_rows:  # it times a forward and backward of its first micro-batch only, of all its groups
         phases["the pre-flight's timed update"] = {**no_adam, **update_terms(
             model, run, device, run.preflight_rows // run.group_size, first_only=True)}
     if own:
         rows = max(1, run.prompts_per_step // device.world) * run.group_size
         before = lasting if run.steps >= 2 else no_adam
-        phases["sampling"] = {**before, **sampling_terms(model, rows, context, act)}
+        phases["sampling"] = {**before, **sampling_terms(model, rows, context, act, device,
+                                                           reordered=not run.async_lag)}  # a thread's: none
     later = run.steps >= 2 or run.optimizer_steps_per_step > 1
     groups = max(1, run.prompts_per_step // device.world)
     phases["the update"] = {**(lasting if later else no_adam), **update_terms(model, run, device, groups)}
@@ -447,7 +455,7 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine; its
         # lengths are not the sampled ones pre-flight measured: at the limit
         limit = max(run.prompt_tokens + run.max_new_tokens, 1)
-        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, limit, act)}
+        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, limit, act, device)}
     if device.world > 1 and not run.fsdp:
         phases["the gradient sync"] = {**(lasting if later else no_adam), **sync_terms(model, run, device)}
     if run.save_model:

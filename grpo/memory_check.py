@@ -31,6 +31,7 @@ SHRINKS = {
     "async_copy": "--async-lag 0",
     "kv_cache": "--prompts-per-step, --group-size or --max-new-tokens",
     "sampling_logits": "--prompts-per-step or --group-size",
+    "reordered_weights": "GRPO_REORDERED_WEIGHTS=0 (sampling then runs on the weights as they are, slower)",
     "activations": "--micro-batch-tokens or --gradient-checkpointing",
     "logits_chunk": "a model with a smaller vocabulary",
     "autocast_weights": "--lora-rank",
@@ -121,7 +122,9 @@ def run_device(config: object, world: int) -> Device:
         free, total = torch.cuda.mem_get_info(index)
         return Device("cuda", world, free, total)
     available = mem_available()
-    return Device("cpu", world, None if available is None else available // world, mem_total())
+    from grpo.packed import packs_here
+
+    return Device("cpu", world, None if available is None else available // world, mem_total(), packs_here())
 
 
 def model_shape(raw: object) -> ModelShape | None:
@@ -243,7 +246,9 @@ def trainer_prediction(sampling: object, lengths: Sequence[int] = (),
     else:  # an equal share for each process on this host, plus what it holds: its weights are loaded by now
         free, local = mem_available(), int(os.environ.get("LOCAL_WORLD_SIZE", sampling.world.size))
         share = None if free is None else free // local + resident()
-        device = Device("cpu", sampling.world.size, share, mem_total())
+        from grpo.packed import packs_here
+
+        device = Device("cpu", sampling.world.size, share, mem_total(), packs_here())
     pool = getattr(getattr(sampling, "toolbox", None), "pool", None)
     run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
     model = model_shape(raw)

@@ -33,6 +33,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ from grpo.algorithm import group_varies
 from grpo.batch import row_errors, sample_and_score
 from grpo.evaluate import check_all
 from grpo.memory_check import memory_line, trainer_prediction
+from grpo.packed import packed_linears
 from grpo.sides import Learner, Sampling
 
 if TYPE_CHECKING:
@@ -410,11 +412,12 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
     order = draw_prompts(len(sampling.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
     generator = torch.Generator(device=sampling.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
-    for first in range(0, len(order), cfg.preflight_prompts):
-        _sample_round(sampling, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
-        grouped, valid = samples.grouped(g)
-        if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
-            break
+    with packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext():
+        for first in range(0, len(order), cfg.preflight_prompts):  # the rounds share one reordering
+            _sample_round(sampling, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
+            grouped, valid = samples.grouped(g)
+            if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
+                break
     names = sampling.score.names
     report = _summary(samples, grouped, valid, cfg, names)
     if fit:

@@ -31,6 +31,7 @@ from grpo.forward import (
     select_rows,
 )
 from grpo.heap import reuse_freed_memory
+from grpo.packed import packed_linears
 from grpo.streams import stream_uniforms
 
 
@@ -247,9 +248,10 @@ def sample_turn(
     ``drawn`` (n,) + t for its t-th token (``drawn``: its episode's tokens in earlier turns,
     so no number is used twice); without it rows draw from ``generator``.
     Freed blocks are reused while the turn runs (grpo/heap.py): each step frees and allocates the same
-    few dozen blocks of a few MB.
+    few dozen blocks of a few MB. On an x86 CPU the linear layers run on reordered weights
+    (grpo/packed.py; a step's rounds share one reordering).
     """
-    with reuse_freed_memory():
+    with packed_linears(decoder, lm_head), reuse_freed_memory():  # the copies' blocks not kept in the heap
         return _sample_turn(decoder, lm_head, tokenizer, state, max_new_tokens=max_new_tokens, stops=stops,
                             budget=budget, temperature=temperature, top_p=top_p, top_k=top_k,
                             stop_strings=stop_strings, generator=generator, streams=streams, drawn=drawn,

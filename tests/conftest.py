@@ -65,7 +65,8 @@ def tiny_model(tokenizer):
 
 LAYERS = ("unit", "equivalence", "model", "vllm", "attack", "docs", "combos", "faults")
 FILE_LAYERS = {
-    "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams"),
+    "equivalence": ("test_distributed", "test_checkpoint", "test_kill", "test_fp32_head", "test_streams",
+                    "test_packed"),
     "model": ("test_trainer", "test_preflight", "test_filter_groups", "test_agent_training", "test_run_metrics",
               "test_episodes", "test_evaluate", "test_rollout", "test_reward_training", "test_gpu_check",
               "test_coming_from_trl", "test_embedded", "test_agent_embedded", "test_example",

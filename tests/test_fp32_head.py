@@ -21,7 +21,8 @@ KERNEL_NOISE = 1e-6  # relative: how far a GPU's decode and prefill kernels leav
 def _kernel_noise(module, inputs, hidden):
     """Perturb the final hidden states of passes over more than one token (the prompts and the training
     pass) by a relative KERNEL_NOISE; the decode step (one token) keeps its own. On this CPU the passes
-    agree bit for bit in fp32, so the difference a GPU's kernels make is added by hand."""
+    agree bit for bit in fp32 (or to rounding where the decode runs on reordered weights, grpo/packed.py),
+    so the difference a GPU's kernels make is added by hand."""
     if hidden.shape[1] == 1:
         return hidden
     noise = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(hidden.shape[1]))
