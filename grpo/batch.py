@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -145,9 +145,14 @@ def sample_batch(sampling: Sampling, step: int, avoid: Collection[int] = ()) -> 
     rounds, the draws and the batch are those of one process. ``avoid``: the
     prompts of batches sampled ahead and not yet trained on (grpo/ahead.py).
     """
-    # the own engine's rounds share one reordering of the weights (grpo/packed.py); vLLM samples elsewhere
-    with packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext():
+    with reordered_rounds(sampling):
         return _sample_rounds(sampling, step, avoid)
+
+
+def reordered_rounds(sampling: Sampling) -> AbstractContextManager:
+    """Where the own engine samples, the rounds inside share one reordering of the weights (grpo/packed.py,
+    made at the first turn); vLLM samples elsewhere, so nothing."""
+    return packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext()
 
 
 def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Batch:

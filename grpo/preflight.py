@@ -33,17 +33,15 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from grpo.algorithm import group_varies
-from grpo.batch import row_errors, sample_and_score
+from grpo.batch import reordered_rounds, row_errors, sample_and_score
 from grpo.evaluate import check_all
 from grpo.memory_check import memory_line, trainer_prediction
-from grpo.packed import packed_linears
 from grpo.sides import Learner, Sampling
 
 if TYPE_CHECKING:
@@ -412,7 +410,7 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
     order = draw_prompts(len(sampling.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
     generator = torch.Generator(device=sampling.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
-    with packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext():
+    with reordered_rounds(sampling):
         for first in range(0, len(order), cfg.preflight_prompts):  # the rounds share one reordering
             _sample_round(sampling, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
             grouped, valid = samples.grouped(g)
