@@ -20,7 +20,9 @@ mostly all right or all wrong (a pass rate per prompt near 0 or 1), a predicted 
 means "not sure which", not "mixed", and the screen's formula ranks those prompts first.
 
 The last layer's state is what the screen uses now; an earlier layer would cost a fraction of the
-prefill. The last line is a JSON object with the figures; ``--out FILE`` also writes each prompt's row,
+prefill. It also prints how well one completion of each group (the ``probe`` screen's features: its
+probability, its least likely token's, its reward) predicts whether the group's other G - 1 vary. The last
+line is a JSON object with the figures; ``--out FILE`` also writes each prompt's row,
 pass fraction and whether its group varied.
 """
 
@@ -37,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grpo.batch import generate_round  # noqa: E402
+from grpo.batch import Round, generate_round, reordered_rounds  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.process import setup_process  # noqa: E402
 from grpo.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
@@ -73,6 +75,39 @@ def cross_validated(x: np.ndarray, y: np.ndarray, w: np.ndarray, folds: int, see
     return pred
 
 
+def first_completion_features(r: Round, g: int) -> np.ndarray:
+    """(n, 5) the ``probe`` screen's features (grpo/batch.py probe_features) of each group's first completion."""
+    logp = r.rollout.logprobs.float().view(-1, g, r.rollout.logprobs.shape[1])[:, 0]
+    used = r.rollout.mask.view(-1, g, r.rollout.mask.shape[1])[:, 0] > 0
+    q = logp.sum(dim=1).exp()
+    least = torch.where(used, logp, torch.zeros(())).min(dim=1).values.exp()
+    reward = torch.where(r.valid()[:, 0], r.rewards.view(-1, g)[:, 0], 0.0).float().clamp(0.0, 1.0)
+    cut = r.truncated.view(-1, g)[:, 0].float()
+    return torch.stack([q, least, reward, q * reward, cut], dim=1).numpy()
+
+
+def probe_ranking(x: np.ndarray, rewards: torch.Tensor, valid: torch.Tensor, seed: int) -> None:
+    """Print how well one completion predicts whether the other G - 1 of its group vary (the first stands
+    for the probe, the rest for the group generated after it): the share that vary among the quarter
+    (half) ranked likeliest by a cross-validated logistic regression on the probe's features, the area
+    under the ROC curve, and the same ranked by the first completion's probability alone (lowest first)."""
+    varies = np.array([len(set(rw[v].tolist())) > 1 for rw, v in zip(rewards, valid, strict=True)])
+    pred = cross_validated(x, varies.astype(float), np.ones(len(varies)), 4, seed)
+
+    def line(name: str, score: np.ndarray) -> None:
+        order = np.argsort(-score, kind="stable")
+        rank = np.empty(len(score))
+        rank[order[::-1]] = np.arange(len(score))  # 0 for the lowest score
+        pos = varies.sum()
+        auc = (rank[varies].sum() - pos * (pos - 1) / 2) / max(pos * (len(score) - pos), 1)
+        print(f"probe, {name}: of the other {rewards.shape[1]}, {varies.mean():.1%} vary; top quarter "
+              f"{varies[order[: len(score) // 4]].mean():.1%}, top half {varies[order[: len(score) // 2]].mean():.1%}, "
+              f"AUC {auc:.3f}")
+
+    line("fitted on its features", pred)
+    line("its probability alone, lowest first", -x[:, 0])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", default="add")
@@ -101,13 +136,16 @@ def main() -> int:
     sampling, g = trainer.sampling, trainer.config.group_size
     drawn = sampling.sampler.draw(args.prompts, 1)
     start = time.perf_counter()
-    rewards, valid = [], []
-    for k in range(0, len(drawn), 32):
-        r = generate_round(sampling, drawn[k : k + 32], 1, k // 32)
-        rewards.append(r.rewards.view(-1, g))
-        valid.append(r.valid().view(-1, g))
+    rewards, valid, probes = [], [], []
+    with reordered_rounds(sampling):
+        for k in range(0, len(drawn), 32):
+            r = generate_round(sampling, drawn[k : k + 32], 1, k // 32)
+            rewards.append(r.rewards.view(-1, g))
+            valid.append(r.valid().view(-1, g))
+            probes.append(first_completion_features(r, g))
     seconds_generate = time.perf_counter() - start
     rewards, valid = torch.cat(rewards).float(), torch.cat(valid)
+    probe_ranking(np.concatenate(probes), rewards[:, 1:], valid[:, 1:], args.seed)
     w = valid.float().sum(1).numpy()
     y = ((rewards.clamp(0, 1) * valid).sum(1).numpy() / np.maximum(w, 1))
     varies = np.array([len(set(rw[v].tolist())) > 1 for rw, v in zip(rewards, valid, strict=True)])

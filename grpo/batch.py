@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -162,12 +163,13 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
     n = cfg.prompts_per_step
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
-        drawn, screening = draw_round(sampling, n, step, drawn_before, avoid)
+        drawn, screening = draw_round(sampling, n, step, len(rounds), drawn_before, avoid)
         rounds.append(generate_round(sampling, drawn, step, len(rounds)))
         rounds[-1].screening = screening
         sampling.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
         if sampling.screen is not None:
-            sampling.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
+            sampling.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid(),
+                                    rounds[-1].varies())
         if not cfg.filter_groups:
             last = rounds[-1]
             return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
@@ -180,12 +182,51 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
     return informative_batch(sampling, rounds)
 
 
-def draw_round(sampling: Sampling, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
+def draw_round(sampling: Sampling, n: int, step: int, index: int, exclude: Collection[int], avoid: Collection[int]
                ) -> tuple[list[int], Screening | None]:
-    """A round's n prompts: the sampler's draw, or, with a screen, the n of its candidates most likely to vary."""
+    """Round ``index``'s n prompts: the sampler's draw, or, with a screen, the n of its candidates most likely
+    to vary."""
     if sampling.screen is None:
         return sampling.sampler.draw(n, step, exclude=exclude, avoid=avoid), None
-    return sampling.screen.draw(sampling, n, step, exclude, avoid)
+    probe = sampling.screen.by == "probe"
+    featurize = (lambda candidates: probe_features(sampling, candidates, step, index)) if probe else None
+    return sampling.screen.draw(sampling, n, step, exclude, avoid, featurize)
+
+
+PROBE_STREAMS = 1  # the extra part of a probe completion's stream key: (seed, step, round, candidate, 1)
+
+
+def probe_features(sampling: Sampling, candidates: list[int], step: int, index: int
+                   ) -> tuple[np.ndarray, float, np.ndarray]:
+    """The ``probe`` screen's features: one completion sampled and scored for each candidate (its own random
+    stream, so the groups generated later are independent of it), and from it (C, 5): the completion's
+    probability q under the sampler (exp of its summed log-probs), its least likely token's probability,
+    its reward r (clipped to [0, 1]; 0 where it errored), q * r, and whether it ran into the token limit.
+    Also the probe's seconds (the slowest process's) and each candidate's cost: its probe's tokens."""
+    world = sampling.world
+    mine = world.split(len(candidates))
+    keys = stream_keys(sampling.config.seed, step, index, torch.arange(mine.start, mine.stop, device=sampling.device),
+                       PROBE_STREAMS)
+    if len(mine):
+        rollout, rewards, _, seconds = sample_and_score(sampling, [candidates[i] for i in mine], streams=keys,
+                                                        group_size=1)
+        logp = rollout.logprobs.float().cpu()  # (c, T)
+        used = rollout.mask.cpu() > 0
+        q = logp.sum(dim=1).exp()
+        least = torch.where(used, logp, torch.zeros(())).min(dim=1).values.exp()
+        r = torch.nan_to_num(rewards.float(), nan=0.0).clamp(0.0, 1.0)
+        cut = rollout.truncated.cpu().float()
+        x = torch.stack([q, least, r, q * r, cut], dim=1).numpy()
+        cost = rollout.lengths.cpu().double().clamp(min=1).numpy()
+    else:
+        x, cost, seconds = np.zeros((0, 5)), np.zeros(0), 0.0
+        if world.fsdp:  # the others' generation gathers the sharded parameters: take part
+            sampling.policy.without_grad(lambda model: None)
+    if world.size > 1:
+        parts = world.gather_objects((x, cost, seconds))
+        x, cost = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        seconds = max(p[2] for p in parts)
+    return x, seconds, cost
 
 
 def informative_batch(sampling: Sampling, rounds: list[Round]) -> Batch:
@@ -296,15 +337,17 @@ def whole_draw_means(world: World, rows: int, metrics: dict[str, float]) -> dict
 def sample_and_score(
     sampling: Sampling, prompts: Sequence[int], generator: torch.Generator | None = None,
     stop_early: Callable[[int, int], bool] | None = None, *, streams: Tensor | None = None,
+    group_size: int = 0,
 ) -> tuple[Rollout, Tensor, dict[str, float], float]:
     """A group for each of these training prompts, scored: the rollout, its rewards (n*G,; NaN where a
     reward call or the environment failed: see row_errors), the scorer's metrics and the seconds
-    generation took. Training rounds (with a random stream per
-    completion) and the pre-flight check (with a generator) share it."""
+    generation took. Training rounds (with a random stream per completion), the probe screen (groups of
+    ``group_size`` 1; 0: the run's G) and the pre-flight check (with a generator) share it."""
     cfg, t = sampling.config, sampling
+    g = group_size or cfg.group_size
     t0 = time.perf_counter()
     t.model.eval()
-    options = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+    options = dict(group_size=g, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                    top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
     rows = [t.task.train[i] for i in prompts]
     with t.autocast:
@@ -319,7 +362,7 @@ def sample_and_score(
                                             stop_early=stop_early, streams=streams,
                                             token_budget=cfg.micro_batch_tokens, **options)
     seconds = time.perf_counter() - t0
-    group_rows = [t.task.train[i] for i in prompts for _ in range(cfg.group_size)]
+    group_rows = [t.task.train[i] for i in prompts for _ in range(g)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
     rewards, metrics = t.score(rollout.texts, group_rows, scored_tokens(rollout), ids,
                                truncated=rollout.truncated.tolist(), max_completion_tokens=cfg.max_new_tokens)

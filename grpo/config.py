@@ -129,6 +129,7 @@ class TrainConfig:
     explore_frac: float = field(**_doc("frontier sampler: share of each draw taken uniformly from all prompts (unseen, solved and unsolvable ones are revisited)", default=0.25))
     sampler_half_life: float = field(**_doc("frontier sampler: steps after which a prompt's old evidence counts half", default=20.0))
     screen: int = field(**_doc("screening: each generation round prefills this many candidate prompts per group it generates, predicts each one's pass rate from the policy's hidden state at the prompt's end (a logistic regression fitted online on the groups seen) and generates the groups most likely to vary (see docs/screening.md; 0 or 1: off)", default=0))
+    screen_by: str = field(**_doc("screening: what the predictor reads: state (the policy's hidden state at the prompt's end; predicts the pass rate) or probe (one completion sampled and scored per candidate: its probability, its least likely token's, its reward; predicts whether the group varies). A probe is not part of the group generated after it (see docs/screening.md)", default="state"))
     screen_explore: float = field(**_doc("screening: share of each round's groups drawn uniformly from the candidates whatever their prediction, so a prompt the predictor would skip is still tried now and then", default=0.25))
     lora_rank: int = field(**_doc("LoRA rank through peft (0: full fine-tuning)", default=0))
     lora_alpha: float = field(**_doc("LoRA alpha (0: twice the rank)", default=0.0))
@@ -200,7 +201,7 @@ class TrainConfig:
     def _check_choices(self) -> None:
         choices = {"scale": ("group", "batch", "none"), "ratio_level": ("token", "sequence"),
                    "aggregate": ("token", "sequence", "fixed"), "on_error": ("zero", "raise"),
-                   "sampler": ("", "uniform", "frontier"), "preflight": ("on", "warn", "strict", "off"),
+                   "sampler": ("", "uniform", "frontier"), "screen_by": ("state", "probe"), "preflight": ("on", "warn", "strict", "off"),
                    "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
                    "engine": ("own", "vllm"), "tis_level": ("token", "sequence", "sequence_ratio"),
                    "tis_mode": ("truncate", "mask"),

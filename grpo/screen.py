@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -203,28 +203,42 @@ def prompt_states(sampling: Screened, prompts: Sequence[int]) -> np.ndarray:
         return sampling.policy.without_grad(run).cpu().numpy()
 
 
+def prompt_features(sampling: Screened, prompts: Sequence[int]) -> tuple[np.ndarray, float, np.ndarray]:
+    """The ``state`` screen's features: (C, H) prompt-end hidden states, the prefill's seconds, and each
+    prompt's tokens (C,), by which the prefill's seconds are apportioned."""
+    start = time.perf_counter()
+    features = prompt_states(sampling, prompts)
+    tokens = np.array([len(sampling.train_prompts[c]) for c in prompts], dtype=np.float64)
+    return features, time.perf_counter() - start, tokens
+
+
+Featurize = Callable[[list[int]], tuple[np.ndarray, float, np.ndarray]]
+
+
 class Screen:
     """Draws each round's prompts through the screen; learns from the groups' rewards."""
 
-    def __init__(self, group_size: int, candidates: int, explore: float, seed: int) -> None:
-        self.group_size, self.candidates, self.explore = group_size, candidates, explore
+    def __init__(self, group_size: int, candidates: int, explore: float, seed: int, by: str = "state") -> None:
+        self.group_size, self.candidates, self.explore, self.by = group_size, candidates, explore, by
         self.predictor = PassRatePredictor(seed + 104729)
         self.rng = np.random.default_rng(seed + 1299709)
         self.pending: dict[int, np.ndarray] = {}  # prompt -> its features, until its group is observed
 
-    def draw(self, sampling: Screened, n: int, step: int, exclude: Collection[int], avoid: Collection[int]
-             ) -> tuple[list[int], Screening]:
-        """The round's n prompts, drawn from the prompt sampler through the screen."""
+    def draw(self, sampling: Screened, n: int, step: int, exclude: Collection[int], avoid: Collection[int],
+             featurize: Featurize | None = None) -> tuple[list[int], Screening]:
+        """The round's n prompts, drawn from the prompt sampler through the screen. ``featurize``: the
+        candidates' features, their seconds and each one's cost (its share of those seconds); None: the
+        prompt-end hidden states (``screen_by = state``), each candidate's cost its prompt tokens."""
         sampler = sampling.sampler
         ready = self.predictor.ready()
         candidates = sampler.draw(n * self.candidates if ready else n, step, exclude=exclude, avoid=avoid)
-        start = time.perf_counter()
-        features = prompt_states(sampling, candidates)  # (C, H)
-        seconds = time.perf_counter() - start
+        features, seconds, cost = (featurize or (lambda c: prompt_features(sampling, c)))(candidates)  # (C, F)
         if not ready:
             self.pending.update(zip(candidates, features, strict=True))
             return candidates, Screening(len(candidates), seconds, 0.0, [math.nan] * len(candidates))
-        mixed = mixed_chance(self.predictor.predict(features), self.group_size)  # (C,)
+        mixed = self.predictor.predict(features)  # (C,)
+        if self.by == "state":  # the predicted pass rate: the chance a group of G independent draws is mixed
+            mixed = mixed_chance(mixed, self.group_size)
         exploited, explored = choose(mixed, n, self.explore, self.rng)
         tail = len(candidates) - getattr(sampler, "explored", 0)  # the sampler's own uniform draws end its list
         # the frontier sampler measures the pool on its uniform draws, last in the list: those of them the
@@ -236,14 +250,16 @@ class Screen:
         picked = sampling.world.broadcast_object(picked)  # one choice for all processes
         prompts = [candidates[i] for i in picked]
         self.pending.update((candidates[i], features[i]) for i in picked)
-        tokens = np.array([len(sampling.train_prompts[c]) for c in candidates], dtype=np.float64)
-        skipped = 1.0 - tokens[picked].sum() / max(tokens.sum(), 1.0)
+        skipped = 1.0 - cost[picked].sum() / max(cost.sum(), 1e-12)
         return prompts, Screening(len(candidates), seconds, seconds * skipped, [float(mixed[i]) for i in picked])
 
-    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor) -> None:
-        """The groups' rewards (n, G) and valid rows (n, G) for the prompts last drawn."""
+    def observe(self, step: int, prompts: Sequence[int], rewards: Tensor, valid: Tensor, varies: Tensor) -> None:
+        """The groups' rewards (n, G), valid rows (n, G) and whether each taught (n,) for the prompts last
+        drawn: the target is each group's pass fraction (``state``) or whether it varied (``probe``)."""
         w = valid.float().sum(dim=1).cpu().numpy()  # (n,)
         y = (rewards.float().clamp(0.0, 1.0) * valid).sum(dim=1).cpu().numpy() / np.maximum(w, 1.0)  # (n,)
+        if self.by == "probe":  # one observation per group, whatever its valid rows (none: no evidence)
+            y, w = varies.float().cpu().numpy(), np.minimum(w, 1.0)
         x = np.stack([self.pending[i] if i in self.pending else self._missing(i) for i in prompts])
         self.predictor.observe(step, x, y, w)
         self.pending.clear()
@@ -263,4 +279,4 @@ def make_screen(config: object) -> Screen | None:
     """The config's screen; None when screening is off (screen below 2)."""
     if config.screen < 2:
         return None
-    return Screen(config.group_size, config.screen, config.screen_explore, config.seed)
+    return Screen(config.group_size, config.screen, config.screen_explore, config.seed, config.screen_by)

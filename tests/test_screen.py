@@ -12,10 +12,12 @@ import torch
 from tiny_run import metrics_lines, tiny_trainer
 
 from grpo import screen as screen_module
+from grpo.batch import PROBE_STREAMS, generate_round, probe_features, sample_and_score
 from grpo.config import ConfigError, TrainConfig
 from grpo.sampler import FrontierSampler, UniformSampler
 from grpo.screen import PassRatePredictor, Screen, choose, fit_logistic, mixed_chance
 from grpo.step_metrics import RunTotals
+from grpo.streams import stream_keys
 
 
 def test_mixed_chance_by_hand():
@@ -107,7 +109,7 @@ def test_screen_prefers_prompts_that_vary_and_keeps_exploring(monkeypatch):
             even_drawn.append(sum(1 - i % 2 for i in drawn))
         # even prompts pass half the time (their groups vary), odd ones never
         rewards = torch.tensor([[float(i % 2 == 0 and k % 2 == 0) for k in range(4)] for i in drawn])
-        screen.observe(step, drawn, rewards, torch.ones_like(rewards, dtype=torch.bool))
+        screen.observe(step, drawn, rewards, torch.ones_like(rewards, dtype=torch.bool), rewards.std(dim=1) > 0)
     assert sum(even_drawn) > 3 * sum(odd_drawn)
     assert sum(odd_drawn) > 0  # exploration still draws the prompts predicted to give all-equal groups
 
@@ -130,6 +132,8 @@ def test_screen_config_is_checked():
         TrainConfig(screen_explore=1.5)
     with pytest.raises(ConfigError, match="screen"):
         TrainConfig(screen=-1)
+    with pytest.raises(ConfigError, match="screen_by"):
+        TrainConfig(screen_by="prefix")
 
 
 def test_run_totals_count_skipped_screening_as_wasted():
@@ -159,11 +163,12 @@ def zero_var_groups(trainer, steps: int) -> tuple[float, list[dict]]:
 
 
 @pytest.mark.model
-def test_screened_run_generates_fewer_zero_variance_groups_on_the_tiny_model():
+@pytest.mark.parametrize("by", ["state", "probe"])
+def test_screened_run_generates_fewer_zero_variance_groups_on_the_tiny_model(by):
     kw = dict(reward=even_prompts_vary, prompts_per_step=8, group_size=4, filter_groups=True, max_gen_rounds=4,
               seed=2)
     plain, _ = zero_var_groups(tiny_trainer(**kw), 5)
-    screened, records = zero_var_groups(tiny_trainer(screen=4, **kw), 5)
+    screened, records = zero_var_groups(tiny_trainer(screen=4, screen_by=by, **kw), 5)
     assert screened < 0.6 * plain, (screened, plain)
     ranked = [m for m in records if "screen_predicted_mixed" in m]
     assert ranked and all(0.0 <= m["screen_predicted_mixed"] <= 1.0 for m in ranked)
@@ -171,10 +176,33 @@ def test_screened_run_generates_fewer_zero_variance_groups_on_the_tiny_model():
 
 
 @pytest.mark.model
-def test_screened_run_resumes_bitwise(tmp_path):
+def test_probe_features_by_hand_and_the_groups_do_not_depend_on_the_probe():
+    trainer = tiny_trainer(reward=even_prompts_vary, prompts_per_step=4, group_size=4, screen=2, screen_by="probe")
+    sampling = trainer.sampling
+    before = generate_round(sampling, [0, 1, 2, 3], 1, 0)
+    x, seconds, cost = probe_features(sampling, [4, 5, 6], 1, 0)
+    after = generate_round(sampling, [0, 1, 2, 3], 1, 0)
+    # the probe draws from streams of its own: the groups generated after it are those generated without it
+    assert before.rollout.texts == after.rollout.texts and torch.equal(before.rewards, after.rewards)
+    # one completion per candidate, sampled from the probe's streams: its features from its log-probs and reward
+    keys = stream_keys(sampling.config.seed, 1, 0, torch.arange(3), PROBE_STREAMS)
+    rollout, rewards, _, _ = sample_and_score(sampling, [4, 5, 6], streams=keys, group_size=1)
+    assert x.shape == (3, 5) and seconds > 0.0 and cost.tolist() == rollout.lengths.clamp(min=1).tolist()
+    q = [math.exp(sum(row[:n].tolist())) for row, n in zip(rollout.logprobs, rollout.lengths, strict=True)]
+    assert x[:, 0] == pytest.approx(q, rel=1e-5)
+    least = [math.exp(min(row[:n].tolist())) for row, n in zip(rollout.logprobs, rollout.lengths, strict=True)]
+    assert x[:, 1] == pytest.approx(least, rel=1e-5) and (x[:, 1] >= x[:, 0] - 1e-7).all()
+    assert x[:, 2].tolist() == rewards.clamp(0, 1).tolist() and x[:, 3] == pytest.approx(x[:, 0] * x[:, 2])
+    assert x[:, 4].tolist() == rollout.truncated.float().tolist()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("by", ["state", "probe"])
+def test_screened_run_resumes_bitwise(tmp_path, by):
     # the screen's fitted data and random stream are in the checkpoint: a run stopped after 2 of 4 steps and
     # resumed draws, trains and logs exactly as the straight run
-    kw = dict(reward=even_prompts_vary, prompts_per_step=8, group_size=4, filter_groups=True, seed=2, screen=2)
+    kw = dict(reward=even_prompts_vary, prompts_per_step=8, group_size=4, filter_groups=True, seed=2, screen=2,
+              screen_by=by)
     straight = tiny_trainer(steps=4, **kw)
     straight.train(tmp_path / "straight")
     tiny_trainer(steps=2, **kw).train(tmp_path / "split")
