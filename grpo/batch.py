@@ -201,7 +201,8 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
     """The ``probe`` screen's features: one completion sampled and scored for each candidate (its own random
     stream, so the groups generated later are independent of it), and from it (C, 5): the completion's
     probability q under the sampler (exp of its summed log-probs), its least likely token's probability,
-    its reward r (clipped to [0, 1]; 0 where it errored), q * r, and whether it ran into the token limit.
+    its reward r (clipped to [0, 1]; 0 where the row errored: grpo/batch.py row_errors), q * r, and whether
+    it ran into the token limit.
     Also the probe's seconds (the slowest process's) and each candidate's cost: its probe's tokens."""
     world = sampling.world
     mine = world.split(len(candidates))
@@ -214,7 +215,8 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
         used = rollout.mask.cpu() > 0
         q = logp.sum(dim=1).exp()
         least = torch.where(used, logp, torch.zeros(())).min(dim=1).values.exp()
-        r = torch.nan_to_num(rewards.float(), nan=0.0).clamp(0.0, 1.0)
+        errored = row_errors(rewards, rollout, mask_truncated=sampling.config.mask_truncated).cpu() > 0
+        r = torch.where(errored, 0.0, rewards.float().cpu()).clamp(0.0, 1.0)
         cut = rollout.truncated.cpu().float()
         x = torch.stack([q, least, r, q * r, cut], dim=1).numpy()
         cost = rollout.lengths.cpu().double().clamp(min=1).numpy()

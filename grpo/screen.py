@@ -27,6 +27,12 @@ cannot say this; the hidden state generalises across prompts, and the
 prefill that computes it is a small share of a group's cost (one pass over
 the prompt against G completions decoded token by token).
 
+With ``screen_by = probe`` the features are instead one completion sampled
+and scored per candidate (grpo/batch.py, probe_features: its probability,
+its least likely token's, its reward), the target whether each group varied,
+and the ranking that probability of varying itself; the probe is thrown
+away, so a group generated after it is G new draws (docs/screening.md).
+
 Until MIN_GROUPS groups with both outcomes seen have been observed the round
 is drawn as without screening (the features of its prompts still computed, to
 fit on). The prefill's seconds count as generation; its share spent on
@@ -170,9 +176,9 @@ class PassRatePredictor:
 class Screening:
     """What screening did for one round: the prefill's cost and the predictions of the groups generated."""
 
-    screened: int  # candidates prefilled
-    seconds: float  # the prefill's
-    skipped_seconds: float  # its share spent on the candidates skipped (by prompt tokens)
+    screened: int  # candidates prefilled (state) or probed (probe)
+    seconds: float  # the prefill's, or the probes' decoding
+    skipped_seconds: float  # its share spent on the candidates skipped (by prompt tokens, or probe tokens)
     predicted: list[float]  # (n,) P(mixed) of each generated group, NaN before the predictor is ready
 
 
@@ -268,9 +274,12 @@ class Screen:
         raise KeyError(f"screen: prompt {prompt} was observed but never drawn through the screen")
 
     def state_dict(self) -> dict:
-        return {"predictor": self.predictor.state_dict(), "rng": self.rng.bit_generator.state}
+        return {"predictor": self.predictor.state_dict(), "rng": self.rng.bit_generator.state, "by": self.by}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("by", "state")  # a checkpoint from before screen_by screened by the state
+        if saved != self.by:
+            raise ValueError(f"the checkpoint's screen read {saved!r} features; this run's screen_by is {self.by!r}")
         self.predictor.load_state_dict(state["predictor"])
         self.rng.bit_generator.state = state["rng"]
 

@@ -63,7 +63,7 @@ def step_record(sampling: Sampling, step: int, batch: Batch, advantages: Tensor,
         **{k: v for k, v in vars(stats).items()},
         "lr": learning_rate(sampling.config, step),
         "time_generate": t_gen,
-        "time_reward": times.scored - times.start - t_gen,
+        "time_reward": times.scored - times.start - t_gen - screen_seconds(batch),
         "time_update": times.updated - times.scored,
         **({"time_sync": times.end - times.updated} if sampling.engine is not None else {}),
         "time_step": times.end - times.start,
@@ -138,6 +138,11 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
     if cfg.sampler != "uniform":
         out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn
     return out
+
+
+def screen_seconds(batch: Batch) -> float:
+    """The step's seconds of screening (prefill, or probe decoding): neither generation nor reward time."""
+    return sum(r.screening.seconds for r in batch.rounds if r.screening is not None)
 
 
 def screen_metrics(batch: Batch, seconds_generate: float) -> dict[str, float]:

@@ -12,7 +12,7 @@ import torch
 from tiny_run import metrics_lines, tiny_trainer
 
 from grpo import screen as screen_module
-from grpo.batch import PROBE_STREAMS, generate_round, probe_features, sample_and_score
+from grpo.batch import PROBE_STREAMS, probe_features, sample_and_score
 from grpo.config import ConfigError, TrainConfig
 from grpo.sampler import FrontierSampler, UniformSampler
 from grpo.screen import PassRatePredictor, Screen, choose, fit_logistic, mixed_chance
@@ -175,25 +175,58 @@ def test_screened_run_generates_fewer_zero_variance_groups_on_the_tiny_model(by)
     assert all(m["time_screen"] > 0.0 and 0.0 <= m["generate_wasted_frac"] <= 1.0 for m in records)
 
 
+def test_probe_streams_never_meet_the_groups_streams():
+    # a probe completion and a group's completion of the same step and round draw from different streams:
+    # the probe is not a member of any group in disguise
+    for step, index in ((1, 0), (3, 2)):
+        groups = stream_keys(7, step, index, torch.arange(4096))
+        probes = stream_keys(7, step, index, torch.arange(4096), PROBE_STREAMS)
+        assert not {tuple(k) for k in groups.tolist()} & {tuple(k) for k in probes.tolist()}
+
+
+def test_probe_screen_learns_which_way_the_probability_points(monkeypatch):
+    # every probe scores 0 (the reward tells nothing); groups vary where the probe's completion was unlikely
+    # (q = 0.2: odd prompts), never where it was likely (q = 0.95): the screen learns to prefer unlikely probes
+    trainer = FakeTrainer(UniformSampler(64, random.Random(0)), 64)
+    screen = Screen(group_size=4, candidates=4, explore=0.25, seed=0, by="probe")
+
+    def featurize(candidates):
+        q = np.array([0.2 if i % 2 else 0.95 for i in candidates])
+        return np.stack([q, q, np.zeros_like(q), np.zeros_like(q), np.zeros_like(q)], 1), 1.0, np.ones(len(q))
+
+    odd = even = 0
+    for step in range(1, 20):
+        drawn, screening = screen.draw(trainer, 8, step, (), (), featurize)
+        if step > 2:
+            odd, even = odd + sum(i % 2 for i in drawn), even + sum(1 - i % 2 for i in drawn)
+            assert screening.skipped_seconds == pytest.approx(0.75)  # 24 of 32 equal-cost probes skipped
+        varies = torch.tensor([bool(i % 2) for i in drawn])
+        rewards = torch.stack([torch.tensor([0.0, 1.0, 0.0, 0.0]) if v else torch.zeros(4) for v in varies])
+        screen.observe(step, drawn, rewards, torch.ones_like(rewards, dtype=torch.bool), varies)
+    assert odd > 3 * even and even > 0  # exploration still draws the likely ones
+
+
 @pytest.mark.model
-def test_probe_features_by_hand_and_the_groups_do_not_depend_on_the_probe():
+def test_probe_features_by_hand():
     trainer = tiny_trainer(reward=even_prompts_vary, prompts_per_step=4, group_size=4, screen=2, screen_by="probe")
     sampling = trainer.sampling
-    before = generate_round(sampling, [0, 1, 2, 3], 1, 0)
     x, seconds, cost = probe_features(sampling, [4, 5, 6], 1, 0)
-    after = generate_round(sampling, [0, 1, 2, 3], 1, 0)
-    # the probe draws from streams of its own: the groups generated after it are those generated without it
-    assert before.rollout.texts == after.rollout.texts and torch.equal(before.rewards, after.rewards)
     # one completion per candidate, sampled from the probe's streams: its features from its log-probs and reward
     keys = stream_keys(sampling.config.seed, 1, 0, torch.arange(3), PROBE_STREAMS)
     rollout, rewards, _, _ = sample_and_score(sampling, [4, 5, 6], streams=keys, group_size=1)
     assert x.shape == (3, 5) and seconds > 0.0 and cost.tolist() == rollout.lengths.clamp(min=1).tolist()
     q = [math.exp(sum(row[:n].tolist())) for row, n in zip(rollout.logprobs, rollout.lengths, strict=True)]
-    assert x[:, 0] == pytest.approx(q, rel=1e-5)
+    assert x[:, 0] == pytest.approx(q, rel=1e-5) and (x[:, 0] < 1.0).all()
     least = [math.exp(min(row[:n].tolist())) for row, n in zip(rollout.logprobs, rollout.lengths, strict=True)]
     assert x[:, 1] == pytest.approx(least, rel=1e-5) and (x[:, 1] >= x[:, 0] - 1e-7).all()
     assert x[:, 2].tolist() == rewards.clamp(0, 1).tolist() and x[:, 3] == pytest.approx(x[:, 0] * x[:, 2])
     assert x[:, 4].tolist() == rollout.truncated.float().tolist()
+
+
+def test_a_screen_resumes_only_with_the_features_it_saved():
+    state = Screen(group_size=4, candidates=2, explore=0.25, seed=0, by="state").state_dict()
+    with pytest.raises(ValueError, match="screen_by is 'probe'"):
+        Screen(group_size=4, candidates=2, explore=0.25, seed=0, by="probe").load_state_dict(state)
 
 
 @pytest.mark.model
