@@ -39,6 +39,7 @@ ALARMS = ("no_signal", "checker_suspected", "stall", "memorising", "length_witho
 STOPPING = ("no_signal", "checker_suspected", "stall", "memorising")
 TRENDS = ("checker_suspected", "stall", "memorising")  # verdicts on learning, taken at held-out evaluations
 MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: a hint of memorising
+MEMORISE_REPEATS = 0.2  # memorising needs repeats: the run's mean share of groups at a prompt drawn before
 WARN_AFTER = 2  # a trend verdict is raised once some trend verdict held at this many evaluations in a row
 CONFIRM = 2  # ... and stops the run once one has held at this many
 MIN_EVALUATIONS = 5  # verdicts on learning need the start and four evaluations after it
@@ -270,11 +271,20 @@ def checker_suspected(reward: Sequence[float], heldout: Series, train: Series, c
 
 
 def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: AlarmConfig,
-               first_try: Sequence[float] = (), accuracy: Sequence[float] = ()) -> str | None:
+               first_try: Sequence[float] = (), accuracy: Sequence[float] = (),
+               repeats: Sequence[float] = ()) -> str | None:
     """Training reward rising beyond what sharpening explains (``sharpening``), greedy accuracy on the fixed
     training sample rising with it, and held-out accuracy not following: the train/held-out gap grows while held-out is flat or falling, so the
     policy learns the training prompts' answers, not the task. Measured on the training sample; the
-    first-try reward only adds a hint to the message."""
+    first-try reward only adds a hint to the message.
+
+    Memorising needs repeats: where the run's groups were mostly first tries at their prompt (``repeats``,
+    each step's share of groups at a prompt drawn before, averaging under MEMORISE_REPEATS: a large
+    file drawn uniformly), the policy has seen the training sample's prompts about as rarely as the
+    held-out ones, so a gap between the two is their noise, not memorising: no verdict."""
+    seen = [x for x in repeats if math.isfinite(x)]
+    if seen and float(np.mean(seen)) < MEMORISE_REPEATS:
+        return None
     heldout, train = _measured(heldout), _measured(train)
     sharpened = sharpening(reward, accuracy, train, cfg.train_n)
     rise = _reward_outruns_heldout(reward, heldout, cfg, sharpened)
@@ -386,7 +396,7 @@ class AlarmMonitor:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings.
         ``final``: the run's last evaluation, whose verdicts are raised without waiting for another."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
-                    "signal_frac", "reward_first_try", "accuracy"):
+                    "signal_frac", "reward_first_try", "accuracy", "repeat_frac"):
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
@@ -454,7 +464,8 @@ class AlarmMonitor:
             "checker_suspected": checker_suspected(reward, self.heldout, self.train, cfg, first_try, accuracy),
             "stall": stall(reward, series.get("adv_nonzero_frac", []), self.heldout, self.train, cfg, first_try,
                            self.full),
-            "memorising": memorising(reward, self.heldout, self.train, cfg, first_try, accuracy),
+            "memorising": memorising(reward, self.heldout, self.train, cfg, first_try, accuracy,
+                                     series.get("repeat_frac", [])),
             "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),
