@@ -409,3 +409,18 @@ def loss_metrics(out: Surrogate, adv: Tensor, mask: Tensor, kl: Tensor | None) -
     if kl is not None:
         metrics["kl"] = (kl * mask).sum() / n_valid
     return metrics
+
+
+TEMPERATURE_RANGE = (0.3, 1.0)  # the adapted sampling temperature stays within these bounds
+
+
+def adapted_temperature(temperature: float, entropy: float, target: float,
+                        bounds: tuple[float, float] = TEMPERATURE_RANGE) -> float:
+    """The next step's sampling temperature, holding the policy's per-token entropy near ``target``
+    (E3, arXiv 2505.18573): T (target / H)^(1/4), clipped to ``bounds``; H the step's mean per-token
+    entropy of softmax(logits / T) on the completions it trained. A step with no entropy measured (nothing
+    trained, or not finite) leaves T as it is."""
+    if not math.isfinite(entropy) or entropy <= 0.0:
+        return temperature
+    low, high = bounds
+    return min(max(temperature * (target / entropy) ** 0.25, low), high)

@@ -95,6 +95,7 @@ class TrainConfig:
     max_new_tokens: int = field(**_doc("most tokens sampled per completion (0: the task's own setting, see `grpo tasks`; for --data, fitted by the pre-flight check to the lengths the model writes, at most 256, or 256 without it)", default=0))
     mask_truncated: bool = field(**_doc("leave completions that hit max_new_tokens out of the loss and of their group's mean and std (DAPO's overlong filtering; they count as errored rows) instead of only scoring their answer 0", default=False))
     temperature: float = field(**_doc("sampling temperature (the policy trained is softmax(logits / temperature))", default=0.7))
+    temperature_target: float = field(**_doc("adapt the temperature after each step to hold the policy's mean per-token entropy near this many nats: T <- clip(T (target / H)^(1/4), 0.3, 1.0), H the step's entropy on the completions it trained (E3, arXiv 2505.18573; --temperature is the start; see docs/temperature.md); 0: a fixed temperature", default=0.0))
     top_p: float = field(**_doc("nucleus sampling mass (1.0: off)", default=1.0))
     stop: tuple[str, ...] = field(**_doc("stop strings: a completion ends with the token that completes one (besides EOS)", default=()))
     top_k: int = field(**_doc("sample among the k likeliest tokens only (0: off)", default=0))
@@ -182,7 +183,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("steps", "minutes", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
-                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "max_new_tokens", "alarm_window", "eval_subset", "eval_train", "screen",
+                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "temperature_target", "max_new_tokens", "alarm_window", "eval_subset", "eval_train", "screen",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers", "max_turns", "max_episode_tokens", "few_shot", "async_lag")
         for name in non_negative:
@@ -196,6 +197,9 @@ class TrainConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.temperature == 0:
             raise ConfigError("temperature must be > 0 for training (greedy samples give every group equal rewards)")
+        if self.temperature_target and self.async_lag:
+            raise ConfigError("temperature_target sets each step's temperature from the step before; with async_lag "
+                              "the batch is sampled before that step ends: use one or the other")
         self._check_fractions()
 
     def _check_choices(self) -> None:

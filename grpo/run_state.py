@@ -38,6 +38,7 @@ class RunState:
     eval_every: int = 0  # the evaluation schedule (planned_schedule when the config leaves it automatic)
     alarm_window: int = 0  # the alarms' window, fitted to the planned steps when the config leaves it automatic
     alarms: dict | None = None  # the alarms' state in the checkpoint resumed from
+    temperature: float = 0.0  # the next step's sampling temperature under temperature_target (0: the config's)
 
     @classmethod
     def start(cls, config: TrainConfig, *, auto_alarm_window: bool = False) -> RunState:
@@ -53,12 +54,13 @@ class RunState:
         return cls(step=saved["step"], history=saved["history"], bad_in_a_row=saved["bad_in_a_row"],
                    train_seconds=saved.get("train_seconds", 0.0),
                    eval_every=config.eval_every or extra.get("eval_every", 0),
-                   alarm_window=extra.get("alarm_window", config.alarm_window), alarms=saved.get("alarms"))
+                   alarm_window=extra.get("alarm_window", config.alarm_window), alarms=saved.get("alarms"),
+                   temperature=saved.get("temperature", 0.0))
 
     def extra(self, monitor: AlarmMonitor, train_seconds: float) -> dict:
         """What a checkpoint written now carries besides weights, optimiser and sampler."""
         return {"history": self.history, "bad_in_a_row": self.bad_in_a_row, "alarms": monitor.state(),
-                "train_seconds": train_seconds,
+                "train_seconds": train_seconds, "temperature": self.temperature,
                 "schedule": {"eval_every": self.eval_every, "alarm_window": self.alarm_window}}
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from grpo.algorithm import group_advantages
+from grpo.algorithm import adapted_temperature, group_advantages
 from grpo.batch import Batch, leave_out_errored
 from grpo.config import TrainConfig, settle_config
 from grpo.distributed import World, full_state_dict, init_world
@@ -302,6 +302,10 @@ class GRPOTrainer:
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
             self.totals.add(metrics)
+            if cfg.temperature_target:  # the next step's temperature, from this one's entropy (same on every rank)
+                state.temperature = adapted_temperature(self.config.temperature, metrics["entropy"],
+                                                        cfg.temperature_target)
+                self._set_temperature(state.temperature)
             if step == first_step + 1:
                 say_measured_memory(self, step)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
@@ -362,7 +366,16 @@ class GRPOTrainer:
         saved = restore(self.learner, self.checkpoint_parts(), run_dir)
         if self.engine is not None:  # collective under FSDP
             self.engine.push(self.model, full_state_dict(self.model, self.world))
-        return RunState.resumed(saved, self.config)
+        state = RunState.resumed(saved, self.config)
+        if state.temperature:  # temperature_target's, where the run stopped
+            self._set_temperature(state.temperature)
+        return state
+
+    def _set_temperature(self, temperature: float) -> None:
+        """Sample and train the next steps at this temperature (temperature_target): the run's config, as
+        both sides of a step read it, with only the temperature changed."""
+        self.config = replace(self.config, temperature=temperature)
+        self.sampling.config = self.learner.config = self.config
 
     def _top_completions(self) -> str:
         """The latest step's highest-scoring completions, for the checker-suspected alarm."""
