@@ -39,7 +39,7 @@ ALARMS = ("no_signal", "checker_suspected", "stall", "memorising", "length_witho
 STOPPING = ("no_signal", "checker_suspected", "stall", "memorising")
 TRENDS = ("checker_suspected", "stall", "memorising")  # verdicts on learning, taken at held-out evaluations
 MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: a hint of memorising
-MEMORISE_REPEATS = 0.2  # memorising needs repeats: the run's mean share of groups at a prompt drawn before
+MEMORISE_REPEATS = 0.2  # memorising needs repeats: the recent steps' mean share of groups at a prompt drawn before
 WARN_AFTER = 2  # a trend verdict is raised once some trend verdict held at this many evaluations in a row
 CONFIRM = 2  # ... and stops the run once one has held at this many
 MIN_EVALUATIONS = 5  # verdicts on learning need the start and four evaluations after it
@@ -278,10 +278,11 @@ def memorising(reward: Sequence[float], heldout: Series, train: Series, cfg: Ala
     policy learns the training prompts' answers, not the task. Measured on the training sample; the
     first-try reward only adds a hint to the message.
 
-    Memorising needs repeats: where the run's groups were mostly first tries at their prompt (``repeats``,
-    each step's share of groups at a prompt drawn before, averaging under MEMORISE_REPEATS: a large
-    file drawn uniformly), the policy has seen the training sample's prompts about as rarely as the
-    held-out ones, so a gap between the two is their noise, not memorising: no verdict."""
+    Memorising needs repeats: where the recent steps' groups (``repeats``, each step's share of groups at
+    a prompt drawn before, over the trailing window; step 1 always 0) were mostly first tries, averaging
+    under MEMORISE_REPEATS (a large file drawn uniformly), the policy has seen the training sample's
+    prompts about as rarely as the held-out ones, so a gap between the two is their noise, not
+    memorising: no verdict. A proxy: the share of draws that repeat, not the training sample's own."""
     seen = [x for x in repeats if math.isfinite(x)]
     if seen and float(np.mean(seen)) < MEMORISE_REPEATS:
         return None
@@ -465,7 +466,7 @@ class AlarmMonitor:
             "stall": stall(reward, series.get("adv_nonzero_frac", []), self.heldout, self.train, cfg, first_try,
                            self.full),
             "memorising": memorising(reward, self.heldout, self.train, cfg, first_try, accuracy,
-                                     series.get("repeat_frac", [])),
+                                     self._recent("repeat_frac")),
             "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),

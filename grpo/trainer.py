@@ -148,7 +148,7 @@ class GRPOTrainer:
             self._settle(config)
 
     def _settle(self, config: TrainConfig) -> None:
-        """The config the steps run with (assigned here, once), and what is built from it: the prompt
+        """The config the steps run with (assigned here; only temperature_target changes it later), and what is built from it: the prompt
         sampler (and its RNG), the draw counts, the screen, the two sides of a step and the batch source."""
         self.config = config
         self.prompt_rng = random.Random(config.seed)
