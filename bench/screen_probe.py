@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grpo.batch import Round, generate_round, reordered_rounds  # noqa: E402
+from grpo.batch import Round, generate_round, probe_rows, reordered_rounds  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.process import setup_process  # noqa: E402
 from grpo.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
@@ -76,14 +76,10 @@ def cross_validated(x: np.ndarray, y: np.ndarray, w: np.ndarray, folds: int, see
 
 
 def first_completion_features(r: Round, g: int) -> np.ndarray:
-    """(n, 5) the ``probe`` screen's features (grpo/batch.py probe_features) of each group's first completion."""
-    logp = r.rollout.logprobs.float().view(-1, g, r.rollout.logprobs.shape[1])[:, 0]
-    used = r.rollout.mask.view(-1, g, r.rollout.mask.shape[1])[:, 0] > 0
-    q = logp.sum(dim=1).exp()
-    least = torch.where(used, logp, torch.zeros(())).min(dim=1).values.exp()
-    reward = torch.where(r.valid()[:, 0], r.rewards.view(-1, g)[:, 0], 0.0).float().clamp(0.0, 1.0)
-    cut = r.truncated.view(-1, g)[:, 0].float()
-    return torch.stack([q, least, reward, q * reward, cut], dim=1).numpy()
+    """(n, 5) the ``probe`` screen's features (grpo/batch.py probe_rows) of each group's first completion."""
+    first = torch.arange(0, len(r.rewards), g)  # (n,) each group's first row
+    reward = torch.where(r.valid().reshape(-1)[first], r.rewards[first], 0.0)
+    return probe_rows(r.rollout.logprobs[first], r.rollout.mask[first] > 0, reward, r.truncated[first])
 
 
 def probe_ranking(x: np.ndarray, rewards: torch.Tensor, valid: torch.Tensor, seed: int) -> None:

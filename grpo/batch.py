@@ -211,14 +211,9 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
     if len(mine):
         rollout, rewards, _, seconds = sample_and_score(sampling, [candidates[i] for i in mine], streams=keys,
                                                         group_size=1)
-        logp = rollout.logprobs.float().cpu()  # (c, T)
-        used = rollout.mask.cpu() > 0
-        q = logp.sum(dim=1).exp()
-        least = torch.where(used, logp, torch.zeros(())).min(dim=1).values.exp()
         errored = row_errors(rewards, rollout, mask_truncated=sampling.config.mask_truncated).cpu() > 0
-        r = torch.where(errored, 0.0, rewards.float().cpu()).clamp(0.0, 1.0)
-        cut = rollout.truncated.cpu().float()
-        x = torch.stack([q, least, r, q * r, cut], dim=1).numpy()
+        x = probe_rows(rollout.logprobs.cpu(), rollout.mask.cpu() > 0, torch.where(errored, 0.0, rewards.cpu()),
+                       rollout.truncated.cpu())
         cost = rollout.lengths.cpu().double().clamp(min=1).numpy()
     else:
         x, cost, seconds = np.zeros((0, 5)), np.zeros(0), 0.0
@@ -229,6 +224,17 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
         x, cost = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         seconds = max(p[2] for p in parts)
     return x, seconds, cost
+
+
+def probe_rows(logprobs: Tensor, used: Tensor, rewards: Tensor, cut: Tensor) -> np.ndarray:
+    """(c, 5) the probe screen's features of c completions from their log-probs and policy tokens (c, T),
+    rewards (c,; errored rows 0) and cuts (c,): q = exp(summed log-probs), the least likely token's
+    probability, the reward clipped to [0, 1], q times it, whether the completion was cut."""
+    logp = logprobs.float()
+    q = logp.sum(dim=1).exp()
+    least = torch.where(used, logp, torch.zeros(())).min(dim=1).values.exp()
+    r = rewards.float().clamp(0.0, 1.0)
+    return torch.stack([q, least, r, q * r, cut.float()], dim=1).numpy()
 
 
 def informative_batch(sampling: Sampling, rounds: list[Round]) -> Batch:
