@@ -27,6 +27,7 @@ from grpo.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.progress import StepProgress, errored_line, summary_line
 from grpo.run_state import RunState
 from grpo.sides import Sampling
+from grpo.tasks import all_answered
 from grpo.update import StepStats, learning_rate
 
 
@@ -252,8 +253,7 @@ def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progr
     alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
                          heldout_n=subset_size(sampling), train_n=train_sample_size(sampling), sampler=cfg.sampler,
                          full_n=len(sampling.heldout_prompts))
-    answered = all(str(row.get("answer") or "").strip() for row in sampling.task.heldout)
-    monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=answered)
+    monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=all_answered(sampling.task.heldout))
     monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
     return RunLog(monitor, logger, bar, explain=explain)
 

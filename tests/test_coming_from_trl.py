@@ -94,3 +94,24 @@ def test_grpo_eval_with_a_verl_reward_on_gsm8k_rows(place):
                   "--rewards", f"{VERL_REWARDS}:compute_score", "--reward-style", "verl", cwd=place)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1])["heldout_size"] == 2
+
+
+def test_grpo_eval_of_a_run_trained_on_rewards_scores_what_the_runs_held_out_scored(place):
+    """A run on answered rows trained with its own --rewards (here: full marks for anything) reports held-out
+    accuracy by the task's checker; grpo eval of its model, given nothing, prints that same figure, not the
+    rewards' (which would be 100%)."""
+    (place / "sums.jsonl").write_text("".join(json.dumps({"prompt": f"What is {i} + 2?", "answer": str(i + 2)}) + "\n"
+                                              for i in range(40)))
+    trained = grpo("train", "--data", "sums.jsonl", "--rewards", "always_one.py:full_marks", "--model", "tiny",
+                   "--steps", "1", "--eval-size", "8", "--group-size", "2", "--batch-size", "4",
+                   "--max-new-tokens", "4", "--preflight", "off", "--device", "cpu", "--no-progress",
+                   "--reward-workers", "0", "--save-model", "--output", "sums_run", cwd=place)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    metrics = [json.loads(line) for line in (place / "sums_run" / "metrics.jsonl").read_text().splitlines()]
+    run_figure = [m["heldout_accuracy"] for m in metrics if "heldout_accuracy" in m][-1]
+    assert run_figure < 1.0  # the checker's, not the rewards'
+    result = grpo("eval", "--model", "sums_run/model", "--samples", "0", "--device", "cpu", "--json",
+                  "--no-progress", cwd=place)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (out["heldout_size"], out["heldout_accuracy"]) == (8, run_figure)

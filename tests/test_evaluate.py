@@ -167,7 +167,7 @@ def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_as_training_buil
     them (the task's checker and system prompt, the file's split, the --eval-data file's head), with its
     --rewards; a file named another way is the same file; another task is not the run's."""
     from grpo.cli import build_parser
-    from grpo.cli.eval import _eval_config, _eval_task, _inherit_source
+    from grpo.cli.eval import _eval_config, _eval_task, _inherit_source, _score_as_the_run_did
     from grpo.prompts import run_task
 
     monkeypatch.chdir(tmp_path)
@@ -186,6 +186,8 @@ def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_as_training_buil
         assert args.rewards == list(run.get("rewards", ()))
     if run.get("rewards"):
         assert (args.reward_weights, args.reward_style) == ([2.0], "trl")
+        _score_as_the_run_did(args, task)
+        assert args.rewards == []  # answered rows: the run's held-out was its checker's, so is eval's
 
 
 def test_grpo_eval_refuses_a_run_that_held_out_nothing():
@@ -330,3 +332,21 @@ def test_grpo_eval_refuses_a_non_positive_eval_size_before_loading_the_model(siz
     assert main(["eval", "--task", "add", "--eval-size", size, "--device", "cpu"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [f"grpo eval: error: --eval-size must be positive, got {size}"]
+
+
+def test_grpo_eval_keeps_a_runs_rewards_on_rows_with_no_answer(tmp_path, monkeypatch):
+    """Rows the checker cannot score (no answer field, a TRL-style run on prompts alone) keep the run's
+    --rewards; one row without an answer among answered ones is enough."""
+    from grpo.cli import build_parser
+    from grpo.cli.eval import _eval_config, _eval_task, _inherit_source, _score_as_the_run_did
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"prompt": f"Say {i}."} | ({"answer": str(i)} if i % 7 else {}) for i in range(60)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = {"task": "add", "data": "rows.jsonl", "eval_size": 20, "rewards": ["r.py:score"]}
+    args = build_parser().parse_args(["eval"])
+    _inherit_source(args, dict(run))
+    task = _eval_task(args, _eval_config(args, dict(run)))
+    assert any("answer" not in r or r["answer"] is None for r in task.heldout)
+    _score_as_the_run_did(args, task)
+    assert args.rewards == ["r.py:score"]

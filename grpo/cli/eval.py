@@ -87,7 +87,8 @@ def _same_file(a: str, b: str) -> bool:
 
 def _inherit_source(args: argparse.Namespace, run: dict) -> None:
     """What a run's model is scored on, unless --task or --data says: the run's held-out prompts (its task's
-    or data file's split, or its --eval-data file's first rows) with its --rewards. ``args.own`` says that
+    or data file's split, or its --eval-data file's first rows) with its --rewards (which give way to the task's
+    checker where the rows carry answers, see _score_as_the_run_did). ``args.own`` says that
     eval scores the run's own held-out rows (given or inherited), built as training built them; on a split,
     never wider than the run's: the split is a fixed shuffle's first rows, a wider one holds trained prompts."""
     source = run.get("eval_data") or run.get("data", "") if run else ""  # where the run's held-out rows came from
@@ -97,6 +98,7 @@ def _inherit_source(args: argparse.Namespace, run: dict) -> None:
         if not args.rewards and run.get("rewards"):
             args.rewards, args.reward_weights = list(run["rewards"]), list(run.get("reward_weights") or [])
             args.reward_style = run.get("reward_style", "auto")
+            args.rewards_from_run = True  # kept only where the rows have no answers: see _score_as_the_run_did
     args.task = args.task or "add"
     args.own = bool(run) and args.task == run.get("task", "add") and (
         _same_file(args.data, source) if source else not args.data) and (bool(run.get("eval_data")) or args.rows == "heldout")
@@ -143,6 +145,15 @@ def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
         raise ConfigError(f"--reward-weights has {len(args.reward_weights)} entries but --rewards has {len(args.rewards)}")
     fns = [resolve_reward(spec) for spec in args.rewards]
     return weighted_reward(fns, [check_style(fn, args.reward_style) for fn in fns], args.reward_weights or None)
+
+
+def _score_as_the_run_did(args: argparse.Namespace, task: Task) -> None:
+    """The run's --rewards, inherited, give way to the task's checker where the rows carry answers, as the run's
+    own held-out evaluation scored them: one run, one held-out figure. Rewards given to grpo eval stay."""
+    from grpo.tasks import all_answered
+
+    if getattr(args, "rewards_from_run", False) and all_answered(task.heldout):
+        args.rewards, args.reward_weights = [], []
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -194,6 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # strings), each unless given here
     config = _eval_config(args, run)
     task = _eval_task(args, config)
+    _score_as_the_run_did(args, task)
     given_reward = _eval_reward(args, task) if args.rewards else None  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)

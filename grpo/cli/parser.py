@@ -101,7 +101,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
     ev.add_argument("--task", default=None,
                     help="built-in task scored without --data (default: for a model grpo train saved, the run's "
-                         "task or --data file with its --rewards; else add)")
+                         "task or --data file, scored as its held-out was: the task's checker, or its --rewards on rows with no "
+                         "answer; else add)")
     ev.add_argument("--eval-size", type=int, default=None,
                     help="held-out prompts (default: the run's, for its own task or data, and never more: a wider "
                          "split holds prompts it trained on; else 256)")

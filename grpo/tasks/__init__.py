@@ -2,7 +2,7 @@
 
 from grpo.tasks.base import Task, TaskError
 from grpo.tasks.builtin import describe_tasks, get_task, list_tasks
-from grpo.tasks.data import DataError, dataset_task, heldout_rows, load_rows, split_rows
+from grpo.tasks.data import DataError, all_answered, dataset_task, heldout_rows, load_rows, split_rows
 
 
 def load_task(
@@ -34,5 +34,5 @@ def load_task(
                         eval_source=eval_data, require_answer=require_answer)
 
 
-__all__ = ["DataError", "Task", "TaskError", "dataset_task", "describe_tasks", "get_task", "heldout_rows", "list_tasks",
+__all__ = ["DataError", "Task", "all_answered", "TaskError", "dataset_task", "describe_tasks", "get_task", "heldout_rows", "list_tasks",
            "load_rows", "load_task", "split_rows"]

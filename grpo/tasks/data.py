@@ -12,7 +12,7 @@ import csv
 import json
 import random
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from grpo.tasks.base import RewardFn, Task, TaskError
@@ -126,6 +126,12 @@ def _prompt(record: Mapping, field: str, where: str) -> str | list:
     if value is None or not str(value).strip():
         raise DataError(f"{where}: field {field!r} is empty")
     return str(value)
+
+
+def all_answered(rows: Sequence[Mapping]) -> bool:
+    """Whether every row carries an answer. Then a run's held-out accuracy is its task's checker on them, whatever
+    rewards it trained on (grpo.setup.build_scorer), the alarms watch it, and grpo eval of the run scores the same."""
+    return bool(rows) and all(str(row.get("answer") or "").strip() for row in rows)
 
 
 def gsm8k_answer(text: str) -> str:
