@@ -140,10 +140,11 @@ def sample_batch(sampling: Sampling, step: int, avoid: Collection[int] = ()) -> 
     all equal are dropped and further rounds are generated until there are
     B informative groups, at most max_gen_rounds rounds; the batch trained
     is then the first B informative groups (fewer if the rounds ran out:
-    the ``shortfall``), and the loss normaliser is theirs. Each further
-    round draws the missing groups divided by the informative share so far
-    (at most B). Every count is the whole draw's, so under torchrun the
-    rounds, the draws and the batch are those of one process. ``avoid``: the
+    the ``shortfall``), and the loss normaliser is theirs. Each round draws
+    the missing groups divided by the share expected to vary (at most
+    round_prompts; see :func:`round_size`). Every count is the whole
+    draw's, so under torchrun the rounds, the draws and the batch are those
+    of one process. ``avoid``: the
     prompts of batches sampled ahead and not yet trained on (grpo/ahead.py).
     """
     with reordered_rounds(sampling):
@@ -156,11 +157,24 @@ def reordered_rounds(sampling: Sampling) -> AbstractContextManager:
     return packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext()
 
 
+def round_size(missing: int, share: float | None, cap: int, left: int) -> int:
+    """The prompts a round draws: the ``missing`` informative groups over the ``share`` of groups expected to
+    vary (None: nothing seen yet, so just the missing ones; 0: as many as allowed), at most ``cap`` (one
+    round's) and ``left`` (the step's draws still allowed)."""
+    wanted = missing if share is None else cap if share * cap <= missing else math.ceil(missing / share)
+    return max(1, min(wanted, cap, left))
+
+
 def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Batch:
-    """:func:`sample_batch`'s rounds."""
+    """:func:`sample_batch`'s rounds. The first round is sized by the share of groups that varied in the
+    steps before (DrawCounts.varied_share), later ones by this step's; a step draws at most B x
+    max_gen_rounds prompts in all."""
     cfg, g = sampling.config, sampling.config.group_size
     rounds: list[Round] = []
-    n = cfg.prompts_per_step
+    budget = cfg.prompts_per_step * cfg.max_gen_rounds
+    before = sampling.draws.varied_share
+    n = cfg.prompts_per_step if not cfg.filter_groups else round_size(cfg.prompts_per_step, before, cfg.round_cap,
+                                                                       budget)
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
         drawn, screening = draw_round(sampling, n, step, len(rounds), drawn_before, avoid)
@@ -175,10 +189,11 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
             return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
         have = sum(int(r.varies().sum()) for r in rounds)
         missing = cfg.prompts_per_step - have
-        if missing <= 0 or len(rounds) == cfg.max_gen_rounds:
+        so_far = sum(len(r.prompts) for r in rounds)
+        if missing <= 0 or len(rounds) == cfg.max_gen_rounds or so_far >= budget:
             break
-        share = have / sum(len(r.prompts) for r in rounds)
-        n = min(cfg.prompts_per_step, math.ceil(missing / share) if share > 0 else cfg.prompts_per_step)
+        n = round_size(missing, have / so_far, cfg.round_cap, budget - so_far)
+    sampling.draws.observe_share(have / so_far)
     return informative_batch(sampling, rounds)
 
 

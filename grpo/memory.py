@@ -244,6 +244,7 @@ class RunShape:
     tool_workers: int = 0
     fsdp: bool = False
     save_model: bool = True
+    round_prompts: int = 0  # the most prompts one generation round decodes at once (0: prompts_per_step)
     # the longest completion assumed in sampling and in the update's micro-batches (0: max_new_tokens, the
     # worst case the check before loading must assume); pre-flight's measured lengths set it
     completion_tokens: int = 0
@@ -261,7 +262,7 @@ class RunShape:
 
         rank = config.lora_rank or adapter_folder_rank(str(config.model))
         return cls(
-            group_size=config.group_size, prompts_per_step=config.prompts_per_step,
+            group_size=config.group_size, prompts_per_step=config.prompts_per_step, round_prompts=config.round_cap,
             max_new_tokens=config.max_new_tokens, prompt_tokens=prompt_tokens,
             micro_batch_tokens=config.micro_batch_tokens, gradient_checkpointing=config.gradient_checkpointing,
             beta=config.beta, lora_rank=rank, steps=config.steps,
@@ -428,7 +429,7 @@ def other_processes(model: ModelShape, run: RunShape, device: Device) -> dict[st
 
 def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     """The largest phase of one process: lasting state plus the phase's own part. Phases: the pre-flight
-    round and its timed update of one micro-batch (no optimiser state yet), a step's sampling (B/world x G rows; optimiser state from step 2), the
+    round and its timed update of one micro-batch (no optimiser state yet), a step's sampling (its largest round: round_prompts/world x G rows; optimiser state from step 2), the
     update (gradients, activations; with AdamW's moments once one optimiser step is behind it), the
     evaluation (eval_batch_size prompts x n samples, at most its share of eval_size). vLLM samples in its
     own process: the trainer then holds no KV cache."""
@@ -444,7 +445,7 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
         phases["the pre-flight's timed update"] = {**no_adam, **update_terms(
             model, run, device, run.preflight_rows // run.group_size, first_only=True)}
     if own:
-        rows = max(1, run.prompts_per_step // device.world) * run.group_size
+        rows = max(1, -(-(run.round_prompts or run.prompts_per_step) // device.world)) * run.group_size  # the first ranks' share
         before = lasting if run.steps >= 2 else no_adam
         phases["sampling"] = {**before, **sampling_terms(model, rows, context, act, device,
                                                            reordered=not run.async_lag)}  # a thread's: none

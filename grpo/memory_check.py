@@ -29,8 +29,8 @@ SHRINKS = {
     "flat_gradients": "--lora-rank or --fsdp (the all-reduce's copies of the gradients)",
     "reference": "--beta 0 (no reference copy) or --lora-rank (the base is the reference)",
     "async_copy": "--async-lag 0",
-    "kv_cache": "--prompts-per-step, --group-size or --max-new-tokens",
-    "sampling_logits": "--prompts-per-step or --group-size",
+    "kv_cache": "--round-prompts, --prompts-per-step, --group-size or --max-new-tokens",
+    "sampling_logits": "--round-prompts, --prompts-per-step or --group-size",
     "reordered_weights": "GRPO_REORDERED_WEIGHTS=0 (sampling then runs on the weights as they are, slower)",
     "activations": "--micro-batch-tokens or --gradient-checkpointing",
     "logits_chunk": "a model with a smaller vocabulary",
@@ -157,16 +157,13 @@ def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, devic
     if fits(pred):
         return changes, pred
     floor = max(MIN_MICRO_BATCH, prompt_tokens + config.max_new_tokens)
-    if "micro_batch_tokens" in adaptable:
-        while not fits(pred) and changes.get("micro_batch_tokens", config.micro_batch_tokens) // 2 >= floor:
-            changes["micro_batch_tokens"] = changes.get("micro_batch_tokens", config.micro_batch_tokens) // 2
-            pred = now()
-    if not fits(pred) and "gradient_checkpointing" in adaptable and not config.gradient_checkpointing:
-        changes["gradient_checkpointing"] = True
-        pred = now()
-    if "eval_batch_size" in adaptable:
-        while not fits(pred) and changes.get("eval_batch_size", config.eval_batch_size) > 1:
-            changes["eval_batch_size"] = changes.get("eval_batch_size", config.eval_batch_size) // 2
+    steps: list[tuple[str, object, Callable]] = [  # (option, its value now, the next smaller value or None), in order
+        ("micro_batch_tokens", config.micro_batch_tokens, lambda v: v // 2 if v // 2 >= floor else None),
+        ("gradient_checkpointing", config.gradient_checkpointing, lambda v: None if v else True),
+        ("eval_batch_size", config.eval_batch_size, lambda v: v // 2 if v > 1 else None)]
+    for name, value, smaller in steps:
+        while name in adaptable and not fits(pred) and smaller(changes.get(name, value)) is not None:
+            changes[name] = smaller(changes.get(name, value))
             pred = now()
     if not fits(pred):  # adapting is not enough: the one line says what to change, and nothing else is said
         raise ConfigError(refusal(pred, device.available))

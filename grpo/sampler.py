@@ -277,6 +277,9 @@ class FrontierSampler:
         self.now, self.explored = int(state["now"]), int(state["explored"])
 
 
+SHARE_DECAY = 0.5  # the weight of the steps before in DrawCounts.varied_share: one step's 32 groups are a noisy count
+
+
 class DrawCounts:
     """How many times each training prompt has been drawn, so that a step can tell the groups that are the
     model's first try at their prompt from those it has trained on before. Their rewards differ when the
@@ -285,6 +288,14 @@ class DrawCounts:
 
     def __init__(self, size: int) -> None:
         self.counts = np.zeros(size, dtype=np.int64)
+        # the share of generated groups that varied, averaged over the steps with weights halving a step back
+        # (SHARE_DECAY): it sizes a step's first round (grpo/batch.py); None before any step
+        self.varied_share: float | None = None
+
+    def observe_share(self, share: float) -> None:
+        """A step's share of generated groups that varied, into the running average."""
+        old = self.varied_share
+        self.varied_share = share if old is None else SHARE_DECAY * old + (1 - SHARE_DECAY) * share
 
     def first_tries(self, prompts: Sequence[int]) -> list[bool]:
         """Which of ``prompts`` were never drawn before; then counts them as drawn."""
@@ -293,10 +304,11 @@ class DrawCounts:
         return first
 
     def state_dict(self) -> dict:
-        return {"counts": self.counts.tolist()}
+        return {"counts": self.counts.tolist(), "varied_share": self.varied_share}
 
     def load_state_dict(self, state: dict) -> None:
         self.counts = np.array(state["counts"], dtype=np.int64)
+        self.varied_share = state.get("varied_share")  # absent before round_prompts: as at the start
 
 
 def make_sampler(name: str, size: int, group_size: int, *, rng: random.Random, seed: int,

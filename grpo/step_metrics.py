@@ -133,6 +133,10 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
             float(trained_tokens[trained_zero_var].sum() / trained_tokens.sum().clamp(min=1)) if skip else 0.0,
         "gen_rounds": len(batch.rounds),
         "generated_groups": drawn,
+        # groups that varied beyond the first B, which the batch trains (grpo/batch.py informative_batch): a
+        # round sized for the share expected to vary can overshoot
+        "surplus_groups": max(0, int((~zero_var).sum()) - cfg.prompts_per_step) if cfg.filter_groups else 0,
+        "tokens_surplus": float(tokens[~zero_var][cfg.prompts_per_step:].sum()) if cfg.filter_groups else 0.0,
         "shortfall": cfg.prompts_per_step - len(trained),
         # the share of the B groups a step asks for that it trained with rewards that vary
         "signal_frac": float((~trained_zero_var).sum()) / cfg.prompts_per_step,
@@ -304,7 +308,7 @@ class RunTotals:
     totals existed resumes with them at zero)."""
 
     SUMMED = ("time_generate", "time_generate_zero_var", "time_screen", "time_screen_skipped", "tokens_generated",
-              "tokens_zero_var", "generated_groups", "screen_groups")
+              "tokens_zero_var", "generated_groups", "screen_groups", "surplus_groups", "tokens_surplus")
 
     def __init__(self) -> None:
         self.sums = dict.fromkeys(self.SUMMED, 0.0)
@@ -329,6 +333,9 @@ class RunTotals:
                "tokens": int(s["tokens_generated"]), "tokens_zero_var": int(s["tokens_zero_var"]),
                "zero_var_tokens_frac": s["tokens_zero_var"] / s["tokens_generated"] if s["tokens_generated"] else 0.0,
                "groups": int(s["generated_groups"]), "zero_var_groups": round(s["zero_var_groups"]),
+               # groups that varied but were not trained (beyond B), and their share of the tokens
+               "surplus_groups": round(s["surplus_groups"]),
+               "surplus_tokens_frac": s["tokens_surplus"] / s["tokens_generated"] if s["tokens_generated"] else 0.0,
                "screen_seconds": round(s["time_screen"], 2), "screen_seconds_skipped": round(s["time_screen_skipped"], 2)}
         if s["screen_groups"]:
             out.update(screen_groups=int(s["screen_groups"]),

@@ -127,6 +127,25 @@ def test_adapting_lowers_micro_batch_tokens_first_and_says_so():
                     f"{available / 2**30:.2f} GiB available)"]
 
 
+def test_sampling_decodes_the_largest_round():
+    # rounds of up to 32 prompts x G = 8: 256 rows decode at once, four times the default rounds of B = 8
+    config = TrainConfig(max_new_tokens=1024, group_size=8, prompts_per_step=8, eval_batch_size=8, steps=20,
+                         lora_rank=8, micro_batch_tokens=2048)
+    assert RunShape.from_config(config, 40).round_prompts == 8
+    wide, default = (predict(WIDE, RunShape.from_config(dataclasses.replace(config, round_prompts=n), 40),
+                             Device("cpu")) for n in (32, 0))
+    assert wide.phase == "sampling"
+    cache = lambda rows: rows * (40 + 1024) * WIDE.kv_bytes_per_token(4)  # noqa: E731
+    assert wide.phases["sampling"] - default.phases["sampling"] == (
+        cache(256) - cache(64) + SAMPLING_LOGIT_COPIES * 192 * WIDE.vocab * 4)
+    # under torchrun each process decodes its share, the first ones a group more: 10 prompts on 4 processes, 3
+    three = predict(WIDE, RunShape.from_config(dataclasses.replace(config, round_prompts=10), 40),
+                    Device("cpu", world=4))
+    one = predict(WIDE, RunShape.from_config(dataclasses.replace(config, round_prompts=8), 40), Device("cpu", world=4))
+    assert three.phases["sampling"] - one.phases["sampling"] == (
+        cache(24) - cache(16) + SAMPLING_LOGIT_COPIES * 8 * WIDE.vocab * 4)
+
+
 def test_adapting_leaves_what_the_user_set_and_turns_to_checkpointing():
     config = _config()
     available = _need(dataclasses.replace(config, gradient_checkpointing=True)) + 1

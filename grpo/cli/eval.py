@@ -134,13 +134,15 @@ def _run_token_limit(model: str) -> int:
         return 0
 
 
-def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn:
-    """The task's checker, or the --rewards a run trained on, called in their own style."""
+def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn | None:
+    """The --rewards given, or those a run trained on where the checker cannot score its rows
+    (_score_as_the_run_did), called in their own style; None: the task's checker."""
     from grpo.rewards import resolve_reward
     from grpo.rewards.styles import check_style, weighted_reward
 
+    _score_as_the_run_did(args, task)
     if not args.rewards:
-        return task.reward
+        return None
     if args.reward_weights and len(args.reward_weights) != len(args.rewards):
         raise ConfigError(f"--reward-weights has {len(args.reward_weights)} entries but --rewards has {len(args.rewards)}")
     fns = [resolve_reward(spec) for spec in args.rewards]
@@ -205,8 +207,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # strings), each unless given here
     config = _eval_config(args, run)
     task = _eval_task(args, config)
-    _score_as_the_run_did(args, task)
-    given_reward = _eval_reward(args, task) if args.rewards else None  # a bad --rewards: one line, before the model
+    given_reward = _eval_reward(args, task)  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
     policy = load_policy(args.model, device=device)
     _, shaped = settle_format(config, policy.tokenizer)
