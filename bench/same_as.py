@@ -1,6 +1,7 @@
 """Prove a change changes no result: the same runs under REF's code and this checkout's, compared exactly.
 
     python bench/same_as.py REF [--cases train vllm torchrun resume async kl] [--quick] [--keep DIR] [--threads N]
+        [--new-keys KEY ...]
     make same-as REF=main ARGS="--quick --cases train resume"
 
 REF is checked out into a temporary git worktree (``git worktree add --detach``). Each case runs one
@@ -130,13 +131,13 @@ def run_case(case: str, sides: dict[str, Path], folder: Path, args: argparse.Nam
     print(f"{case}: old {seconds['old']:.0f} s, new {seconds['new']:.0f} s", flush=True)
     for run_dir in (old, new):  # not compared, and 1.6 GB each (AdamW's state) for the embedded model
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    return compare_runs(old, new)
+    return compare_runs(old, new, set(args.new_keys))
 
 
-def compare_runs(old: Path, new: Path) -> str | None:
+def compare_runs(old: Path, new: Path, new_keys: set[str] = frozenset()) -> str | None:
     for name in ("metrics.jsonl", "completions.jsonl"):
         if (old / name).exists() or (new / name).exists():
-            found = compare_rows(name, read_rows(old / name), read_rows(new / name))
+            found = compare_rows(name, read_rows(old / name), read_rows(new / name), new_keys)
             if found:
                 return found
     return compare_weights(old / "model", new / "model")
@@ -151,11 +152,14 @@ def same_value(a: object, b: object) -> bool:
     return a == b or both_nan
 
 
-def compare_rows(name: str, old: list[dict], new: list[dict]) -> str | None:
+def compare_rows(name: str, old: list[dict], new: list[dict], new_keys: set[str] = frozenset()) -> str | None:
+    """The first difference of two runs' rows; a key in ``new_keys`` (a metric the new code adds) is compared
+    only where the old rows have it too."""
     for i, (a, b) in enumerate(zip(old, new, strict=False)):
         for key in sorted(a.keys() | b.keys()):
             x, y = a.get(key, "(absent)"), b.get(key, "(absent)")
-            if not IGNORED.match(key) and not same_value(x, y):
+            added = key in new_keys and key not in a
+            if not IGNORED.match(key) and not added and not same_value(x, y):
                 return f"{name} row {i} (step {a.get('step')}) {key}: old {x!r} vs new {y!r}"
     if len(old) != len(new):
         return f"{name}: old has {len(old)} rows, new {len(new)}"
@@ -205,6 +209,8 @@ def parse_args() -> argparse.Namespace:
                         help="threads per run, both sides (--threads and OMP_NUM_THREADS; default: all CPUs)")
     parser.add_argument("--train-args", dest="extra", type=shlex.split, default=[], metavar='"OPTIONS"',
                         help='more grpo train options for both sides, e.g. "--lr 1e-4"')
+    parser.add_argument("--new-keys", nargs="+", default=[], metavar="KEY",
+                        help="metrics the new code adds: not compared where the old rows lack them")
     parser.add_argument("--quick", action="store_true", help=f"also {' '.join(QUICK)}: a 6-step run in minutes on 2 cores")
     args = parser.parse_args()
     args.extra = (QUICK if args.quick else []) + args.extra
