@@ -126,7 +126,7 @@ class TrainConfig:
     async_lag: int = field(**_doc("asynchronous GRPO: batch t is sampled with the weights after update t - 1 - K while the policy trains on earlier batches (a fixed lag K, so a run is deterministic and resumes exactly; the loss corrects with tis_cap's importance weights; 0: the synchronous loop; TRL's max_staleness maps here)", default=0))
     filter_groups: bool = field(**_doc("DAPO dynamic sampling: drop groups whose rewards are all equal and generate more until the step has prompts_per_step informative groups (at most max_gen_rounds rounds)", default=True))
     max_gen_rounds: int = field(**_doc("with filter_groups: generation rounds per step at most; then train on the informative groups there are", default=4))
-    round_prompts: int = field(**_doc("with filter_groups: the most prompts one generation round draws (like verl's data.gen_batch_size, but sized each round): each round draws the informative groups still missing over the share of groups expected to vary (this step's so far; for its first round, a running average over the steps before), and a step never draws more than prompts_per_step x max_gen_rounds in all; e.g. prompts_per_step x max_gen_rounds decodes a step whose groups rarely vary in one pass instead of several (on a GPU nearly the cost of one; on a 2-core CPU it did not make steps faster, see docs/screening.md); 0: prompts_per_step", default=0))
+    round_prompts: int = field(**_doc("with filter_groups: the most prompts one generation round draws (like verl's data.gen_batch_size, but sized each round): each round draws the informative groups still missing over the share of groups expected to vary (this step's so far; for its first round, a running average over the steps before), and a step never draws more than prompts_per_step x max_gen_rounds in all; e.g. prompts_per_step x max_gen_rounds decodes a step whose groups rarely vary in one pass instead of several (on a GPU it should cost little more than one round, not measured; on a 2-core CPU it did not make steps faster, see docs/screening.md); 0: prompts_per_step", default=0))
     sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py); empty: the task's setting, uniform for a --data file, else frontier", default=""))
     explore_frac: float = field(**_doc("frontier sampler: share of each draw taken uniformly from all prompts (unseen, solved and unsolvable ones are revisited)", default=0.25))
     sampler_half_life: float = field(**_doc("frontier sampler: steps after which a prompt's old evidence counts half", default=20.0))
@@ -288,8 +288,10 @@ class TrainConfig:
 
     @property
     def round_cap(self) -> int:
-        """The most prompts one generation round draws: round_prompts, else B."""
-        return self.round_prompts or self.prompts_per_step
+        """The most prompts one generation round draws: round_prompts (else B), never more than a step may draw
+        (B x max_gen_rounds under filter_groups, else B: one round)."""
+        b = self.prompts_per_step
+        return min(self.round_prompts or b, b * self.max_gen_rounds) if self.filter_groups else b
 
     @property
     def completions_per_step(self) -> int:

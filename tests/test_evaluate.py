@@ -167,7 +167,7 @@ def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_as_training_buil
     them (the task's checker and system prompt, the file's split, the --eval-data file's head), with its
     --rewards; a file named another way is the same file; another task is not the run's."""
     from grpo.cli import build_parser
-    from grpo.cli.eval import _eval_config, _eval_task, _inherit_source, _score_as_the_run_did
+    from grpo.cli.eval import _eval_config, _eval_reward, _eval_task, _inherit_source
     from grpo.prompts import run_task
 
     monkeypatch.chdir(tmp_path)
@@ -186,8 +186,8 @@ def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_as_training_buil
         assert args.rewards == list(run.get("rewards", ()))
     if run.get("rewards"):
         assert (args.reward_weights, args.reward_style) == ([2.0], "trl")
-        _score_as_the_run_did(args, task)
-        assert args.rewards == []  # answered rows: the run's held-out was its checker's, so is eval's
+        assert _eval_reward(args, task) is None  # answered rows: the run's held-out was its checker's, so is eval's
+        assert args.rewards == []
 
 
 def test_grpo_eval_refuses_a_run_that_held_out_nothing():
@@ -338,15 +338,29 @@ def test_grpo_eval_keeps_a_runs_rewards_on_rows_with_no_answer(tmp_path, monkeyp
     """Rows the checker cannot score (no answer field, a TRL-style run on prompts alone) keep the run's
     --rewards; one row without an answer among answered ones is enough."""
     from grpo.cli import build_parser
-    from grpo.cli.eval import _eval_config, _eval_task, _inherit_source, _score_as_the_run_did
+    from grpo.cli.eval import _eval_config, _eval_reward, _eval_task, _inherit_source
 
     monkeypatch.chdir(tmp_path)
     rows = [{"prompt": f"Say {i}."} | ({"answer": str(i)} if i % 7 else {}) for i in range(60)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "r.py").write_text("def score(completion, example):\n    return 0.5\n")
     run = {"task": "add", "data": "rows.jsonl", "eval_size": 20, "rewards": ["r.py:score"]}
     args = build_parser().parse_args(["eval"])
     _inherit_source(args, dict(run))
     task = _eval_task(args, _eval_config(args, dict(run)))
     assert any("answer" not in r or r["answer"] is None for r in task.heldout)
-    _score_as_the_run_did(args, task)
-    assert args.rewards == ["r.py:score"]
+    reward = _eval_reward(args, task)
+    assert args.rewards == ["r.py:score"] and reward is not None
+    assert reward("any", task.heldout[0]) == 0.5
+
+
+def test_the_checker_scores_what_it_reads():
+    """The held-out rows are the checker's to score (the alarms watch them; eval of a --rewards run scores them
+    with it) when every row has the field it reads: the answer, or the code task's tests."""
+    from grpo.rewards.math import math_answer
+    from grpo.tasks import all_answered, get_task
+
+    code = get_task("code")
+    assert all_answered(code.heldout, code.reward) and not all_answered(code.heldout, math_answer)
+    assert all_answered([{"answer": "3"}], math_answer) and not all_answered([{"answer": " "}, {"answer": "3"}])
+    assert not all_answered([{"tests": ["assert f() == 1"]}], math_answer) and not all_answered([])

@@ -100,6 +100,8 @@ def test_the_first_round_is_sized_by_the_share_that_varied_in_the_steps_before()
                            round_prompts=16)
     m = trainer.step(1)
     assert trainer.draws.varied_share == pytest.approx(m["mixed_frac"])  # every group step 1 generated
+    varied = round(m["mixed_frac"] * m["generated_groups"])
+    assert m["surplus_groups"] == max(0, varied - 4) and (m["tokens_surplus"] > 0) == (varied > 4)
     share = trainer.draws.varied_share
     assert 0.0 < share < 1.0
     batch = sample_batch(trainer.sampling, 2)
@@ -115,4 +117,6 @@ def test_round_prompts_below_b_is_refused_once_batch_size_has_set_b():
         TrainConfig(batch_size=256, group_size=8, round_prompts=16)
     assert TrainConfig(prompts_per_step=8, max_gen_rounds=3).round_cap == 8  # rounds of B by default
     assert TrainConfig(prompts_per_step=8, max_gen_rounds=3, round_prompts=24).round_cap == 24
+    assert TrainConfig(prompts_per_step=8, max_gen_rounds=3, round_prompts=1000).round_cap == 24  # a step's most
+    assert TrainConfig(prompts_per_step=8, round_prompts=32, filter_groups=False).round_cap == 8  # one round
 

@@ -154,7 +154,7 @@ def _score_as_the_run_did(args: argparse.Namespace, task: Task) -> None:
     own held-out evaluation scored them: one run, one held-out figure. Rewards given to grpo eval stay."""
     from grpo.tasks import all_answered
 
-    if getattr(args, "rewards_from_run", False) and all_answered(task.heldout):
+    if getattr(args, "rewards_from_run", False) and all_answered(task.heldout, task.reward):
         args.rewards, args.reward_weights = [], []
 
 

@@ -332,5 +332,8 @@ def code_tests_all(completion: str, example: Mapping) -> float:
     return float(verdict.total > 0 and verdict.passed == verdict.total)
 
 
+code_tests.reads = code_tests_all.reads = "tests"  # the row field they score by (grpo.tasks.all_answered)
+
+
 code_tests.needs_sandbox = True  # type: ignore[attr-defined]
 code_tests_all.needs_sandbox = True  # type: ignore[attr-defined]
