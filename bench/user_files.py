@@ -1,10 +1,12 @@
-"""Writes the data files issue 26's acceptance runs use, as a user would bring them to `grpo train --data`.
+"""Writes the data files issues 26's and 35's acceptance runs use, as a user would bring them to `grpo train --data`.
 
     python bench/user_files.py DIR
 
 - DIR/subtract.jsonl: 3000 two-digit subtractions, "What is a - b? Reply with only the number.", a >= b.
 - DIR/stories.jsonl: 3000 one-line word problems (two-digit addition) whose answer is one number but whose
   wording invites the model to explain ("Explain how many ..."): an untrained model rambles past the answer.
+- DIR/larger.jsonl: every ordered pair of distinct two-digit numbers once, shuffled (8010 rows), "Which is
+  larger, a or b? Reply with only the number." (the embedded model starts at about 21% greedy).
 
 Rows are {"question", "answer"} (the loader's usual field names); the seed is fixed, so the files are the same
 on every machine.
@@ -40,13 +42,20 @@ def stories(rng: random.Random, n: int) -> list[dict]:
     return rows
 
 
+def larger(rng: random.Random, n: int) -> list[dict]:
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100) if a != b]
+    rng.shuffle(pairs)
+    return [{"question": f"Which is larger, {a} or {b}? Reply with only the number.", "answer": str(max(a, b))}
+            for a, b in pairs[:n]]
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python bench/user_files.py DIR")
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for name, make in (("subtract", subtractions), ("stories", stories)):
-        rows = make(random.Random(name), 3000)
+    for name, make, n in (("subtract", subtractions, 3000), ("stories", stories, 3000), ("larger", larger, 8010)):
+        rows = make(random.Random(name), n)
         (out / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         print(f"{out / name}.jsonl: {len(rows)} rows, e.g. {rows[0]['question']!r} -> {rows[0]['answer']}")
 

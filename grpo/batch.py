@@ -172,9 +172,7 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
     cfg, g = sampling.config, sampling.config.group_size
     rounds: list[Round] = []
     budget = cfg.prompts_per_step * cfg.max_gen_rounds
-    before = sampling.draws.varied_share
-    n = cfg.prompts_per_step if not cfg.filter_groups else round_size(cfg.prompts_per_step, before, cfg.round_cap,
-                                                                       budget)
+    n = round_size(cfg.prompts_per_step, sampling.draws.varied_share, cfg.round_cap, budget)  # B if not filter_groups
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
         drawn, screening = draw_round(sampling, n, step, len(rounds), drawn_before, avoid)

@@ -13,7 +13,7 @@ from conftest import make_model, make_tokenizer
 from tiny_run import count_a, params, tiny_task, tiny_trainer
 
 from grpo.algorithm import policy_loss
-from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
+from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_LR, TrainConfig, settle_config
 from grpo.heldout import train_sample
 from grpo.interrupt import RunStopped
 from grpo.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit
@@ -192,6 +192,9 @@ def test_task_settings_fill_what_the_run_leaves_automatic():
     assert budget.alarm_window == 10 == RunState.start(budget, auto_alarm_window=True).alarm_window
     assert settle_config(TrainConfig(steps=8, eval_every=-1), task).eval_every == -1
     assert settle_config(TrainConfig(), task).steps == 20  # a task without a step count: the general default
+    assert settle_config(TrainConfig(), task).lr == DEFAULT_LR == 3e-5  # nor a learning rate
+    assert settle_config(TrainConfig(), replace(tuned, defaults={"lr": 1e-4})).lr == 1e-4
+    assert settle_config(TrainConfig(lr=2e-6), replace(tuned, defaults={"lr": 1e-4})).lr == 2e-6
 
 
 def test_a_users_file_gets_a_time_budget_unless_the_run_names_its_steps(tmp_path):
@@ -206,6 +209,8 @@ def test_a_users_file_gets_a_time_budget_unless_the_run_names_its_steps(tmp_path
     assert settle_config(TrainConfig(minutes=2), task).minutes == 2  # the user's budget wins
     # a user's file draws its prompts uniformly, a built-in task at the frontier, and a named sampler is kept
     assert first.sampler == "uniform" and settle_config(TrainConfig(sampler="frontier"), task).sampler == "frontier"
+    # and learns at 1e-5 (bench/README.md, "Figures from issue 35"), unless the run names its rate
+    assert first.lr == 1e-5 and settle_config(TrainConfig(lr=3e-5), task).lr == 3e-5
     assert settle_config(TrainConfig(), load_task("add")).sampler == "frontier"
 
 
@@ -463,7 +468,7 @@ def test_the_step_budget_through_grpo_train_changes_only_what_the_user_left(tmp_
     data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
                             for i in range(60)))
     given = tmp_path / "given.yaml"
-    given.write_text("group_size: 8\nmax_gen_rounds: 4\n")
+    given.write_text("group_size: 8\nmax_gen_rounds: 4\nlr: 2.0e-5\n")
     worker = Path(__file__).parent / "distributed_worker.py"
 
     def run(name: str, *extra: str) -> tuple[dict, dict, str]:
@@ -479,10 +484,12 @@ def test_the_step_budget_through_grpo_train_changes_only_what_the_user_left(tmp_
     config, report, out = run("plain")
     assert config["group_size"] == 4 and config["max_gen_rounds"] < 4 and "step budget: group_size 8 -> 4" in out
     assert "step budget: group_size 8 -> 4" in report["adapted"] and report["steps_fit"] < 10
+    assert config["lr"] == 1e-5  # a --data file's learning rate
     config, report, out = run("cli", "--group-size", "8")
     assert config["group_size"] == 8 and config["max_gen_rounds"] < 4 and "group_size 8 ->" not in out
     config, report, out = run("file", "--config", str(given))
     assert (config["group_size"], config["max_gen_rounds"]) == (8, 4) and "group_size 8 ->" not in out
+    assert config["lr"] == 2e-5
     config, report, out = run("no-adapt", "--no-adapt")
     assert (config["group_size"], config["max_gen_rounds"]) == (8, 4) and report["adapted"] == []
     assert "steps fit in 0.001 minutes" in out and "->" not in "".join(
