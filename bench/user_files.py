@@ -7,6 +7,9 @@
   wording invites the model to explain ("Explain how many ..."): an untrained model rambles past the answer.
 - DIR/larger.jsonl: every ordered pair of distinct two-digit numbers once, shuffled (8010 rows), "Which is
   larger, a or b? Reply with only the number." (the embedded model starts at about 21% greedy).
+- DIR/times.jsonl: a x b for a = 2..12 and b = 2..20 (209 rows, shuffled), "What is a times b? Reply with
+  only the number.": a file the untrained model already half solves (57.7% greedy on the 104 held-out rows
+  grpo train --data splits off).
 
 Rows are {"question", "answer"} (the loader's usual field names); the seed is fixed, so the files are the same
 on every machine.
@@ -49,12 +52,20 @@ def larger(rng: random.Random, n: int) -> list[dict]:
             for a, b in pairs[:n]]
 
 
+def times(rng: random.Random, n: int) -> list[dict]:
+    pairs = [(a, b) for a in range(2, 13) for b in range(2, 21)]
+    rng.shuffle(pairs)
+    return [{"question": f"What is {a} times {b}? Reply with only the number.", "answer": str(a * b)}
+            for a, b in pairs[:n]]
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python bench/user_files.py DIR")
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for name, make, n in (("subtract", subtractions, 3000), ("stories", stories, 3000), ("larger", larger, 8010)):
+    for name, make, n in (("subtract", subtractions, 3000), ("stories", stories, 3000), ("larger", larger, 8010),
+                         ("times", times, 209)):
         rows = make(random.Random(name), n)
         (out / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
         print(f"{out / name}.jsonl: {len(rows)} rows, e.g. {rows[0]['question']!r} -> {rows[0]['answer']}")
