@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivo", "Jun"]
@@ -45,18 +46,21 @@ def stories(rng: random.Random, n: int) -> list[dict]:
     return rows
 
 
+def shuffled_pairs(rng: random.Random, pairs: list[tuple[int, int]], n: int, question: str,
+                   answer: Callable[[int, int], int]) -> list[dict]:
+    """The first n of ``pairs`` shuffled, each as a row: ``question`` formatted with a and b, and its answer."""
+    rng.shuffle(pairs)
+    return [{"question": question.format(a=a, b=b), "answer": str(answer(a, b))} for a, b in pairs[:n]]
+
+
 def larger(rng: random.Random, n: int) -> list[dict]:
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100) if a != b]
-    rng.shuffle(pairs)
-    return [{"question": f"Which is larger, {a} or {b}? Reply with only the number.", "answer": str(max(a, b))}
-            for a, b in pairs[:n]]
+    return shuffled_pairs(rng, pairs, n, "Which is larger, {a} or {b}? Reply with only the number.", max)
 
 
 def times(rng: random.Random, n: int) -> list[dict]:
     pairs = [(a, b) for a in range(2, 13) for b in range(2, 21)]
-    rng.shuffle(pairs)
-    return [{"question": f"What is {a} times {b}? Reply with only the number.", "answer": str(a * b)}
-            for a, b in pairs[:n]]
+    return shuffled_pairs(rng, pairs, n, "What is {a} times {b}? Reply with only the number.", lambda a, b: a * b)
 
 
 def main() -> None:
