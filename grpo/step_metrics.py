@@ -225,14 +225,16 @@ def accuracy(sampling: Sampling, texts: Sequence[str], rows: Sequence[Mapping], 
 
 def write_samples(step: int, batch: Batch, advantages: Tensor, *, group_size: int, world: World,
                   run_dir: Path | None) -> None:
-    """Every trained completion of the step, with its reward and advantage, to completions.jsonl
-    (each process's, gathered by rank 0 in batch order)."""
+    """Every trained completion of the step, with its reward, advantage, group, length and cut flag, to
+    completions.jsonl (each process's, gathered by rank 0 in batch order)."""
     g = group_size
     first = world.split(batch.rewards.numel() // g).start * g  # this process's first row of the batch
     episodes = batch.rollout.episodes
     lines = [json.dumps({
         "step": step, "prompt": str(row["prompt"]), "answer": str(row.get("answer", "")), "completion": text,
         "reward": batch.rewards[first + i].item(), "advantage": advantages[first + i].item(),
+        # the group's index in the step's batch, its tokens in the loss, and whether the token limit cut it
+        "group": (first + i) // g, "length": int(batch.lengths[first + i]), "cut": bool(batch.truncated[first + i]),
         # the whole episode after the prompt, role-tagged
         **({} if episodes is None else {"transcript": episodes[i].transcript(), "turns": episodes[i].turns,
                                         "env_error": episodes[i].env_error}),
