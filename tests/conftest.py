@@ -71,7 +71,7 @@ FILE_LAYERS = {
               "test_episodes", "test_evaluate", "test_rollout", "test_reward_training", "test_gpu_check",
               "test_coming_from_trl", "test_embedded", "test_agent_embedded", "test_example",
               "test_architectures", "test_model_folders", "test_prompts", "test_errored_rows", "test_token_budget",
-              "test_adapter_runs",
+              "test_adapter_runs", "test_report_browser",
               "test_objectives_training"),
     "vllm": ("test_vllm_engine", "test_vllm_sleep", "test_vllm_acceptance"),
     "attack": ("test_sandbox", "test_code_audit"),

@@ -125,11 +125,14 @@ def metrics_json(runs: Sequence[Run]) -> str:
 
 def charts(runs: Sequence[Run]) -> tuple[str, str, str, str]:
     """(BokehJS inline, the charts' script, the panels' element, the element of the chart of any metric)."""
+    from bokeh.core.validation import silence
+    from bokeh.core.validation.warnings import MISSING_RENDERERS
     from bokeh.embed import components
     from bokeh.layouts import gridplot
     from bokeh.models import Range1d
     from bokeh.resources import Resources
 
+    silence(MISSING_RENDERERS, True)  # a panel with nothing logged yet is expected, and says so in a note
     last = max([int(r.config.get("steps", 0)) for r in runs] + [r.last_step for r in runs] + [1])
     x_range = Range1d(-0.5, last + 0.5)  # one range: zooming one chart's steps zooms all of them
     panels = [panel(title, patterns, ylim, runs, x_range) for title, patterns, ylim in PANELS]

@@ -176,7 +176,7 @@ def page(runs: Sequence[Run]) -> str:
         f"<h2>headline</h2>{headline(runs)}"
         "<h2>curves</h2><p>Hover a point for its step and value; drag or scroll to zoom (every chart's steps "
         "together), a legend entry hides its series; shaded: steps with an alarm on.</p>"
-        f"{panels}<p><label>any metric: <select id=metric>{options}</select></label></p>{chosen}"
+        f"<div id=charts>{panels}</div><p><label>any metric: <select id=metric>{options}</select></label></p>{chosen}"
         f"<h2>groups</h2>{groups_section(runs)}"
         f"<h2>runs</h2><div class=runs>{per_run}</div>"
         f"<h2>config</h2>{config_table(runs)}"
