@@ -13,11 +13,15 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 .PHONY: train test lint clean vllm mutants same-as combos
 
 # Code rewards run untrusted code under bubblewrap: installed here when missing and apt-get can (root, as in CI);
-# otherwise a note says how (code rewards refuse to start without it unless given --sandbox weak).
+# otherwise a note says how (code rewards refuse to start without it unless given --sandbox weak). Chromium the
+# same way, for tests/test_report_browser.py (grpo report's page in a headless browser; Playwright drives it).
 $(STAMP): pyproject.toml Makefile
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null); } \
 		|| echo "note: install bubblewrap (apt-get install bubblewrap / dnf install bubblewrap) to train on code rewards"
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null); } \
+		|| echo "note: install chromium (apt-get install chromium) to run the report's browser test, skipped without it"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"

@@ -1,4 +1,5 @@
-"""`grpo report` on synthetic run directories: finished, in progress, two side by side."""
+"""`grpo report` on synthetic run directories: finished, in progress, two or three side by side.
+tests/test_report_browser.py opens the page of real runs in a browser."""
 
 import json
 import math
@@ -46,7 +47,7 @@ def test_an_in_progress_run_reports_with_its_partial_last_line_skipped(tmp_path)
     assert png.name == "report.png" and png.stat().st_size > 10_000
     text = page.read_text()
     assert "in progress: step 12 of 20" in text
-    assert "data:image/png;base64," in text
+    assert "BokehJS" in text and "<script src" not in text and "<link" not in text  # all inline: opens offline
     assert "stall @ 10" in text
     assert "&lt;b&gt;no&lt;/b&gt;" in text  # completions are escaped
     assert "pass@4 (" in text and "held-out greedy pass@1" in text
@@ -133,7 +134,59 @@ def test_the_held_out_panel_tells_the_full_evaluation_from_the_alarms_subset(tmp
     lines = {line.get_label(): line for line in held_out.get_lines()}
     # 256 scored at the start and end; the alarms' subset is 128 - 32 training prompts = 96 held-out ones
     full, subset = lines["greedy pass@1, 256 prompts"], lines["subset (alarms), 96 prompts"]
-    assert full.get_color() != subset.get_color()
-    assert full.get_marker() != subset.get_marker()
+    # the run's one colour, but a dash and a marker of its own
+    assert full.get_color() == subset.get_color()
+    assert full.get_linestyle() != subset.get_linestyle() and full.get_marker() != subset.get_marker()
     legend = [text.get_text() for text in held_out.get_legend().get_texts()]
     assert "greedy pass@1, 256 prompts" in legend and "subset (alarms), 96 prompts" in legend
+
+
+def test_three_runs_in_the_png_one_colour_each_and_no_two_series_of_a_panel_alike(tmp_path):
+    from grpo.report import PANELS, figure
+
+    runs = [make_run(tmp_path / name, finished=True) for name in "abc"]
+    for run in runs:  # the two panels whose two series were drawn alike: wasted generation, the screen's calibration
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        both = [{**r, "generate_wasted_frac": 0.3, "zero_var_tokens_frac": 0.4, "screen_predicted_mixed": 0.5,
+                 "screen_observed_mixed": 0.6} if r["step"] else r for r in lines]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in both))
+    fig = figure([load_run(r) for r in runs])
+    colors = {}
+    for ax, (title, _, _) in zip(fig.axes, PANELS, strict=True):
+        looks = [(line.get_color(), str(line.get_linestyle()), line.get_marker()) for line in ax.get_lines()]
+        assert len(looks) == len(set(looks)), title
+        for line in ax.get_lines():
+            colors.setdefault(line.get_label().split(":")[0], set()).add(line.get_color())
+    assert colors == {"a": {"#1f77b4"}, "b": {"#ff7f0e"}, "c": {"#2ca02c"}}
+    wasted = fig.axes[[title for title, _, _ in PANELS].index("generation wasted on zero-variance groups")]
+    assert len(wasted.get_lines()) == 6  # two series of each of the three runs
+    png, page = write_report(runs)
+    assert png.name == "report-vs-b-vs-c.png" and page.name == "report-vs-b-vs-c.html"
+
+
+def test_the_config_is_a_table_of_values_not_json(tmp_path):
+    run_dir = make_run(tmp_path / "r", finished=True)
+    (run_dir / "config.json").write_text(json.dumps({"steps": 20, "reward_weights": [1.0, 0.5], "stop": [],
+                                                     "eval_k": [1, 4], "lora": {"rank": 8, "targets": ["q", "v"]}}))
+    text = write_report([run_dir])[1].read_text()
+    config = text[text.index("<h2>config</h2>"):]
+    config = config[: config.index("</table>")]
+    for row in ("<td>reward_weights</td><td>1, 0.5</td>", "<td>stop</td><td>-</td>", "<td>eval_k</td><td>1, 4</td>",
+                "<td>lora.rank</td><td>8</td>", "<td>lora.targets</td><td>q, v</td>"):
+        assert row in config
+    assert "[" not in config and "{" not in config
+
+
+def test_the_groups_table_holds_each_completion_with_its_group(tmp_path):
+    run_dir = make_run(tmp_path / "r", finished=True)  # its completions.jsonl predates group, length and cut:
+    text = write_report([run_dir])[1].read_text()  # 16 completions of step 10, group_size 8: groups 0 and 1
+    rows = text[text.index("<table id=groups>"):].split("</table>")[0].split("<tr ")[1:]
+    assert len(rows) == 16
+    assert [r.split("data-group='")[1].split("'")[0] for r in rows] == ["0"] * 8 + ["1"] * 8
+    assert all("data-cut=''" in r and "data-step='10'" in r for r in rows)
+    assert "class=odd" not in rows[7] and "class=odd" in rows[8]  # the second group in the other shade
+    with (run_dir / "completions.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 12, "prompt": "p", "completion": "c", "reward": 1.0, "advantage": -0.5,
+                            "group": 3, "length": 7, "cut": True}) + "\n")
+    text = write_report([run_dir])[1].read_text()
+    assert "data-group='3' data-reward='1.0' data-advantage='-0.5' data-length='7' data-cut='1'" in text

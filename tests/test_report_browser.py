@@ -175,6 +175,10 @@ def test_three_runs_one_colour_each_on_the_page(runs, browser):
     series = [s for s in browser.open(page_path) if s["points"]]
     colors = {name: {_color(s) for s in series if s["name"].startswith(f"{name}: ")} for name in "abc"}
     assert colors == {name: {color} for name, color in zip("abc", RUN_COLORS, strict=True)}
+    browser.page.select_option("#f-run", "1")  # the groups of run b alone
+    shown = browser.page.evaluate("Array.from(document.querySelectorAll('#groups tbody tr'))"
+                                  ".filter((r) => !r.hidden).map((r) => r.dataset.run)")
+    assert shown == ["1"] * len((runs / "b" / "completions.jsonl").read_text().splitlines())
     for chart in {s["chart"] for s in series}:  # no two series of a chart drawn alike
         looks = [(_color(s), json.dumps(s["dash"])) for s in series if s["chart"] == chart]
         assert len(looks) == len(set(looks)), chart

@@ -43,9 +43,15 @@ def _cell(key: str, value: object, runs: Sequence[Run]) -> str:
     return "-" if value is None else html.escape(str(value))
 
 
+def _number(value: object) -> str:
+    """A data attribute page.js reads with Number(): "" where the completion did not log it."""
+    if value is None:
+        return ""
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
 def _row(row: dict, shade: bool, runs: Sequence[Run]) -> str:
-    data = " ".join(f"data-{attr}='{'' if row[attr] is None else float(row[attr])}'"
-                    for _, attr in COLUMNS if attr)
+    data = " ".join(f"data-{attr}='{_number(row[attr])}'" for _, attr in COLUMNS if attr)
     cells = "".join(f"<td{'' if attr else ' class=text'}>{_cell(attr or name, row[attr or name], runs)}</td>"
                     for name, attr in COLUMNS)
     return f"<tr {data}{' class=odd' if shade else ''}>{cells}</tr>"
