@@ -4,7 +4,7 @@ with no console error, a hovered point shows its step and value, the groups tabl
 by advantage, three runs get one colour each, and a run in progress still reports. Skipped, with one line,
 where Chromium or Playwright is missing (`make test` installs Chromium as root with apt-get).
 
-REPORT_SCREENSHOT=docs/report.png also saves the page's screenshot there (the one docs/report.md shows).
+REPORT_SCREENSHOT=docs/report.png also saves the screenshot of the page's charts there (docs/report.md shows it).
 """
 
 from __future__ import annotations
@@ -109,8 +109,7 @@ def test_the_page_of_a_real_run_draws_its_charts_offline_with_hover(runs, browse
     shot = browser.page.locator("#charts").screenshot()
     assert _non_white_share(shot) > 0.02  # axes, lines and shading, not a blank box
     if os.environ.get("REPORT_SCREENSHOT"):
-        browser.page.screenshot(path=os.environ["REPORT_SCREENSHOT"], clip={"x": 0, "y": 0, "width": 1500,
-                                                                             "height": 1000})
+        Path(os.environ["REPORT_SCREENSHOT"]).write_bytes(shot)
     # hover the raw reward's third point: the tooltip names the run, the step and the value
     point = browser.page.evaluate(HOVER_POINT, ["raw reward", 2])
     browser.page.mouse.move(point["px"], point["py"])

@@ -77,10 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="data-parallel processes on this machine, started by grpo itself with torchrun's environment; "
                             "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
     _add_eval(sub)
-    report = sub.add_parser("report", help="plots and an HTML page for a run, or two side by side",
-                         description="Write report.png and report.html into RUN_DIR (for two runs: "
-                         "report-vs-<RUN_B>.png/.html into the first). Works on a run in progress.")
-    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or two run directories")
+    report = sub.add_parser("report", help="an interactive HTML page and a PNG for a run, or several on one axis",
+                         description="Write report.html (charts with hover and zoom, each sampled step's groups, "
+                         "config; opens offline) and report.png into RUN_DIR (for several runs: "
+                         "report-vs-<RUN_B>[-vs-<RUN_C>...].html/.png into the first). Works on a run in progress.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="one or more run directories")
     report.add_argument("--output", default=None, help="write into this folder instead")
     sub.add_parser("tasks", help="list the built-in tasks with their own settings")
     pre = sub.add_parser(

@@ -154,9 +154,10 @@ body { font-family: DejaVu Sans, sans-serif; margin: 24px; color: #222; max-widt
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
 td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: left; vertical-align: top; white-space: pre-wrap; }
 th { background: #f0f0f0; } tr.diff td { background: #fff3c4; }
+#charts { padding-bottom: 28px; }
 .runs { display: flex; gap: 24px; flex-wrap: wrap; } .runs > div { flex: 1; min-width: 500px; }
 #groups tr.odd td { background: #f6f8fb; } #groups th[data-key] { cursor: pointer; text-decoration: underline dotted; }
-#groups td.text { max-width: 520px; } .filters label { margin-right: 14px; font-size: 13px; }
+#groups td.text { max-width: 520px; } .filters label { margin-right: 14px; font-size: 13px; } .filters input { width: 6em; }
 """
 
 
