@@ -49,6 +49,7 @@ def test_an_in_progress_run_reports_with_its_partial_last_line_skipped(tmp_path)
     assert "in progress: step 12 of 20" in text
     assert "BokehJS" in text and "<script src" not in text and "<link" not in text  # all inline: opens offline
     assert "stall @ 10" in text
+    assert " alarm: stall" in text  # named on the charts at its first step
     assert "&lt;b&gt;no&lt;/b&gt;" in text  # completions are escaped
     assert "pass@4 (" in text and "held-out greedy pass@1" in text
 

@@ -118,6 +118,11 @@ def test_the_page_of_a_real_run_draws_its_charts_offline_with_hover(runs, browse
     text = tooltip.first.inner_text()
     assert f"step:\t{point['x']}" in text and "a: raw reward" in text
     assert abs(float(text.split("value:\t")[1].split()[0]) - point["y"]) < 1e-4
+    # the chart of any metric shows the one chosen in its list
+    browser.page.select_option("#metric", "entropy")
+    chosen = browser.page.evaluate("Bokeh.documents[0].get_model_by_name('any-metric-0').data.y")
+    logged = [json.loads(line) for line in (runs / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert chosen == [r["entropy"] for r in logged if r.get("entropy") is not None] and len(chosen) == 4
     assert browser.errors == [] and browser.off_machine == []
 
 

@@ -29,6 +29,14 @@ def test_a_run_logs_step_eval_and_alarm_metrics_and_reports(tiny_model, tokenize
                                            "heldout_maj@1", "heldout_maj@2"}
     out = capsys.readouterr().out
     assert "step 1/2  reward" in out and "step 0 held-out: greedy pass@1" in out
+    # each completion with its group (4 prompts of 4), its tokens and whether the 6-token limit cut it
+    samples = [json.loads(x) for x in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    for step in (1, 2):
+        ours = [s for s in samples if s["step"] == step]
+        assert [s["group"] for s in ours] == [g for g in range(4) for _ in range(4)]
+        assert all(len({s["prompt"] for s in ours if s["group"] == g}) == 1 for g in range(4))
+    assert all(0 < s["length"] <= 6 and isinstance(s["cut"], bool) for s in samples)
+    assert all(s["length"] == 6 for s in samples if s["cut"]) and any(s["cut"] for s in samples)
     png, page = write_report([tmp_path / "run"])
     assert "finished: 2 steps" in page.read_text()
 
