@@ -84,5 +84,5 @@ def groups_section(runs: Sequence[Run]) -> str:
         body.append(_row(row, shade, runs))
         previous = key
     return (f"<p>Each prompt's group together (rows of one group share a shade); a column's name sorts by it "
-            f"(again: the other way). {len(rows)} completions of {len(steps)} sampled steps.</p>{filters}"
+            f"(again: the other way). {len(rows)} completions of {len(steps)} sampled step{'' if len(steps) == 1 else 's'}.</p>{filters}"
             f"<table id=groups><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
