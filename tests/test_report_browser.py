@@ -170,6 +170,10 @@ def test_the_groups_table_filters_to_a_step_and_sorts_by_advantage(runs, browser
     page.select_option("#f-sign", "")
     page.select_option("#f-cut", "1")
     assert len(_visible_rows(page)) == sum(c["cut"] for c in ours)
+    page.select_option("#f-cut", "")
+    top = max(c["reward"] for c in ours)
+    page.fill("#f-reward-min", str(top))  # the step's best completions (its rewards vary: its advantages do)
+    assert len(_visible_rows(page)) == sum(c["reward"] >= top for c in ours) < len(ours)
     assert browser.errors == [] and browser.off_machine == []
 
 
