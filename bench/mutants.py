@@ -1,10 +1,12 @@
 """`make mutants`: hand-chosen mutations of the GRPO math, run against the unit and equivalence tests.
 
 Each mutant is one small edit a plausible bug would make (a sign, a bound, a
-normaliser, a mask) in grpo/algorithm.py and grpo/objectives.py, the sampler's draw, the advantage
-normalisation, the loss aggregation and its normalisers. The repository is
+normaliser, a mask, a stop-gradient) in grpo/algorithm.py and grpo/objectives.py, the sampler's draw,
+the advantage normalisation and its estimators, the objectives, the loss aggregation and its normalisers,
+and the way the objective and estimator options reach the loss. The repository is
 copied to a temporary folder, each mutant applied there alone, and the tests of
-the ``unit`` and ``equivalence`` layers run (``-x``: the first failure kills
+the ``unit`` and ``equivalence`` layers run, with the objective menu's tiny-model steps
+(tests/test_objectives_training.py) among them (``-x``: the first failure kills
 it). A mutant that survives is a behaviour no test pins down, or an equivalent
 mutant (the edit changes nothing observable): each survivor is listed.
 
@@ -31,8 +33,12 @@ FIRST = ["tests/test_algorithm.py", "tests/test_objectives.py", "tests/test_asyn
          # the one kind of test that sees a process's share of the batch (its first group's index): minutes
          # (a torchrun launch), so after the quick ones; later in the suite, a 900 s timeout came first
          "tests/test_distributed.py"]
+# the objective menu through a real trainer step on a tiny model (the model layer, but seconds): after the
+# quick unit files, before the minutes of test_distributed.py
+MENU = ["tests/test_objectives_training.py"]
 A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
 P = "grpo/objectives.py"  # the policy objectives
+T = "grpo/trainer.py"
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
      "advantages centred on the batch mean, not the group's"),
@@ -50,6 +56,37 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "    clipped_ratio = ratio.clamp(1.0 - clip_high, 1.0 + clip_low)", "the clip bounds swapped"),
     (P, "    return -torch.minimum(ratio * adv, clipped_ratio * adv)",
      "    return -torch.maximum(ratio * adv, clipped_ratio * adv)", "the surrogate's max for min"),
+    # the objective menu: a sign or a stop-gradient in each objective, and the option's way to the loss
+    (P, "    weight = ratio.clamp(1.0 - p.clip_low, 1.0 + p.clip_high).detach()",
+     "    weight = ratio.clamp(1.0 - p.clip_low, 1.0 + p.clip_high)", "cispo's clipped weight without its stop-gradient"),
+    (P, "    return Surrogate(-gate * adv, ratio.detach()", "    return Surrogate(gate * adv, ratio.detach()",
+     "sapo's loss of the wrong sign"),
+    (P, "    loss = (-adv * seq_ratio).expand_as(delta)", "    loss = (adv * seq_ratio).expand_as(delta)",
+     "gmpo's loss of the wrong sign"),
+    (P, "        moved = torch.exp(logp) - torch.exp(old_logp)  # (N, T)",
+     "        moved = torch.exp(old_logp) - torch.exp(logp)  # (N, T)", "dppo_tv's probability move of the wrong sign"),
+    (P, "        inside = torch.where(adv > 0, up, down)", "        inside = torch.where(adv < 0, up, down)",
+     "dppo_kl's trust region on the wrong side of A"),
+    (P, "    weight = ratio.clamp(max=p.ratio_cap).detach()", "    weight = ratio.clamp(max=p.ratio_cap)",
+     "dppo's capped weight without its stop-gradient"),
+    (U, "objective=cfg.objective, beta=cfg.beta", "objective=\"ppo\", beta=cfg.beta",
+     "the objective option read but ppo's loss used"),
+    # the estimators: a sign each, and the option's way to the advantages
+    (A, "    centred = (values - _masked_mean(values, kept)) * count / (count - 1).clamp(min=1)",
+     "    centred = (_masked_mean(values, kept) - values) * count / (count - 1).clamp(min=1)",
+     "rloo's advantages of the wrong sign"),
+    (A, "    gap = torch.where(kept.any(dim=1), top[:, 0] - top[:, 1], 0.0)  # (B,)",
+     "    gap = torch.where(kept.any(dim=1), top[:, 1] - top[:, 0], 0.0)  # (B,)", "passk's margin of the wrong sign"),
+    (A, "    return _whiten(values, _token_weight(tokens, kept)).reshape(-1)",
+     "    return _whiten(-values, _token_weight(tokens, kept)).reshape(-1)", "reinforce_pp's advantages of the wrong sign"),
+    (A, "    kept, values = _kept(grouped, valid, \"reinforce_pp_baseline\")\n"
+        "    centred = torch.where(kept, values - _masked_mean(values, kept), 0.0)",
+     "    kept, values = _kept(grouped, valid, \"reinforce_pp_baseline\")\n"
+        "    centred = torch.where(kept, _masked_mean(values, kept) - values, 0.0)",
+     "reinforce_pp_baseline's group baseline of the wrong sign"),
+    (T, "group_advantages(batch.rewards, cfg.group_size, estimator=cfg.advantage_estimator,",
+     "group_advantages(batch.rewards, cfg.group_size, estimator=\"grpo\",",
+     "the estimator option read but grpo's advantages used"),
     (A, "    return torch.exp(delta) - delta - 1.0", "    return torch.exp(delta) - delta", "k3 without its -1"),
     # token and sequence_ratio truncation share one return: each mutant uncaps its own level only
     (A, "        return ratio.clamp(max=cap), capped, torch.zeros_like(capped)",
@@ -120,19 +157,33 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
 
 
 def run_tests(copy: Path, timeout: float) -> tuple[bool, str]:
-    """Whether the unit and equivalence tests fail on the copy (the mutant is killed), and the first failure."""
+    """Whether the tests fail on the copy (the mutant is killed), and the first failure: the quick unit
+    files of FIRST, then the objective menu's tiny-model steps (MENU), then the rest of the unit and
+    equivalence layers; each pass only if the one before it passed."""
     # each file named, in this order: given a folder as well, pytest collects the folder in its own order
-    rest = sorted(str(p.relative_to(copy)) for p in (copy / "tests").glob("test_*.py") if str(p.relative_to(copy)) not in FIRST)
+    rest = sorted(str(p.relative_to(copy)) for p in (copy / "tests").glob("test_*.py")
+                  if str(p.relative_to(copy)) not in FIRST + MENU)
+    layers = "(unit or equivalence) and not slow"
+    passes = [(layers, FIRST[:-1]), ("not slow", MENU), (layers, [FIRST[-1], *rest])]
+    deadline = time.monotonic() + timeout
+    for marks, files in passes:
+        dead, detail = run_pass(copy, marks, files, deadline - time.monotonic())
+        if dead or detail == "timed out":
+            return dead, detail
+    return False, detail
+
+
+def run_pass(copy: Path, marks: str, files: list[str], timeout: float) -> tuple[bool, str]:
+    """One pytest run of ``files`` (``-x``: the first failure ends it) on the copy."""
     env = {**os.environ, "PYTHONPATH": str(copy), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     # the copy leaves .venv-vllm out: the tests that look for vLLM find the checkout's (else every mutant
     # would be "killed" by a test that fails on the unmutated code too)
     vllm = ROOT / ".venv-vllm" / "bin" / "python"
     if vllm.exists():
         env.setdefault("GRPO_VLLM_PYTHON", str(vllm))
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "-m",
-           "(unit or equivalence) and not slow", *FIRST, *rest]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "-m", marks, *files]
     try:
-        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:  # no test failed in the time: not evidence of a kill
         return False, "timed out"
     failed = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]

@@ -65,7 +65,8 @@ def group_advantages(
 
     ``scale`` is read by grpo and passk only. ``mask`` (N, T), or its row sums (N,), gives the
     token counts REINFORCE++ weighs by (required for those two). A group whose rewards are all equal
-    gets A_i = 0 under grpo, rloo and passk; see :func:`group_varies` for what teaches under each.
+    gets A_i = 0 under grpo, rloo and passk, and under reinforce_pp_baseline the batch's common shift
+    -mu / sd (verl's numbers: it trains on it); see :func:`group_varies` for what teaches under each.
 
     ``valid`` (N,) bool leaves rows out (a row that errored: its reward is no
     verdict on the completion): the statistics are over the valid members,
@@ -201,8 +202,8 @@ def _partial_group_advantages(grouped: Tensor, valid: Tensor, scale: str, eps: f
 
 
 def group_varies(grouped: Tensor, valid: Tensor | None = None, *, estimator: str = "grpo") -> Tensor:
-    """(B,) True where a group's rewards (B, G) teach something under ``estimator``: its advantages
-    are not all zero.
+    """(B,) True where a group's rewards (B, G) carry a signal of their own under ``estimator``: under
+    grpo, rloo, passk and reinforce_pp, where its advantages are not all zero.
 
     The one definition used everywhere (dynamic sampling, the frontier sampler,
     the step's metrics, the errored-row policy, pre-flight), on the raw rewards whatever their scale:
@@ -210,9 +211,13 @@ def group_varies(grouped: Tensor, valid: Tensor | None = None, *, estimator: str
     differ, not when their clamp to [0, 1] does. With ``valid`` (B, G), over the
     valid members only (rows that errored are no verdict).
 
-    - grpo, rloo, reinforce_pp_baseline: the group's valid rewards are not all equal (REINFORCE++'s
-      whitening shifts an all-equal group by the batch's token mean, the same for all such groups:
-      no signal of their own);
+    - grpo, rloo, reinforce_pp_baseline: the group's valid rewards are not all equal. Under
+      reinforce_pp_baseline an all-equal group is False here but its advantages are not zero (as in
+      verl): the whitening shifts its centred rewards, all 0, by the batch's token mean, the same
+      -mu / sd for every such group, which no comparison within the group earned. Dynamic sampling
+      drops it; with ``--no-filter-groups`` it trains on that shift (the update skips only groups
+      whose advantages are all zero), and the step metrics count it in ``trained_zero_var_frac``
+      and not in ``update_skipped_tokens_frac``;
     - passk: its two best valid rewards differ (only the best member gets an advantage);
     - reinforce_pp: the group has a valid member and the batch's valid rewards are not all equal
       (its baseline is the batch's).

@@ -89,13 +89,39 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process (a second rank, a parallel test) converted it first
-            if not (dest / "config.json").is_file():
-                raise
+        # another process (a second rank, a parallel test) may have converted it first: its copy is as good
+        place_folder(tmp, dest, replace=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def place_folder(tmp: Path, dest: Path, *, replace: bool) -> None:
+    """Rename the complete model folder ``tmp`` (beside ``dest``, on its file system) to ``dest``.
+
+    ``replace=False`` (a cache): a complete ``dest`` (its config.json) that another process placed first is
+    kept and ``tmp`` left for the caller to remove. ``replace=True`` (a saved model): an existing ``dest`` is
+    renamed aside to ``<dest>.previous``, ``tmp`` renamed into place, and only then the old one removed, so
+    that at every moment a complete model is at ``dest`` or, after a kill between the two renames, at
+    ``<dest>.previous``. A rename that fails raises OSError, with the old model back at ``dest``.
+    """
+    if not replace:
+        try:
+            os.replace(tmp, dest)
+        except OSError:
+            if not (dest / "config.json").is_file():
+                raise
+        return
+    aside = dest.with_name(dest.name + ".previous")
+    if dest.exists():
+        shutil.rmtree(aside, ignore_errors=True)  # left by a kill after the last save had placed its model
+        os.replace(dest, aside)
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if aside.exists() and not dest.exists():
+            os.replace(aside, dest)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def resolve_model_path(name: str) -> str:
@@ -285,7 +311,10 @@ def _unsharded_lora_copy(model: nn.Module, state_dict: dict) -> nn.Module:
 
 
 def save_model(model: nn.Module, tokenizer: object, dest: Path, *, state_dict: dict | None = None) -> None:
-    """Write a folder that AutoModelForCausalLM.from_pretrained loads (LoRA merged), atomically.
+    """Write a folder that AutoModelForCausalLM.from_pretrained loads (LoRA merged), atomically: written
+    beside ``dest``, then put in place by :func:`place_folder` (a model is always at ``dest``, or at
+    ``<dest>.previous`` after a kill between its renames). A write or rename that fails raises ModelError
+    naming ``dest``.
 
     For a LoRA policy the adapter alone is also written under ``adapter/``.
     ``state_dict`` replaces the model's own (the gathered weights of a sharded model).
@@ -304,12 +333,9 @@ def save_model(model: nn.Module, tokenizer: object, dest: Path, *, state_dict: d
         else:
             model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process (a second rank, a parallel test) converted it first
-            if not (dest / "config.json").is_file():
-                raise
+        place_folder(tmp, dest, replace=True)  # only rank 0 saves: no other process writes dest
+    except OSError as err:
+        raise ModelError(f"cannot save the model to {dest}: {err.strerror or err}; a model already there "
+                         "is left in place") from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

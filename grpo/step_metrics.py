@@ -112,7 +112,10 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
     trained = batch.rewards.view(-1, g)  # (B', G)
     trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g), estimator=estimator)  # (B',)
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
-    skip = cfg.skip_zero_advantage and cfg.beta == 0.0  # the update skips these groups' passes
+    # the update skips the groups whose advantages are all zero (grpo/update.py trained_groups), which under
+    # reinforce_pp_baseline are not its zero-variance groups: those get the batch's shift and train
+    skip = cfg.skip_zero_advantage and cfg.beta == 0.0
+    skipped = (advantages.view(-1, g) == 0).all(dim=1).cpu() if skip else torch.zeros(len(trained), dtype=torch.bool)
     drawn = sum(len(r.prompts) for r in batch.rounds)
     out = {
         "zero_var_frac": zero_var.float().mean().item(),
@@ -129,8 +132,7 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
         "adv_nonzero_frac": (advantages != 0).float().mean().item() if advantages.numel() else 0.0,
         "trained_groups": len(trained),
         "trained_zero_var_frac": trained_zero_var.float().mean().item() if len(trained) else 0.0,
-        "update_skipped_tokens_frac":
-            float(trained_tokens[trained_zero_var].sum() / trained_tokens.sum().clamp(min=1)) if skip else 0.0,
+        "update_skipped_tokens_frac": float(trained_tokens[skipped].sum() / trained_tokens.sum().clamp(min=1)),
         "gen_rounds": len(batch.rounds),
         "generated_groups": drawn,
         # groups that varied beyond the first B, which the batch trains (grpo/batch.py informative_batch): a

@@ -234,6 +234,32 @@ def test_a_subtraction_run_at_the_frontier_whose_held_out_rose_is_no_stall():
     assert replay(26, reward, heldout, train, whole=flat, heldout_n=96, full_n=256) == {"stall": 26}
 
 
+def test_held_out_accuracy_that_rose_beyond_its_noise_is_slow_progress_not_a_stall():
+    # issue 52, item 15: a file of short-answer questions, no options, 15 steps: the whole held-out set 0.4%
+    # -> 2.3% (256 prompts), and at step 15 "stall: raw reward changed +0.025 over 15 steps, held-out
+    # accuracy 0.0% -> 5.2%, training sample 0.0% -> 0.0%". Measured: those ends. Made up to match: the
+    # subset's (96) steps between its ends, evaluations every 3 steps, and the reward's steps (+0.025 under
+    # the batch's noise), chosen so that the old rule warns as it did
+    reward = [0.098, 0.126, 0.105, 0.027, 0.141, 0.122, 0.077, 0.137, 0.13, 0.13, 0.121, 0.151, 0.09, 0.123,
+              0.111]
+    steps = [0, 3, 6, 9, 12, 15]
+    heldout = {s: n / 96 for s, n in zip(steps, [0, 1, 1, 2, 3, 5], strict=True)}
+    train = dict.fromkeys(steps, 0.0)
+    messages: dict[str, str] = {}
+    raised = replay(15, reward, heldout, train, window=15, whole={0: 1 / 256, 15: 6 / 256}, messages=messages,
+                    heldout_n=96, full_n=256)
+    assert raised == {"stall": 15}  # the rule still cannot tell it from a stall at this size ...
+    assert messages["stall"].startswith("slow progress: held-out accuracy rose by 1.95 sd of its noise")
+    assert "held-out accuracy 0.0% -> 5.2%, whole held-out set 0.4% -> 2.3%" in messages["stall"]
+    assert "stall" not in messages["stall"]  # ... but does not call it one
+    # the subset as flat as its noise, and the whole set too: that is a stall, and says so
+    flat = {s: n / 96 for s, n in zip(steps, [0, 1, 0, 0, 1, 0], strict=True)}
+    messages.clear()
+    replay(15, reward, flat, train, window=15, whole={0: 1 / 256, 15: 1 / 256}, messages=messages, heldout_n=96,
+           full_n=256)
+    assert messages["stall"].startswith("stall: raw reward changed +0.025 over 15 steps, held-out accuracy 0.0%")
+
+
 def test_a_times_table_run_that_sharpens_is_not_a_suspected_checker():
     # issue 34, item 16: `grpo train --data` on a 144-row times table, out of time at step 35: raw reward
     # +0.319 while greedy accuracy rose 71.7% -> 81.7% on 60 held-out prompts and 84.4% -> 96.9% on the
