@@ -472,3 +472,15 @@ def test_the_objectives_page_gives_each_recommended_setting_and_where_dppos_come
     for setting in ("clip_ratio_c=10000", "seq-mean-token-sum-norm", "--aggregate fixed", "--scale none"):
         assert setting in recipe, setting
     assert "grpo train --objective dppo_tv --ratio-cap 10000 --aggregate fixed --scale none" in page
+
+
+def test_the_changelog_describes_the_memory_models_checkpointing_as_it_is():
+    """CHANGELOG.md's entry on the memory prediction names what it counts under gradient checkpointing, the
+    kept set of grpo/memory.py checkpointed_bytes, not the half of the activations that docs/memory.md says
+    was replaced (issue 52)."""
+    log = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    entry = next(e for e in log.split("\n- ") if e.startswith("The memory prediction counts"))
+    assert "`checkpointed_bytes`" in entry, entry
+    assert "def checkpointed_bytes(" in (ROOT / "grpo" / "memory.py").read_text(encoding="utf-8")
+    assert "half the activations under gradient checkpointing" not in entry, entry
+    assert "CHECKPOINT_KEPT" not in source_text()  # the half, replaced
