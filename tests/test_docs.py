@@ -484,3 +484,24 @@ def test_the_changelog_describes_the_memory_models_checkpointing_as_it_is():
     assert "def checkpointed_bytes(" in (ROOT / "grpo" / "memory.py").read_text(encoding="utf-8")
     assert "half the activations under gradient checkpointing" not in entry, entry
     assert "CHECKPOINT_KEPT" not in source_text()  # the half, replaced
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("torch", ["", "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"])
+def test_make_passes_torch_to_pip_as_its_arguments(tmp_path, torch):
+    """README's `make train TORCH="torch==2.13.0 --index-url .../whl/cpu"` reaches pip as a requirement and an
+    option, not as one requirement named with spaces (a dry run of a fresh venv's setup; issue 52); without
+    TORCH, pip gets the pinned torch==2.13.0 that README says is installed."""
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", "-n", "-f", str(ROOT / "Makefile"), "train", f"VENV={venv}",
+                             *([f"TORCH={torch}"] if torch else [])],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    pips = [words[words.index("install") + 1:] for line in result.stdout.splitlines() if "pip install" in line
+            for words in [shlex.split(line)]]
+    installs = [args for args in pips if args[1:2] and args[1].startswith("torch")]  # after --quiet
+    assert installs == [["--quiet", *(torch or "torch==2.13.0").split()]], result.stdout
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`torch==2.13.0`" in readme and "TORCH ?= torch==2.13.0" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert 'make train TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"' in readme
+    assert "CPU build, transformers" not in readme  # what make installs is the index's torch, not a CPU build
