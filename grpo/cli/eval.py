@@ -134,6 +134,20 @@ def _run_token_limit(model: str) -> int:
         return 0
 
 
+def _run_temperature(model: str, run: dict) -> float:
+    """The temperature the run that saved ``model`` sampled at, as its own held-out pass@k did: its
+    --temperature, or under --temperature-target the last logged step's; 1.0 for a model no run saved."""
+    temperature = float(run.get("temperature", 1.0))
+    if run.get("temperature_target"):
+        metrics = Path(model).parent / "metrics.jsonl"
+        for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+            try:
+                temperature = float(json.loads(line).get("temperature", temperature))
+            except (ValueError, TypeError, AttributeError):
+                continue
+    return temperature
+
+
 def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn | None:
     """The --rewards given, or those a run trained on where the checker cannot score its rows
     (_score_as_the_run_did), called in their own style; None: the task's checker."""
@@ -199,6 +213,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_eval_size(args)
     run = _run_config(args.model)
     _inherit_source(args, run)
+    if args.temperature is None:  # pass@k at the temperature the run sampled at, not a hotter one
+        args.temperature = _run_temperature(args.model, run)
     _check_args(args)
     check_model(args.model)
     if args.threads:

@@ -114,7 +114,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                          "config.json, so it scores as it trained; else the task's own setting, or 256 for --data)")
     ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
     ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
-    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature for pass@k and maj@k (default: for a model grpo train saved, the "
+                         "run's: its --temperature, or under --temperature-target its last step's; else 1.0)")
     _add_eval_data_options(ev)
     ev.add_argument("--rows", choices=("heldout", "first"), default="heldout",
                     help="with --data: the held-out split grpo train --data makes of the file with the same "
