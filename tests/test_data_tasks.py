@@ -83,12 +83,12 @@ def test_countdown_and_code_tasks_have_disjoint_seeded_splits():
 
 
 def test_check_reward_passes_math_answer_and_fails_a_naive_reward(tmp_path, capsys):
-    assert main(["check-reward", "--reward", "math_answer", "--data", GSM8K, "--workers", "0"]) == 0
+    assert main(["check-reward", "--rewards", "math_answer", "--data", GSM8K, "--workers", "0"]) == 0
     out = capsys.readouterr().out
     assert "exploit probes passing: 0" in out and "100.00%" in out
     naive = tmp_path / "naive.py"
     naive.write_text("def contains(completion, example):\n    return float(example['answer'] in completion)\n")
-    assert main(["check-reward", "--reward", f"{naive}:contains", "--data", GSM8K, "--workers", "0"]) == 1
+    assert main(["check-reward", "--rewards", f"{naive}:contains", "--data", GSM8K, "--workers", "0"]) == 1
     out = capsys.readouterr().out
     assert "every integer 0..1000" in out and "FAIL" in out
 
