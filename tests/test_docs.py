@@ -1,6 +1,7 @@
 """The docs say what the code does: every `grpo` command in a shell code block of README.md and docs/*.md
 parses with `grpo`'s own parser, and a train or preflight command also builds its TrainConfig (so an invalid
-value fails); those this machine can run (no GPU, vLLM, hub download or file of the reader's own) run; every
+value fails); a `grpo train` or `torchrun ... -m grpo train` line passes every check grpo train makes before a
+weight loads (the memory check aside), for the processes it runs; those this machine can run (no GPU, vLLM, hub download or file of the reader's own) run; every
 `make` target named exists; every option, metric or alarm named in backticks exists in the code; every
 relative link resolves, and README links every page of docs/.
 
