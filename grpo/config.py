@@ -34,10 +34,13 @@ class Recommended:
     aggregate: str
 
 
-# The settings each objective's paper or reference recipe trains with (docs/objectives.md):
+# Each objective's settings when the user gives none, and where each value comes from (docs/objectives.md):
 # PPO: DAPO's clip-higher; CISPO: no lower bound, ScaleRL's cap of 5 on the weight (arXiv:2510.13786);
-# SAPO and GMPO: per-sequence averaging as in verl (SAPO's clips are unused); GMPO: (e^-0.4, e^0.4);
-# DPPO: verl's recipe thresholds (TV 0.15, binary KL 0.05).
+# SAPO and GMPO: per-sequence averaging as in verl (SAPO's clips are unused); GMPO: (e^-0.4, e^0.4).
+# DPPO: only the thresholds (TV 0.15, binary KL 0.05) are verl's DPPO recipe's
+# (examples/dppo_trainer/run_qwen30b_dppo.sh); ratio_cap 20 is the fallback of verl's DPPO loss in
+# core_algos.py, and token aggregation is grpo's default. The recipe itself sets clip_ratio_c=10000
+# (no truncation) and seq-mean-token-sum-norm (grpo's fixed) with --scale none.
 RECOMMENDED: dict[str, Recommended] = {
     "ppo": Recommended(0.2, 0.28, "token"),
     "cispo": Recommended(1.0, 4.0, "token"),

@@ -200,7 +200,7 @@ def test_existing_run_is_not_overwritten(place):
 
 
 @pytest.mark.parametrize("command", [["train", "--model", "model", "--task", "code", "--output", "run"],
-                                     ["check-reward", "--reward", "code_tests", "--task", "code"]])
+                                     ["check-reward", "--rewards", "code_tests", "--task", "code"]])
 def test_code_rewards_refuse_to_start_without_bubblewrap(place, command):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(place / "no-bwrap-here")}
     result = subprocess.run([sys.executable, "-m", "grpo", *command], cwd=place, env=env,

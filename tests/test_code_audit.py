@@ -72,7 +72,7 @@ def test_forgeable_tests_are_counted_and_forged():
 def test_check_reward_command_on_the_code_task(capsys, monkeypatch):
     monkeypatch.setattr(sandbox, "_mode", None)
     monkeypatch.delenv("GRPO_SANDBOX", raising=False)
-    assert main(["check-reward", "--reward", "code_tests", "--task", "code", "--limit", "2"]) == 0
+    assert main(["check-reward", "--rewards", "code_tests", "--task", "code", "--limit", "2"]) == 0
     out = capsys.readouterr().out
     assert f"exploits tried: {len(PROBES)} on every row; scoring or leaving a trace: 0" in out
     assert "gold solutions scoring the maximum: 2/2" in out
@@ -82,7 +82,7 @@ def test_check_reward_command_on_the_code_task(capsys, monkeypatch):
 def test_check_reward_exits_1_when_a_probe_gets_through(capsys, monkeypatch, mode):
     monkeypatch.setattr(sandbox, "_mode", None)
     monkeypatch.delenv("GRPO_SANDBOX", raising=False)
-    assert main(["check-reward", "--reward", "code_tests", "--task", "code", "--limit", "1", "--sandbox", mode]) == 1
+    assert main(["check-reward", "--rewards", "code_tests", "--task", "code", "--limit", "1", "--sandbox", mode]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 

@@ -83,14 +83,52 @@ def test_countdown_and_code_tasks_have_disjoint_seeded_splits():
 
 
 def test_check_reward_passes_math_answer_and_fails_a_naive_reward(tmp_path, capsys):
-    assert main(["check-reward", "--reward", "math_answer", "--data", GSM8K, "--workers", "0"]) == 0
+    assert main(["check-reward", "--rewards", "math_answer", "--data", GSM8K, "--workers", "0"]) == 0
     out = capsys.readouterr().out
     assert "exploit probes passing: 0" in out and "100.00%" in out
     naive = tmp_path / "naive.py"
     naive.write_text("def contains(completion, example):\n    return float(example['answer'] in completion)\n")
-    assert main(["check-reward", "--reward", f"{naive}:contains", "--data", GSM8K, "--workers", "0"]) == 1
+    assert main(["check-reward", "--rewards", f"{naive}:contains", "--data", GSM8K, "--workers", "0"]) == 1
     out = capsys.readouterr().out
     assert "every integer 0..1000" in out and "FAIL" in out
+
+
+REWARDS = """
+from grpo.rewards.math import math_answer
+
+
+def templated(completion, example):  # full marks only on the prompt as training renders it
+    return math_answer(completion, example) if example["prompt"].startswith("Q: ") else 0.0
+
+
+def any_call(*args, **kwargs):  # a signature that fits grpo's and verl's styles: auto reads it as grpo's
+    if "solution_str" not in kwargs:
+        raise TypeError("not called as verl calls a reward")
+    return math_answer(kwargs["solution_str"], {"answer": kwargs["ground_truth"]})
+"""
+
+
+def test_check_reward_takes_the_reward_options_grpo_train_takes(tmp_path, capsys):
+    """--rewards, --reward-style, --prompt-template and --system-prompt as grpo train takes them: the reward is
+    called in the stated style, on rows with the template applied (issue 52); --reward still works, with a note."""
+    code = tmp_path / "rewards.py"
+    code.write_text(REWARDS)
+    base = ["check-reward", "--data", GSM8K, "--workers", "0", "--limit", "4"]
+    assert main([*base, "--rewards", f"{code}:templated", "--prompt-template", "Q: {prompt}",
+                 "--system-prompt", "Think step by step."]) == 0
+    assert main([*base, "--rewards", f"{code}:templated"]) == 1  # the rows as they are: the gold forms score 0
+    capsys.readouterr()
+    # verl passes no truncation flag, so the cut-off probe scores under any verl reward: compare the gold forms
+    main([*base, "--rewards", f"{code}:any_call", "--reward-style", "verl"])
+    assert "gold forms scoring the maximum: 17/17" in capsys.readouterr().out
+    assert main([*base, "--rewards", f"{code}:any_call"]) == 1  # auto calls it as grpo's: every call errs
+    assert "gold forms scoring the maximum: 0/17" in capsys.readouterr().out
+    assert main([*base, "--rewards", "math_answer", "--reward-style", "trl"]) == 2  # refused, as grpo train does
+    assert "does not fit the trl style" in capsys.readouterr().err
+    assert main([*base, "--reward", "math_answer"]) == 0
+    assert "--reward is deprecated: --rewards" in capsys.readouterr().err
+    assert main([*base]) == 0  # no --rewards: the data's own reward, math_answer, as grpo train's
+    assert "math_answer" in capsys.readouterr().out
 
 
 def test_arith_mix_spans_one_to_three_digits_with_correct_answers():

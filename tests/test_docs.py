@@ -1,6 +1,7 @@
 """The docs say what the code does: every `grpo` command in a shell code block of README.md and docs/*.md
 parses with `grpo`'s own parser, and a train or preflight command also builds its TrainConfig (so an invalid
-value fails); those this machine can run (no GPU, vLLM, hub download or file of the reader's own) run; every
+value fails); a `grpo train` or `torchrun ... -m grpo train` line passes every check grpo train makes before a
+weight loads (the memory check aside), for the processes it runs; those this machine can run (no GPU, vLLM, hub download or file of the reader's own) run; every
 `make` target named exists; every option, metric or alarm named in backticks exists in the code; every
 relative link resolves, and README links every page of docs/.
 
@@ -13,6 +14,7 @@ runs the embedded model (slow).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -136,6 +138,96 @@ def test_every_grpo_command_in_the_docs_parses(page, argv, monkeypatch):
             _config_from_args(args)  # as `grpo train` builds its config: choices and ranges checked
         except ConfigError as err:
             raise AssertionError(f"{page}: `grpo {' '.join(argv)}`: {err}") from err
+
+
+def processes(words: list[str]) -> int:
+    """The processes a documented line runs: `grpo train --nproc N`'s N, torchrun's --nproc-per-node times
+    --nnodes (an elastic range MIN:MAX counts its MAX)."""
+    def value(names: tuple[str, ...], default: str) -> str:
+        for i, word in enumerate(words):
+            name, _, attached = word.partition("=")
+            if name in names:
+                return attached or words[i + 1]
+        return default
+
+    if words[0] == "torchrun":
+        per_node = value(("--nproc-per-node", "--nproc_per_node"), "1")
+        return int(per_node) * int(value(("--nnodes",), "1").split(":")[-1])
+    return int(value(("--nproc",), "1"))
+
+
+def readers_own(value: str) -> bool:
+    """A file the docs' reader brings (or a hub dataset this machine cannot reach): not in the repository."""
+    return not (ROOT / value.split(":")[0]).exists()
+
+
+STYLE_STAND_INS = {  # a reward of each calling style, standing in for a reward file of the reader's own
+    "trl": lambda completions, **kwargs: [0.0] * len(completions),
+    "verl": lambda data_source, solution_str, ground_truth, extra_info=None: 0.0,
+}
+
+
+def stand_in_readers_files(monkeypatch, style: str) -> None:
+    """The pre-load checks as written, with the built-in task in place of a data set and a reward of the
+    command's style in place of a reward file that the docs' reader brings (their contents are the reader's;
+    what is checked here is the command's options, their combinations and the number of processes)."""
+    from grpo import setup
+
+    config_task, resolve_reward = setup.config_task, setup.resolve_reward
+
+    def task(config, **kw):
+        if (config.data and readers_own(config.data)) or (config.eval_data and readers_own(config.eval_data)):
+            config = dataclasses.replace(config, data="", eval_data="", prompt_field="", answer_field="",
+                                         prompt_template="")
+        return config_task(config, **kw)
+
+    def reward(name):
+        if isinstance(name, str) and ".py:" in name and readers_own(name):
+            return STYLE_STAND_INS.get(style, lambda completion, example: 0.0)
+        return resolve_reward(name)
+
+    monkeypatch.setattr(setup, "config_task", task)
+    monkeypatch.setattr(setup, "resolve_reward", reward)
+
+
+TRAIN_LINES = [(name, words) for name, words in ALL_COMMANDS if (argv := grpo_argv(words)) and argv[0] == "train"
+               and "--help" not in argv and "--resume" not in argv]
+
+
+@pytest.mark.parametrize(("page", "words"), TRAIN_LINES, ids=[f"{p}: {' '.join(w)[:70]}" for p, w in TRAIN_LINES])
+def test_every_train_line_in_the_docs_passes_the_checks_a_run_makes_before_loading(page, words, monkeypatch):
+    """Each `grpo train` and `torchrun ... -m grpo train` line goes through what `grpo train` checks before a
+    weight loads (grpo.cli.train.run_from_args: the config, the task and rewards, the combinations not built,
+    prompts per step over the processes, the output folder), for the processes the line runs. The memory check
+    is left out: it reads this machine's memory, not the line's. A --config file of the reader's own (shown in
+    the page) is not read."""
+    from grpo.cli.parser import build_parser
+    from grpo.cli.train import run_from_args
+
+    argv = grpo_argv(words)
+    args = build_parser().parse_args(argv)
+    if args.config and readers_own(args.config):
+        pytest.skip(f"{args.config} is the reader's own file")
+    monkeypatch.chdir(ROOT)
+    stand_in_readers_files(monkeypatch, args.reward_style or "auto")
+    try:
+        run_from_args(args, processes(words))
+    except (ValueError, OSError, RuntimeError) as err:  # ConfigError, DataError, RewardError, ModelError, EngineError
+        raise AssertionError(f"{page}: `{' '.join(words)}` on {processes(words)} processes: {err}") from err
+
+
+def test_the_pre_load_check_counts_a_lines_processes():
+    """The check above sees torchrun's processes: the two-node line of 8 processes each is 16."""
+    assert processes(["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "-m", "grpo", "train"]) == 16
+    assert processes(["torchrun", "--nnodes=1:2", "--nproc_per_node=4", "-m", "grpo", "train"]) == 8
+    assert processes(["grpo", "train", "--nproc", "4"]) == 4
+    assert processes(["grpo", "train"]) == 1
+    from grpo.cli.parser import build_parser
+    from grpo.cli.train import run_from_args
+    from grpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="divisible by the number of processes"):
+        run_from_args(build_parser().parse_args(["train", "--task", "add", "--prompts-per-step", "8"]), 16)
 
 
 LINK = re.compile(r"\]\(([^()\s]+)\)")
@@ -358,3 +450,59 @@ def test_make_train_ends_with_the_commands_a_user_types_next(tmp_path, config):
 
     for line in (line for line in after if line.startswith("grpo ")):  # each one parses
         build_parser().parse_args(shlex.split(line)[1:])
+
+
+def test_the_objectives_page_gives_each_recommended_setting_and_where_dppos_come_from():
+    """docs/objectives.md's "defaults when unset" column is grpo.config.RECOMMENDED (and DPPO's cap the
+    ratio_cap default), and the page says which DPPO values are not its reference recipe's: verl's DPPO
+    recipe trains with clip_ratio_c=10000 and seq-mean-token-sum-norm (issue 52)."""
+    from grpo.config import RECOMMENDED, TrainConfig
+
+    page = (ROOT / "docs" / "objectives.md").read_text(encoding="utf-8")
+    table = page.split("## Objectives")[1].split("\n\n")[1]
+    rows = {m[1]: m[0] for m in re.finditer(r"^\| `(\w+)`.*$", table, re.M)}
+    for objective, rec in RECOMMENDED.items():
+        row = rows[objective]
+        if objective != "sapo":  # SAPO reads no clip value
+            assert f"--clip-low {rec.clip_low:g}" in row and f"--clip-high {rec.clip_high:g}" in row, row
+        assert f"--aggregate {rec.aggregate}" in row, row
+    for objective in ("dppo_tv", "dppo_kl"):
+        assert f"--ratio-cap {TrainConfig().ratio_cap:g}" in rows[objective]
+    assert "Where the DPPO defaults come from" in page, "the page does not say where DPPO's defaults come from"
+    recipe = page.split("Where the DPPO defaults come from")[1].split("\n\n")[0]
+    for setting in ("clip_ratio_c=10000", "seq-mean-token-sum-norm", "--aggregate fixed", "--scale none"):
+        assert setting in recipe, setting
+    assert "grpo train --objective dppo_tv --ratio-cap 10000 --aggregate fixed --scale none" in page
+
+
+def test_the_changelog_describes_the_memory_models_checkpointing_as_it_is():
+    """CHANGELOG.md's entry on the memory prediction names what it counts under gradient checkpointing, the
+    kept set of grpo/memory.py checkpointed_bytes, not the half of the activations that docs/memory.md says
+    was replaced (issue 52)."""
+    log = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    entry = next(e for e in log.split("\n- ") if e.startswith("The memory prediction counts"))
+    assert "`checkpointed_bytes`" in entry, entry
+    assert "def checkpointed_bytes(" in (ROOT / "grpo" / "memory.py").read_text(encoding="utf-8")
+    assert "half the activations under gradient checkpointing" not in entry, entry
+    assert "CHECKPOINT_KEPT" not in source_text()  # the half, replaced
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("torch", ["", "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"])
+def test_make_passes_torch_to_pip_as_its_arguments(tmp_path, torch):
+    """README's `make train TORCH="torch==2.13.0 --index-url .../whl/cpu"` reaches pip as a requirement and an
+    option, not as one requirement named with spaces (a dry run of a fresh venv's setup; issue 52); without
+    TORCH, pip gets the pinned torch==2.13.0 that README says is installed."""
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", "-n", "-f", str(ROOT / "Makefile"), "train", f"VENV={venv}",
+                             *([f"TORCH={torch}"] if torch else [])],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    pips = [words[words.index("install") + 1:] for line in result.stdout.splitlines() if "pip install" in line
+            for words in [shlex.split(line)]]
+    installs = [args for args in pips if args[1:2] and args[1].startswith("torch")]  # after --quiet
+    assert installs == [["--quiet", *(torch or "torch==2.13.0").split()]], result.stdout
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`torch==2.13.0`" in readme and "TORCH ?= torch==2.13.0" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert 'make train TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"' in readme
+    assert "CPU build, transformers" not in readme  # what make installs is the index's torch, not a CPU build

@@ -364,3 +364,41 @@ def test_the_checker_scores_what_it_reads():
     assert all_answered(code.heldout, code.reward) and not all_answered(code.heldout, math_answer)
     assert all_answered([{"answer": "3"}], math_answer) and not all_answered([{"answer": " "}, {"answer": "3"}])
     assert not all_answered([{"tests": ["assert f() == 1"]}], math_answer) and not all_answered([])
+
+
+@pytest.mark.parametrize(("config", "metrics", "given", "expected"), [
+    ({"max_new_tokens": 8}, [], [], 0.7),  # the run's temperature: TrainConfig's default, 0.7, in its config.json
+    ({"max_new_tokens": 8, "temperature": 0.5}, [], [], 0.5),
+    ({"max_new_tokens": 8, "temperature": 0.5}, [], ["--temperature", "1.0"], 1.0),  # given: it stands
+    ({"max_new_tokens": 8, "temperature": 0.7, "temperature_target": 0.3},  # adapted: the last step's
+     [{"step": 1, "temperature": 0.7}, {"step": 2, "temperature": 0.62}, {"heldout_accuracy": 0.5}], [], 0.62),
+    (None, [], [], 1.0),  # a model no run saved
+])
+def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkeypatch, config, metrics, given,
+                                                                 expected):
+    """pass@k and maj@k of a run's model sample at the temperature the run sampled at (issue 52: they sampled
+    at 1.0, not the run's 0.7), unless --temperature is given; a model no run saved samples at 1.0."""
+    import grpo.evaluate
+    from grpo.cli import main
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    if config is not None:
+        full = {**TrainConfig().to_dict(), **config} if "temperature" not in config else config
+        (run / "config.json").write_text(json.dumps(full))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in metrics))
+    seen = {}
+
+    def evaluate(model, tokenizer, prompts, rows, reward, *, temperature, **kw):
+        seen["temperature"] = temperature
+        raise SystemExit(0)
+
+    tokenizer = make_tokenizer()
+    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy",
+                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": None})())
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", str(run / "model"), "--task", "add", "--eval-size", "4", "--samples", "2",
+              "--k", "1", "--max-new-tokens", "4", "--no-progress", *given])
+    assert seen["temperature"] == pytest.approx(expected)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_model, make_tokenizer
-from tiny_run import count_a, params, tiny_task, tiny_trainer
+from tiny_run import count_a, metrics_lines, params, tiny_task, tiny_trainer
 
 from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_LR, TrainConfig, settle_config
@@ -507,3 +507,34 @@ def test_the_announcement_says_that_rounds_of_new_prompts_follow_while_no_group_
     assert "up to 4 rounds of new prompts while no group varies" in capsys.readouterr().out
     _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=1), world=world))
     assert "rounds" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("minutes", [5.0, 0.0])
+def test_only_a_time_budget_lets_the_measured_pace_change_a_run(tmp_path, monkeypatch, minutes):
+    """Why two runs of one command can differ (issue 52): under a time budget (--minutes; a --data run's
+    default without --steps) the pre-flight check's measured pace decides, when fewer than 10 steps fit,
+    the run's group_size and generation rounds, so a run slowed by other work on the machine is another
+    run. With no time budget the pace changes nothing: the runs are the same row by row (docs/gpu.md)."""
+    import grpo.trainer
+
+    measured = grpo.trainer.run_preflight
+
+    def at_pace(seconds: float):
+        def run_preflight(*args, **kwargs):
+            report = measured(*args, **kwargs)
+            report.step_seconds = report.update_seconds = seconds  # as a busy or an idle machine measures it
+            return report
+        return run_preflight
+
+    runs = []
+    for name, seconds in (("idle", 0.01), ("busy", 60.0)):
+        monkeypatch.setattr(grpo.trainer, "run_preflight", at_pace(seconds))
+        trainer = tiny_trainer(steps=3, minutes=minutes, preflight="warn", filter_groups=True, group_size=8)
+        trainer.train(tmp_path / name)
+        runs.append((trainer.config.group_size, trainer.config.max_gen_rounds, metrics_lines(tmp_path / name)))
+    (idle_group, idle_rounds, idle), (busy_group, busy_rounds, busy) = runs
+    if minutes:  # 2 minutes a step leave 2 steps of 5 minutes: the budget halves the groups, fewer rounds
+        assert (idle_group, busy_group) == (8, 4) and busy_rounds < idle_rounds
+        assert idle != busy
+    else:
+        assert (idle_group, idle_rounds) == (busy_group, busy_rounds) and idle == busy

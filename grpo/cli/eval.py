@@ -134,6 +134,28 @@ def _run_token_limit(model: str) -> int:
         return 0
 
 
+def _inherit_run(args: argparse.Namespace, run: dict) -> None:
+    """What a run's model takes from its run unless given: the rows it is scored on (_inherit_source) and the
+    temperature of pass@k, the run's own (a hotter one would score another policy than the one trained)."""
+    _inherit_source(args, run)
+    if args.temperature is None:
+        args.temperature = _run_temperature(args.model, run)
+
+
+def _run_temperature(model: str, run: dict) -> float:
+    """The temperature the run that saved ``model`` sampled at, as its own held-out pass@k did: its
+    --temperature, or under --temperature-target the last logged step's; 1.0 for a model no run saved."""
+    temperature = float(run.get("temperature", 1.0))
+    if run.get("temperature_target"):
+        metrics = Path(model).parent / "metrics.jsonl"
+        for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+            try:
+                temperature = float(json.loads(line).get("temperature", temperature))
+            except (ValueError, TypeError, AttributeError):
+                continue
+    return temperature
+
+
 def _eval_reward(args: argparse.Namespace, task: Task) -> RewardFn | None:
     """The --rewards given, or those a run trained on where the checker cannot score its rows
     (_score_as_the_run_did), called in their own style; None: the task's checker."""
@@ -198,7 +220,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     _check_eval_size(args)
     run = _run_config(args.model)
-    _inherit_source(args, run)
+    _inherit_run(args, run)
     _check_args(args)
     check_model(args.model)
     if args.threads:

@@ -49,9 +49,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, names: typing.Iterable[str] = ()) -> None:
+    """An option per TrainConfig field (only ``names``, when given), its doc the help; unset: None."""
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
+        if names and f.name not in names:
+            continue
         kind = hints[f.name]
         help_text = f"{f.metadata['help']} (default: {f.default!r})"
         if kind is bool:
@@ -112,7 +115,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                          "config.json, so it scores as it trained; else the task's own setting, or 256 for --data)")
     ev.add_argument("--samples", type=int, default=4, help="n: samples per prompt for pass@k and maj@k (0: greedy only; default: 4)")
     ev.add_argument("--k", type=int, nargs="+", default=[1, 4], help="the k of pass@k and maj@k (default: 1 4)")
-    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature for pass@k and maj@k (default: for a model grpo train saved, the "
+                         "run's: its --temperature, or under --temperature-target its last step's; else 1.0)")
     _add_eval_data_options(ev)
     ev.add_argument("--rows", choices=("heldout", "first"), default="heldout",
                     help="with --data: the held-out split grpo train --data makes of the file with the same "
@@ -157,7 +162,9 @@ def _add_check_reward(sub: argparse._SubParsersAction) -> None:
         "the maximum, and a bank of exploit probes must score the minimum. For code rewards (code_tests), "
         "a battery of hostile programs must score 0 and leave no trace outside the sandbox. Exits 1 on failure.",
     )
-    check.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    # the options that say which reward and how it is called, and what its rows hold, as grpo train's
+    _add_config_options(check, ("rewards", "reward_style", "prompt_template", "system_prompt"))
+    check.add_argument("--reward", help="deprecated: --rewards")
     check.add_argument("--data", default="", help="dataset file or folder (default: the task's held-out rows)")
     check.add_argument("--task", default="add", help="built-in task when no --data (default: add)")
     check.add_argument("--prompt-field", default="", help="the data's prompt column")

@@ -8,9 +8,13 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo.cli.parser import flag
 from grpo.config import ConfigError, TrainConfig, load_config_file
+
+if TYPE_CHECKING:
+    from grpo.setup import RunSetup
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
@@ -107,20 +111,30 @@ def _adapted_argv(given: TrainConfig, checked: TrainConfig, argv: list[str]) -> 
     return argv
 
 
-def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    # Everything that can be checked cheaply is checked before a run directory exists.
+def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, Path | None]:
+    """The run a command line means, for ``processes`` processes, through every check `grpo train` makes
+    before a weight loads but the memory check (the one that depends on this machine), and the resumed run's
+    directory. tests/test_docs.py runs the docs' train lines through it."""
     config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
-    from grpo.combinations import world_size
-    from grpo.setup import check_before_loading, resolve_run
+    from grpo.setup import resolve_run
 
-    run = resolve_run(config, processes=world_size(args.nproc))  # the task, the rewards, the refusals
+    run = resolve_run(config, processes=processes)  # the task, the rewards, the refusals
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
+    return run, run_dir
+
+
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    # Everything that can be checked cheaply is checked before a run directory exists.
+    from grpo.combinations import world_size
+    from grpo.setup import check_before_loading
+
+    run, run_dir = run_from_args(args, world_size(args.nproc))
     # once, where the command starts; the launched processes get what it adapted on their command line
-    run = check_before_loading(run, args.nproc, resume=bool(args.resume))
-    config, argv = run.config, _adapted_argv(config, run.config, argv)
+    checked = check_before_loading(run, args.nproc, resume=bool(args.resume))
+    run, config, argv = checked, checked.config, _adapted_argv(run.config, checked.config, argv)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
 

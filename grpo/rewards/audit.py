@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from grpo.rewards.combine import RewardFn, RewardScorer
+from grpo.rewards.styles import check_style
 
 # (row, another row) -> completion, or (completion, fields the trainer adds to the row); None when n/a
 Probe = Callable[[Mapping, Mapping | None], "str | tuple[str, dict] | None"]
@@ -166,9 +167,11 @@ def audit_reward(
     max_gold_failure: float = 0.005,
     workers: int = 2,
     timeout: float = 30.0,
+    style: str = "auto",
 ) -> AuditReport:
-    """Run every gold form and exploit probe on every row; see the module docstring."""
-    scorer = RewardScorer([reward], workers=workers, timeout=timeout)
+    """Run every gold form and exploit probe on every row, the reward called in ``style`` (auto: read from
+    its signature; see grpo.rewards.styles); see the module docstring."""
+    scorer = RewardScorer([reward], workers=workers, timeout=timeout, styles=[check_style(reward, style)])
     try:
         layout = _pick_layout(scorer, rows[0], best)
         probes = [(name, "gold", p, True) for name, p in GOLD_FORMS.items()]
