@@ -20,7 +20,8 @@ def cmd_check_reward(args: argparse.Namespace) -> int:
     if needs_sandbox([reward]):  # before reading data: a missing bwrap is the first thing to know
         set_sandbox(check_sandbox(args.sandbox))
     if args.data:
-        rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field)
+        rows = load_rows(args.data, config=args.data_config, split=args.data_split, prompt_field=args.prompt_field,
+                         answer_field=args.answer_field)
     else:
         rows = list(get_task(args.task).heldout)
     rows = rows[: args.limit] if args.limit else rows

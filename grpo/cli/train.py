@@ -7,10 +7,14 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
 from pathlib import Path
 
 from grpo.cli.parser import flag
 from grpo.config import ConfigError, TrainConfig, load_config_file
+
+if typing.TYPE_CHECKING:
+    from grpo.tasks import Task
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
@@ -116,6 +120,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from grpo.setup import check_before_loading, resolve_run
 
     run = resolve_run(config, processes=world_size(args.nproc))  # the task, the rewards, the refusals
+    if "WORLD_SIZE" not in os.environ:  # once, where the command starts
+        say_data(run.task)
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
     # once, where the command starts; the launched processes get what it adapted on their command line
@@ -151,6 +157,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def say_data(task: Task) -> None:
+    """A data source's splits as read and the overlap removed, before anything loads."""
+    from grpo.tasks import describe_data
+
+    if task.data:
+        print("\n".join(describe_data(task.data)), flush=True)
+
+
 def end_lines(summary: dict, run_dir: Path) -> list[str]:
     """What a run's end says: held-out accuracy before and after, why it stopped early, and (when no alarm
     said so) that it trained on next to nothing."""
@@ -170,6 +184,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     run = resolve_run(config)  # the task, the rewards and the refusals, as grpo train's
+    say_data(run.task)
     run = check_before_loading(run, 1)  # the memory check, as grpo train's
     config = run.config
     from grpo.preflight import run_preflight
