@@ -62,7 +62,7 @@ class TrainConfig:
 
     model: str = field(**_doc("model: 'smollm2' (embedded), a Hugging Face folder, a .gguf file or a hub id", default="smollm2"))
     task: str = field(**_doc("built-in task name (see `grpo tasks`)", default="add"))
-    data: str = field(**_doc("your dataset instead of the task: .jsonl/.csv/.parquet file, saved Hugging Face dataset folder or hub name (default reward: math_answer)", default=""))
+    data: str = field(**_doc("your dataset instead of the task: .jsonl/.csv/.parquet file, a folder of split files (train.jsonl, test.jsonl, ...), a saved Hugging Face dataset folder, a folder laid out as a hub dataset or a hub name (default reward: math_answer; see docs/data.md)", default=""))
     eval_data: str = field(**_doc("held-out evaluation data (same formats and field options as data) instead of the data's own held-out split", default=""))
     data_config: str = field(**_doc("the configuration of data to read, for a dataset that has several (a hub name or a folder whose README.md declares configs); empty: its only one (one with several is refused, listing them)", default=""))
     data_split: str = field(**_doc("the split of data trained on (empty: train, or a dataset's only split)", default=""))
@@ -252,10 +252,6 @@ class TrainConfig:
             raise ConfigError("tis_low is the lower bound of tis_mode mask (truncation has an upper bound only)")
 
     def _check_consistency(self) -> None:
-        for name, reads in (("data_config", self.data), ("data_split", self.data),
-                            ("eval_config", self.eval_data or self.data), ("eval_split", self.eval_data or self.data)):
-            if getattr(self, name) and not reads:
-                raise ConfigError(f"{name} names a part of a dataset, and no data is given (--data, --eval-data)")
         if 0 < self.round_prompts < self.prompts_per_step:  # after batch_size has set B
             raise ConfigError(f"round_prompts must be 0 or at least prompts_per_step ({self.prompts_per_step}), got {self.round_prompts}")
         if self.minibatches > self.prompts_per_step:

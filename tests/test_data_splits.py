@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from grpo.cli import main
-from grpo.config import ConfigError, TrainConfig
 from grpo.tasks import DataError, load_rows, load_task, split_rows
 
 QUICK = ["--steps", "1", "--eval-subset", "0", "--prompts-per-step", "2", "--group-size", "2",
@@ -142,9 +141,11 @@ def test_duplicates_inside_one_file_never_cross_the_split(tmp_path):
     assert task.data["overlap_removed"] == 2 and task.data["duplicates"] == 1 and len(task.train) == 81
 
 
-def test_split_options_are_refused_without_data():
-    with pytest.raises(ConfigError, match="data_split names a part of a dataset, and no data is given"):
-        TrainConfig(data_split="train")
+def test_split_options_are_refused_without_data(capsys):
+    assert main(["train", "--data-split", "train", "--output", "/nonexistent/x"]) == 2
+    assert capsys.readouterr().err == "grpo train: error: data_split names a part of a dataset, and no data is given\n"
+    with pytest.raises(DataError, match="eval_split names a part of a dataset, and no eval_data is given"):
+        load_task("add", eval_split="test")
 
 
 @pytest.fixture(scope="module")
