@@ -49,8 +49,10 @@ class Source:
 
     def train_split(self) -> str:
         """The split trained on when none is named: ``train``, else the only one."""
-        if "train" in self.splits or len(self.splits) == 1:
-            return "train" if "train" in self.splits else next(iter(self.splits))
+        if "train" in self.splits:
+            return "train"
+        if len(self.splits) == 1:
+            return next(iter(self.splits))
         raise DataError(f"{self.name} has no train split (it has {', '.join(self.splits)}): name one with --data-split")
 
     def eval_split(self, train: str) -> str:
