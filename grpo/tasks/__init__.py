@@ -36,11 +36,12 @@ def load_task(
     fields = {"prompt_field": prompt_field, "answer_field": answer_field, "prompt_template": prompt_template,
               "require_answer": require_answer}
     if not data:
-        named = {"data_config": data_config, "data_split": data_split, "eval_config": eval_config and not eval_data,
-                 "eval_split": eval_split and not eval_data}
-        if any(named.values()):
-            name = next(k for k, v in named.items() if v)
-            raise DataError(f"{name} names a part of a dataset, and no {'eval_' if 'eval' in name else ''}data is given")
+        given = [name for name, value in (("data_config", data_config), ("data_split", data_split)) if value]
+        given += [name for name, value in (("eval_config", eval_config), ("eval_split", eval_split))
+                  if value and not eval_data]
+        if given:
+            source = "eval_data" if given[0].startswith("eval") else "data"
+            raise DataError(f"{given[0]} names a part of a dataset, and no {source} is given")
         built = get_task(task, heldout_size=heldout_size)
         heldout = built.heldout
         if eval_data:

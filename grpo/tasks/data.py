@@ -147,13 +147,8 @@ def _row(where: str, record: dict, prompt_field: str, answer_field: str, prompt_
     return row
 
 
-def columns(source: str, config: str = "", split: str = "") -> set[str]:
-    """The field names of a data source's first row."""
-    opened = open_source(source, config)
-    return _columns(opened, split or opened.train_split())
-
-
 def _columns(opened: Source, split: str) -> set[str]:
+    """The field names of a split's first row."""
     for _, record in opened.records(split):
         return set(record)
     return set()
