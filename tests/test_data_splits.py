@@ -179,6 +179,27 @@ def test_a_run_says_and_records_the_splits_and_the_overlap_removed(tmp_path, tin
 
 
 @pytest.mark.model
+def test_a_run_on_a_file_with_copies_of_held_out_prompts_counts_them(tmp_path, tiny_model, capsys):
+    """One file, 20 distinct prompts, 2 of the 10 held out written twice more (case and spacing changed): the
+    copies leave training, summary.json counts them, the run says so."""
+    from grpo.tasks import load_rows
+
+    base = rows("What is", 20)
+    _, held = split_rows(load_rows(str(write_jsonl(tmp_path / "base.jsonl", base))), 10)
+    copies = [{"question": f" {r['question'].lower()}  ", "answer": r["answer"]} for r in held[:2]]
+    data = write_jsonl(tmp_path / "dups.jsonl", [*base, *copies])
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--model", str(tiny_model), "--output", str(run), "--eval-size", "10",
+                 *QUICK]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"data: {data} split train, 22 rows; held out: 10 of its prompts, split off (never trained on)"
+    assert lines[1].startswith("data: 2 training rows removed")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["data"]["overlap_removed"] == 2 and summary["heldout_size"] == 10
+    assert json.loads((run / "config.json").read_text())["eval_split"] == "train"
+
+
+@pytest.mark.model
 def test_eval_and_check_reward_read_the_same_configurations_and_splits(hub_folder, split_folder, capsys):
     from grpo.cli import _eval_task, build_parser
     from grpo.cli.eval import _inherit_source
