@@ -96,6 +96,7 @@ class PreflightReport:
     memory: dict | None = None  # the predicted peak, what is free, its terms (grpo/memory.py)
     memory_line: str = ""  # ... said in a line
     problems: list[Problem] = field(default_factory=list)
+    data: dict = field(default_factory=dict)  # a data source's splits as read, the overlap removed (grpo/tasks/data.py)
 
     def stops(self, mode: str) -> list[Problem]:
         """The problems that end the run under ``mode`` (on: fatal ones; strict: all; warn, off: none)."""

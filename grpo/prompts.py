@@ -175,7 +175,8 @@ def config_task(config: TrainConfig, *, require_answer: bool = True) -> Task:
     return load_task(config.task, data=config.data, heldout_size=config.eval_size, prompt_field=config.prompt_field,
                      answer_field=config.answer_field, system_prompt=config.system_prompt,
                      prompt_template=config.prompt_template, eval_data=config.eval_data,
-                     require_answer=require_answer)
+                     require_answer=require_answer, data_config=config.data_config, data_split=config.data_split,
+                     eval_config=config.eval_config, eval_split=config.eval_split)
 
 
 def run_prompts(tokenizer: object, task: Task, config: TrainConfig, rows: Sequence[Mapping]) -> list[list[int]]:

@@ -286,6 +286,7 @@ class GRPOTrainer:
             "little_signal": log.little_signal(),
             "eval_every": state.eval_every, "alarm_window": state.alarm_window,
             "preflight": preflight_summary(preflight), "generation": self.totals.summary(),
+            "data": dict(self.task.data) or None,  # a data source's splits as read, the overlap removed
         }
         self._save_final(run_dir, summary)
         return summary
@@ -358,6 +359,7 @@ class GRPOTrainer:
         config's changes: a fitted token limit and what the step budget adapts."""
         report = run_preflight(self.sampling, self.learner, fit=self.fit_token_limit,
                                tuned_limit=self.tuned_token_limit)
+        report.data = dict(self.task.data)  # preflight.json says which rows were checked
         self.memory = report.memory
         return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit)
 

@@ -40,6 +40,9 @@ RENAMED: dict[str, str] = {
     "eval_steps": "eval_every",
     "model_name_or_path": "model",
     "dataset_name": "data",
+    "dataset_config": "data_config",  # TRL's ScriptArguments, beside dataset_name
+    "dataset_train_split": "data_split",
+    "dataset_test_split": "eval_split",
     "lora_r": "lora_rank",
     "max_staleness": "async_lag",  # an upper bound on the lag in TRL's async trainer; here the lag itself
 }
@@ -104,7 +107,7 @@ skip_memory_metrics tf32 torch_compile torch_compile_backend torch_compile_mode 
 trackio_bucket_id trackio_space_id trackio_static_space_id train_sampling_strategy use_cache use_cpu
 use_liger_kernel use_liger_loss model_revision dtype torch_dtype attn_implementation lora_target_modules
 lora_target_parameters lora_modules_to_save lora_task_type bnb_4bit_quant_type use_bnb_nested_quant
-bnb_4bit_quant_storage dataset_config dataset_train_split dataset_test_split dataset_streaming
+bnb_4bit_quant_storage dataset_streaming
 gradient_checkpointing_use_reentrant ignore_bias_buffers
 """.split())
 

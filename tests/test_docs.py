@@ -38,7 +38,7 @@ SNAKE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # backticked snake_case words that name something outside this package
 NOT_OURS = {"reward_len"}  # TRL's quick-start reward function, quoted from its docs
-RUN_COMMANDS = ("train", "preflight", "eval", "report", "tasks", "check-reward")
+RUN_COMMANDS = ("train", "preflight", "eval", "report", "tasks", "check-reward", "data")
 NEEDS_MORE = ("--engine", "--nproc", "--fsdp", "--device", "--async-lag", "--config", "--help")  # GPU, vLLM, ...
 PATH_OPTIONS = ("--data", "--eval-data", "--model", "--chat-template")
 CODE_OPTIONS = ("--rewards", "--reward", "--tools", "--env")  # file.py:name, or a built-in name
@@ -304,6 +304,7 @@ QUICK = {  # what keeps each kind of command to seconds
                   "--max-new-tokens", "6", "--reward-workers", "0", "--threads", "1", "--device", "cpu"],
     "eval": ["--eval-size", "4", "--samples", "0", "--max-new-tokens", "6", "--device", "cpu"],
     "check-reward": ["--limit", "3"],
+    "data": ["--limit", "20"],
 }
 
 
@@ -375,6 +376,8 @@ def as_quick(argv: list[str], tiny: Path, place: Path) -> list[str]:
         words += ["--steps", "2", "--no-progress"]
     else:
         words += quick_options(command, words)
+        if command == "data" and "--model" not in words:  # grpo data loads the model's tokenizer
+            words += ["--model", str(tiny / "model")]
     return words
 
 

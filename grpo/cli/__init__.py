@@ -4,7 +4,7 @@ Every TrainConfig field is a `grpo train` option (field docs are the help).
 Bad input prints one line that names the problem and exits 2.
 
 parser.py holds every subcommand's options; train.py is `grpo train` and `grpo preflight`,
-eval.py `grpo eval`, check_reward.py `grpo check-reward`; `grpo report` and `grpo tasks`
+eval.py `grpo eval`, check_reward.py `grpo check-reward`, data.py `grpo data`; `grpo report` and `grpo tasks`
 are a few lines here, beside main, which runs one and turns the errors a user can mend into one line.
 """
 
@@ -15,6 +15,7 @@ import os
 import sys
 
 from grpo.cli.check_reward import cmd_check_reward
+from grpo.cli.data import cmd_data
 from grpo.cli.eval import EPISODE_FIELDS, cmd_eval
 from grpo.cli.eval import _eval_task as _eval_task  # tests reach these two through grpo.cli
 from grpo.cli.eval import _run_token_limit as _run_token_limit
@@ -22,7 +23,7 @@ from grpo.cli.parser import build_parser
 from grpo.cli.train import RESUMABLE, check_run_dir, cmd_preflight, cmd_train
 from grpo.config import ConfigError
 
-__all__ = ["EPISODE_FIELDS", "RESUMABLE", "build_parser", "check_run_dir", "cmd_check_reward", "cmd_eval",
+__all__ = ["EPISODE_FIELDS", "RESUMABLE", "build_parser", "check_run_dir", "cmd_check_reward", "cmd_data", "cmd_eval",
            "cmd_preflight", "cmd_report", "cmd_train", "main"]
 
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args)
         if args.command == "check-reward":
             return cmd_check_reward(args)
+        if args.command == "data":
+            return cmd_data(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "preflight":

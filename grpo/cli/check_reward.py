@@ -29,8 +29,8 @@ def cmd_check_reward(args: argparse.Namespace) -> int:
     if needs_sandbox(rewards):  # before reading data: a missing bwrap is the first thing to know
         set_sandbox(check_sandbox(args.sandbox))
     if args.data:
-        rows = load_rows(args.data, prompt_field=args.prompt_field, answer_field=args.answer_field,
-                         prompt_template=args.prompt_template or "")
+        rows = load_rows(args.data, config=args.data_config, split=args.data_split, prompt_field=args.prompt_field,
+                         answer_field=args.answer_field, prompt_template=args.prompt_template or "")
     else:
         rows = list(get_task(args.task).heldout)
     rows = rows[: args.limit] if args.limit else rows

@@ -19,7 +19,9 @@ if typing.TYPE_CHECKING:
 
 # what shapes a run's prompts: grpo eval of a run's model takes each from its config.json unless given here
 RENDER_FIELDS = ("task", "data", "eval_data", "eval_size", "prompt_field", "answer_field", "system_prompt",
-                 "prompt_template", "prompt_format", "chat_template", "few_shot", "stop")
+                 "prompt_template", "prompt_format", "chat_template", "few_shot", "stop", "data_config",
+                 "data_split", "eval_config", "eval_split")
+SPLIT_FIELDS = ("data_config", "data_split", "eval_split")  # the options naming a part of --data
 
 
 def _eval_config(args: argparse.Namespace, run: dict) -> TrainConfig:
@@ -35,6 +37,8 @@ def _eval_config(args: argparse.Namespace, run: dict) -> TrainConfig:
              "system_prompt": args.system_prompt or None, "prompt_template": args.prompt_template or None,
              "prompt_field": args.prompt_field or None, "answer_field": args.answer_field or None,
              "stop": tuple(args.stop) or None}
+    if not run or args.own:  # a part of another --data than the run's is read by _data_heldout alone
+        given.update({name: getattr(args, name) or None for name in SPLIT_FIELDS})
     return TrainConfig(**{**inherited, **{k: v for k, v in given.items() if v is not None}})
 
 
@@ -43,7 +47,7 @@ def _eval_task(args: argparse.Namespace, config: TrainConfig | None = None) -> T
     training makes, --rows first: the file's first --eval-size rows), read with ``config``'s fields and
     system prompt (the run's, see _eval_config); with few_shot, the training rows its examples come from."""
     from grpo.rewards.math import math_answer
-    from grpo.tasks import Task, get_task, load_rows, split_rows
+    from grpo.tasks import Task, get_task
 
     config = config or _eval_config(args, {})
     if getattr(args, "own", False):  # the run's own held-out rows, built as training built them
@@ -52,22 +56,32 @@ def _eval_task(args: argparse.Namespace, config: TrainConfig | None = None) -> T
         task = load_task(config.task, data=config.data, heldout_size=config.eval_size,
                          prompt_field=config.prompt_field, answer_field=config.answer_field,
                          system_prompt=config.system_prompt, prompt_template=config.prompt_template,
-                         eval_data=config.eval_data, require_answer=not args.rewards)
+                         eval_data=config.eval_data, require_answer=not args.rewards, data_config=config.data_config,
+                         data_split=config.data_split, eval_config=config.eval_config, eval_split=config.eval_split)
         return replace(task, heldout=task.heldout[: args.eval_size])
     if not args.data:
         task = get_task(args.task, heldout_size=args.eval_size)
         task = Task(task.name, [], task.heldout, task.reward, config.system_prompt or task.system_prompt,
                     task.defaults, task.tools, task.env)
     else:
-        rows = load_rows(args.data, prompt_field=config.prompt_field, answer_field=config.answer_field,
-                         prompt_template=config.prompt_template, require_answer=not args.rewards)
-        if len(rows) < 2 and args.rows == "heldout":
-            raise ConfigError(f"{args.data}: a held-out split needs at least 2 rows; give --rows first to score it whole")
-        heldout = split_rows(rows, args.eval_size)[1] if args.rows == "heldout" else rows[: args.eval_size]
-        task = Task(Path(args.data).stem, [], heldout, math_answer, config.system_prompt or None)
+        task = Task(Path(args.data).stem, [], _data_heldout(args, config), math_answer, config.system_prompt or None)
     if config.few_shot:  # the examples are drawn from the training rows, as training drew them
         task = replace(task, train=_training_rows(args, config))
     return task
+
+
+def _data_heldout(args: argparse.Namespace, config: TrainConfig) -> list:
+    """--data's rows to score, read as training reads them (--data-config, --data-split, --eval-split): --rows
+    heldout, its held-out rows (the test split's first --eval-size, or the split training makes of its rows);
+    --rows first, the first --eval-size rows of --eval-split (default: test, else validation, else train)."""
+    from grpo.tasks import data_splits, heldout_rows
+
+    fields = {"prompt_field": config.prompt_field, "answer_field": config.answer_field,
+              "prompt_template": config.prompt_template, "require_answer": not args.rewards}
+    if args.rows == "first":
+        return heldout_rows(args.data, args.eval_size, config=args.data_config, split=args.eval_split, **fields)
+    return data_splits(args.data, config=args.data_config, split=args.data_split, eval_split=args.eval_split,
+                       heldout_size=args.eval_size, **fields)[1]
 
 
 def _training_rows(args: argparse.Namespace, config: TrainConfig) -> list:

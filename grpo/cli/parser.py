@@ -96,7 +96,30 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
     _add_config_options(pre)
     _add_check_reward(sub)
+    _add_data(sub)
     return parser
+
+
+# grpo data reads the data as grpo train does, with these of its options
+DATA_OPTIONS = ("model", "data", "eval_data", "data_config", "data_split", "eval_config", "eval_split", "eval_size",
+                "prompt_field", "answer_field", "system_prompt", "prompt_template", "prompt_format", "chat_template",
+                "few_shot", "rewards", "reward_style")
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser(
+        "data", help="what grpo train would read of --data, without sampling: splits, fields, prompts, answers",
+        description="Read --data as grpo train reads it, without sampling: the rows and splits read, the fields "
+        "found and used, two prompts rendered as the model sees them, the answers as parsed beside their raw "
+        "field, the checker's verdict on the gold answers (grpo check-reward's gold forms) and the overlap "
+        "removed. Exits 1 when the gold answers fail the checker.",
+    )
+    _add_config_options(data, DATA_OPTIONS)
+    data.add_argument("--limit", type=int, default=1000,
+                      help="audit the gold answers of the first N training rows (0: all; default: 1000)")
+    data.add_argument("--workers", type=int, default=2, help="reward worker processes for the audit (default: 2)")
+    data.add_argument("--max-gold-failure", type=float, default=0.005,
+                      help="largest allowed share of rows whose gold answer misses the maximum (default: 0.005)")
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
@@ -120,9 +143,10 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
                          "run's: its --temperature, or under --temperature-target its last step's; else 1.0)")
     _add_eval_data_options(ev)
     ev.add_argument("--rows", choices=("heldout", "first"), default="heldout",
-                    help="with --data: the held-out split grpo train --data makes of the file with the same "
-                         "--eval-size (default; prompts the run did not train on), or the file's first "
-                         "--eval-size rows (a separate test file)")
+                    help="with --data: its held-out rows as grpo train --data holds them out with the same "
+                         "--eval-size (default: the test split's first rows, else the split made of the training "
+                         "rows, prompts a run did not train on), or the first --eval-size rows of --eval-split "
+                         "(default: test, else validation, else train: a separate test file)")
     ev.add_argument("--prompt-format", choices=("auto", "chat", "plain", "r1-zero"), default=None,
                     help="how prompts are rendered (default: a run's own, from its config.json; else auto: the "
                          "chat template when the tokenizer has one, else plain)")
@@ -143,6 +167,7 @@ def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
     """grpo eval reads data, prompts and rewards as training does, so a held-out file is scored as trained."""
     ev.add_argument("--data", default="", help="evaluate on this dataset file or folder instead of a task's held-out split: "
                     "the held-out split grpo train --data makes of it, or its first --eval-size rows (--rows)")
+    add_split_options(ev)
     ev.add_argument("--prompt-field", default="", help="the data's prompt column")
     ev.add_argument("--answer-field", default="", help="the data's answer column")
     ev.add_argument("--system-prompt", default="", help="system message before every prompt")
@@ -153,6 +178,17 @@ def _add_eval_data_options(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("--reward-weights", type=float, nargs="+", default=[], metavar="WEIGHT", help="one weight per reward")
     ev.add_argument("--reward-style", default="auto", choices=("auto", "grpo", "trl", "verl"),
                     help="how the rewards are called (default: auto, read from each signature)")
+
+
+def add_split_options(parser: argparse.ArgumentParser, *, held_out: bool = True) -> None:
+    """The options naming a part of --data, as grpo train's (TrainConfig's fields of these names)."""
+    parser.add_argument("--data-config", default="", help="the configuration of --data to read, for a dataset "
+                        "that has several (default: its only one)")
+    parser.add_argument("--data-split", default="", help="the split of --data read as training reads it "
+                        "(default: train, or a dataset's only split)")
+    if held_out:
+        parser.add_argument("--eval-split", default="", help="the split of --data held out (default: test, else "
+                            "validation, else a split of the training rows as grpo train makes it)")
 
 
 def _add_check_reward(sub: argparse._SubParsersAction) -> None:
@@ -166,6 +202,7 @@ def _add_check_reward(sub: argparse._SubParsersAction) -> None:
     _add_config_options(check, ("rewards", "reward_style", "prompt_template", "system_prompt"))
     check.add_argument("--reward", help="deprecated: --rewards")
     check.add_argument("--data", default="", help="dataset file or folder (default: the task's held-out rows)")
+    add_split_options(check, held_out=False)
     check.add_argument("--task", default="add", help="built-in task when no --data (default: add)")
     check.add_argument("--prompt-field", default="", help="the data's prompt column")
     check.add_argument("--answer-field", default="", help="the data's answer column")

@@ -15,6 +15,7 @@ from grpo.config import ConfigError, TrainConfig, load_config_file
 
 if TYPE_CHECKING:
     from grpo.setup import RunSetup
+    from grpo.tasks import Task
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
@@ -132,6 +133,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from grpo.setup import check_before_loading
 
     run, run_dir = run_from_args(args, world_size(args.nproc))
+    if "WORLD_SIZE" not in os.environ:  # once, where the command starts
+        say_data(run.task)
     # once, where the command starts; the launched processes get what it adapted on their command line
     checked = check_before_loading(run, args.nproc, resume=bool(args.resume))
     run, config, argv = checked, checked.config, _adapted_argv(run.config, checked.config, argv)
@@ -165,6 +168,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def say_data(task: Task) -> None:
+    """A data source's splits as read and the overlap removed, before anything loads."""
+    from grpo.tasks import describe_data
+
+    if task.data:
+        print("\n".join(describe_data(task.data)), flush=True)
+
+
 def end_lines(summary: dict, run_dir: Path) -> list[str]:
     """What a run's end says: held-out accuracy before and after, why it stopped early, and (when no alarm
     said so) that it trained on next to nothing."""
@@ -184,6 +195,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     run = resolve_run(config)  # the task, the rewards and the refusals, as grpo train's
+    say_data(run.task)
     run = check_before_loading(run, 1)  # the memory check, as grpo train's
     config = run.config
     from grpo.preflight import run_preflight

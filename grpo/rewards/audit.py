@@ -143,8 +143,9 @@ class AuditReport:
         gold = [r for r in self.results if r.kind == "gold" and r.rows]
         g_pass, g_rows = sum(r.passed for r in gold), sum(r.rows for r in gold)
         exploits = sum(1 for r in self.results if r.kind == "exploit" and r.passed)
-        lines.append(f"gold forms scoring the maximum: {g_pass}/{g_rows} ({g_pass / max(g_rows, 1):.2%}); "
-                     f"exploit probes passing: {exploits}")
+        probed = any(r.kind == "exploit" for r in self.results)  # grpo data audits the gold forms alone
+        lines.append(f"gold forms scoring the maximum: {g_pass}/{g_rows} ({g_pass / max(g_rows, 1):.2%})"
+                     + (f"; exploit probes passing: {exploits}" if probed else ""))
         return "\n".join(lines)
 
 
@@ -168,15 +169,16 @@ def audit_reward(
     workers: int = 2,
     timeout: float = 30.0,
     style: str = "auto",
+    exploits: bool = True,
 ) -> AuditReport:
-    """Run every gold form and exploit probe on every row, the reward called in ``style`` (auto: read from
-    its signature; see grpo.rewards.styles); see the module docstring."""
+    """Run every gold form and (with ``exploits``) every exploit probe on every row, the reward called in
+    ``style`` (auto: read from its signature; see grpo.rewards.styles); see the module docstring."""
     scorer = RewardScorer([reward], workers=workers, timeout=timeout, styles=[check_style(reward, style)])
     try:
         layout = _pick_layout(scorer, rows[0], best)
         probes = [(name, "gold", p, True) for name, p in GOLD_FORMS.items()]
-        probes += [(name, "exploit", p, True) for name, p in EXPLOITS.items()]
-        if layout is _tagged:  # the reward demands tags: an answer left in the reasoning must not count
+        probes += [(name, "exploit", p, True) for name, p in EXPLOITS.items() if exploits]
+        if layout is _tagged and exploits:  # the reward demands tags: an answer left in the reasoning must not count
             probes.append(("answer only in reasoning", "exploit", _in_reasoning, False))
         others = [_different_row(rows, i) for i in range(len(rows))]
         texts, owners = [], []

@@ -2,7 +2,16 @@
 
 from grpo.tasks.base import Task, TaskError
 from grpo.tasks.builtin import describe_tasks, get_task, list_tasks
-from grpo.tasks.data import DataError, all_answered, dataset_task, heldout_rows, load_rows, split_rows
+from grpo.tasks.data import (
+    DataError,
+    all_answered,
+    data_splits,
+    dataset_task,
+    describe_data,
+    heldout_rows,
+    load_rows,
+    split_rows,
+)
 
 
 def load_task(
@@ -16,23 +25,35 @@ def load_task(
     prompt_template: str = "",
     eval_data: str = "",
     require_answer: bool = True,
+    data_config: str = "",
+    data_split: str = "",
+    eval_config: str = "",
+    eval_split: str = "",
 ) -> Task:
     """The built-in ``task``, or the user's ``data`` (scored by math_answer unless rewards are given);
-    held out: ``eval_data``'s rows if given, else a split of the training rows."""
+    held out: ``eval_data``'s rows if given, else the data's test split, else a split of the training rows
+    (grpo/tasks/data.py data_splits; the configurations and splits read are the config's fields)."""
+    fields = {"prompt_field": prompt_field, "answer_field": answer_field, "prompt_template": prompt_template,
+              "require_answer": require_answer}
     if not data:
+        given = [name for name, value in (("data_config", data_config), ("data_split", data_split)) if value]
+        given += [name for name, value in (("eval_config", eval_config), ("eval_split", eval_split))
+                  if value and not eval_data]
+        if given:
+            source = "eval_data" if given[0].startswith("eval") else "data"
+            raise DataError(f"{given[0]} names a part of a dataset, and no {source} is given")
         built = get_task(task, heldout_size=heldout_size)
         heldout = built.heldout
         if eval_data:
-            heldout = heldout_rows(eval_data, "", heldout_size, prompt_field=prompt_field, answer_field=answer_field,
-                                   prompt_template=prompt_template, require_answer=require_answer)
+            heldout = heldout_rows(eval_data, heldout_size, config=eval_config, split=eval_split, **fields)
         return Task(built.name, built.train, heldout, built.reward, system_prompt or built.system_prompt,
                     built.defaults, built.tools, built.env)
     from grpo.rewards.math import math_answer
 
-    return dataset_task(data, reward=math_answer, heldout_size=heldout_size, prompt_field=prompt_field,
-                        answer_field=answer_field, system_prompt=system_prompt, prompt_template=prompt_template,
-                        eval_source=eval_data, require_answer=require_answer)
+    return dataset_task(data, reward=math_answer, heldout_size=heldout_size, system_prompt=system_prompt,
+                        eval_source=eval_data, config=data_config, split=data_split, eval_config=eval_config,
+                        eval_split=eval_split, **fields)
 
 
-__all__ = ["DataError", "Task", "all_answered", "TaskError", "dataset_task", "describe_tasks", "get_task", "heldout_rows", "list_tasks",
-           "load_rows", "load_task", "split_rows"]
+__all__ = ["DataError", "Task", "all_answered", "TaskError", "data_splits", "dataset_task", "describe_data",
+           "describe_tasks", "get_task", "heldout_rows", "list_tasks", "load_rows", "load_task", "split_rows"]

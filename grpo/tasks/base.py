@@ -27,6 +27,7 @@ class Task:
     tools: tuple[Callable, ...] = ()
     env: Callable | None = None  # a factory of environments, one per episode
     examples: tuple[Mapping, ...] = ()  # worked examples (few_shot) before every prompt, as earlier turns
+    data: Mapping[str, object] = field(default_factory=dict)  # a data source's splits as read (grpo/tasks/data.py)
 
     def messages(self, row: Mapping) -> list[dict[str, str]]:
         """The chat messages for a row (grpo/prompts.py renders them in the run's format): the system

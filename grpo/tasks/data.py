@@ -1,4 +1,5 @@
-"""The user's own data: JSONL, CSV, Parquet, a saved Hugging Face dataset, or a hub name.
+"""The user's own data: JSONL, CSV, Parquet, a saved Hugging Face dataset, a folder of split files, or a hub
+dataset (grpo/tasks/sources.py opens each into its configuration's splits).
 
 Every row becomes ``{"prompt": ..., "answer": ..., **the original fields}``.
 GSM8K is recognised: an answer holding ``#### x`` becomes ``x`` with
@@ -8,14 +9,13 @@ A malformed row is an error that names the file, the line and the field.
 
 from __future__ import annotations
 
-import csv
-import json
 import random
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from grpo.tasks.base import RewardFn, Task, TaskError
+from grpo.tasks.base import RewardFn, Task
+from grpo.tasks.sources import DataError, Source, open_source
 
 PROMPT_FIELDS = ("prompt", "question", "problem", "instruction", "input")
 ANSWER_FIELDS = ("answer", "solution", "output", "target")
@@ -32,61 +32,6 @@ _SPLIT_SEED = 1234
 DATA_DEFAULTS = {"steps": 100, "minutes": 10.0, "sampler": "uniform", "lr": 1e-5}
 
 
-class DataError(TaskError):
-    """A dataset that cannot be read; the message names the file, line and field."""
-
-
-def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{n}: invalid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{n}: expected a JSON object, got {type(record).__name__}")
-            yield f"{path}:{n}", record
-
-
-def _csv(path: Path) -> Iterator[tuple[str, dict]]:
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        for record in reader:
-            yield f"{path}:{reader.line_num}", record
-
-
-def _records(source: str) -> Iterator[tuple[str, dict]]:
-    """(location, record) for every row of a file, a saved dataset folder or a hub dataset."""
-    path = Path(source)
-    if path.is_file():
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".json"):
-            return _jsonl(path)
-        if suffix == ".csv":
-            return _csv(path)
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return ((f"{path}: row {i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist()))
-        raise DataError(f"{path}: unsupported data file (use .jsonl, .csv or .parquet)")
-    looks_local = path.suffix.lower() in (".jsonl", ".json", ".csv", ".parquet") or source.startswith((".", "/", "~"))
-    if looks_local and not path.exists():
-        raise DataError(f"data file not found: {source}")
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"data {source!r} is not a file, and the `datasets` package is not installed") from None
-    try:
-        ds = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.load_dataset(source, split="train")
-    except Exception as err:
-        raise DataError(f"cannot load dataset {source!r}: {err}") from None
-    if isinstance(ds, datasets.DatasetDict):
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-    return ((f"{source}: row {i + 1}", dict(r)) for i, r in enumerate(ds))
-
-
 def _field(record: Mapping, wanted: str, defaults: tuple[str, ...], where: str, role: str) -> str:
     if wanted:
         if wanted not in record:
@@ -96,6 +41,16 @@ def _field(record: Mapping, wanted: str, defaults: tuple[str, ...], where: str, 
         if name in record:
             return name
     raise DataError(f"{where}: no {role} field (looked for {', '.join(defaults)}; set --{role}-field)")
+
+
+def used_fields(record: Mapping, prompt_field: str = "", answer_field: str = "") -> tuple[str, str | None]:
+    """The fields a row's prompt and answer are read from (as :func:`load_rows` picks them); None: no answer
+    field (verl's ``reward_model.ground_truth`` is named as such)."""
+    prompt = _field(record, prompt_field, PROMPT_FIELDS, "the first row", "prompt")
+    if answer_field or any(f in record for f in ANSWER_FIELDS):
+        return prompt, _field(record, answer_field, ANSWER_FIELDS, "the first row", "answer")
+    model = record.get("reward_model")
+    return prompt, "reward_model.ground_truth" if isinstance(model, Mapping) and "ground_truth" in model else None
 
 
 def _is_messages(value: object) -> bool:
@@ -146,63 +101,154 @@ def gsm8k_answer(text: str) -> str:
 
 
 def load_rows(
-    source: str, *, prompt_field: str = "", answer_field: str = "", prompt_template: str = "",
-    require_answer: bool = True,
+    source: str, *, config: str = "", split: str = "", prompt_field: str = "", answer_field: str = "",
+    prompt_template: str = "", require_answer: bool = True,
 ) -> list[dict]:
-    """Rows ``{"prompt", "answer", ...}`` from a data source; field names default to common ones.
+    """Rows ``{"prompt", "answer", ...}`` of a data source's ``split`` (default: its train split) in its
+    configuration ``config``; field names default to common ones.
 
     A prompt that is a list of chat messages is kept as is (conversational data); the template
     then does not apply. Without ``require_answer`` (the rewards read other fields) a row may
     have no answer, and then has no ``answer`` key.
     """
-    rows = []
-    for where, record in _records(source):
-        name = _field(record, prompt_field, PROMPT_FIELDS, where, "prompt")
-        prompt = _prompt(record, name, where)
-        alpaca = name == "instruction" and not prompt_field and isinstance(prompt, str)
-        if alpaca and str(record.get("input") or "").strip():  # Alpaca: the input is the instruction's context
-            prompt = f"{prompt}\n\n{record['input']}"
-        answer = _answer(record, answer_field, where, require_answer)
-        row = {**record, "prompt": prompt}
-        if answer is not None:
-            row["answer"] = answer
-        if "####" in row.get("answer", ""):
-            row["solution"], row["answer"] = row["answer"], gsm8k_answer(row["answer"])
-        if prompt_template and isinstance(prompt, str):
-            try:
-                row["prompt"] = prompt_template.format_map(row)
-            except (KeyError, IndexError, ValueError) as err:
-                raise DataError(f"{where}: prompt template needs field {err}") from None
-        rows.append(row)
+    opened = open_source(source, config)
+    return read_rows(opened, split or opened.train_split(), prompt_field=prompt_field, answer_field=answer_field,
+                     prompt_template=prompt_template, require_answer=require_answer)
+
+
+def read_rows(opened: Source, split: str, *, prompt_field: str = "", answer_field: str = "",
+              prompt_template: str = "", require_answer: bool = True) -> list[dict]:
+    """The rows of one split of an opened source (see :func:`load_rows`)."""
+    rows = [_row(where, record, prompt_field, answer_field, prompt_template, require_answer)
+            for where, record in opened.records(split)]
     if not rows:
-        raise DataError(f"{source}: no rows")
+        raise DataError(f"{opened.name}: no rows" + (f" in split {split!r}" if len(opened.splits) > 1 else ""))
     return rows
 
 
-def columns(source: str) -> set[str]:
-    """The field names of a data source's first row."""
-    for _, record in _records(source):
+def _row(where: str, record: dict, prompt_field: str, answer_field: str, prompt_template: str,
+         require_answer: bool) -> dict:
+    name = _field(record, prompt_field, PROMPT_FIELDS, where, "prompt")
+    prompt = _prompt(record, name, where)
+    alpaca = name == "instruction" and not prompt_field and isinstance(prompt, str)
+    if alpaca and str(record.get("input") or "").strip():  # Alpaca: the input is the instruction's context
+        prompt = f"{prompt}\n\n{record['input']}"
+    answer = _answer(record, answer_field, where, require_answer)
+    row = {**record, "prompt": prompt}
+    if answer is not None:
+        row["answer"] = answer
+    if "####" in row.get("answer", ""):
+        row["solution"], row["answer"] = row["answer"], gsm8k_answer(row["answer"])
+    if prompt_template and isinstance(prompt, str):
+        try:
+            row["prompt"] = prompt_template.format_map(row)
+        except (KeyError, IndexError, ValueError) as err:
+            raise DataError(f"{where}: prompt template needs field {err}") from None
+    return row
+
+
+def _columns(opened: Source, split: str) -> set[str]:
+    """The field names of a split's first row."""
+    for _, record in opened.records(split):
         return set(record)
     return set()
 
 
+def prompt_key(row: Mapping) -> str:
+    """A row's user message as prompts are compared across splits: its words, case folded (the prompt after
+    the template, as the model reads it; a conversation's user turns)."""
+    prompt = row["prompt"]
+    if not isinstance(prompt, str):
+        prompt = "\n".join(str(m["content"]) for m in prompt if m.get("role") == "user")
+    return " ".join(prompt.split()).casefold()
+
+
 def split_rows(rows: list[dict], heldout_size: int) -> tuple[list[dict], list[dict]]:
-    """Disjoint (train, held-out) by a fixed-seed shuffle; held-out at most half the rows."""
-    order = list(range(len(rows)))
+    """Disjoint (train, held-out) by a fixed-seed shuffle of the distinct prompts (:func:`prompt_key`):
+    held out, at most half of them, one row each; trained on, every row of the others. A prompt the rows
+    hold twice is on one side only (the copies of a held-out prompt are in neither); rows whose prompts
+    all differ split as a shuffle of the rows."""
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(prompt_key(row), []).append(i)
+    copies = list(groups.values())
+    order = list(range(len(copies)))
     random.Random(_SPLIT_SEED).shuffle(order)
-    n = min(heldout_size, len(rows) // 2)
-    return [rows[i] for i in order[n:]], [rows[i] for i in order[:n]]
+    n = min(heldout_size, len(copies) // 2)
+    return [rows[i] for k in order[n:] for i in copies[k]], [rows[copies[k][0]] for k in order[:n]]
 
 
-def heldout_rows(source: str, train_source: str, heldout_size: int, **fields: object) -> list[dict]:
-    """The first ``heldout_size`` rows of a separate evaluation file, read like the training data;
-    a file that shares no field with the training data is an error, not an empty score."""
-    if train_source:
-        shared = columns(source) & columns(train_source)
-        if not shared:
-            raise DataError(f"{source}: shares no field with the training data {train_source} "
-                            f"(it has {', '.join(sorted(columns(source))) or 'none'})")
-    return load_rows(source, **fields)[:heldout_size]  # type: ignore[arg-type]
+def remove_overlap(train: list[dict], heldout: Sequence[Mapping]) -> tuple[list[dict], int]:
+    """The training rows whose prompt is not a held-out one (:func:`prompt_key`), and how many were removed."""
+    held = {prompt_key(r) for r in heldout}
+    kept = [r for r in train if prompt_key(r) not in held]
+    return kept, len(train) - len(kept)
+
+
+def duplicates(rows: Sequence[Mapping]) -> int:
+    """Rows whose prompt (:func:`prompt_key`) an earlier row already has."""
+    return len(rows) - len({prompt_key(r) for r in rows})
+
+
+def data_splits(
+    source: str, *, config: str = "", split: str = "", eval_source: str = "", eval_config: str = "",
+    eval_split: str = "", heldout_size: int = 256, **fields: object,
+) -> tuple[list[dict], list[dict], dict]:
+    """(training rows, held-out rows, what was read) of ``source``'s ``split`` (default: train) in its
+    configuration ``config``; held out: ``eval_split`` (default: test, else validation) of ``eval_source``
+    (default: ``source``) in ``eval_config`` (default: ``config``), its first ``heldout_size`` rows; where
+    that is the training split itself, a disjoint split of it (:func:`split_rows`). A training row whose
+    prompt is in the held-out split (all of it, not only the rows scored) is removed from training."""
+    opened = open_source(source, config)
+    train_split = split or opened.train_split()
+    rows = read_rows(opened, train_split, **fields)  # type: ignore[arg-type]
+    same = eval_source in ("", source) and eval_config in ("", opened.config)
+    held_from = opened if same else open_source(eval_source or source, eval_config or config)
+    held_split = eval_split or held_from.eval_split(train_split if same else held_from.train_split())
+    split_off = same and held_split == train_split
+    if split_off:
+        if len(rows) < 2:
+            raise DataError(f"{source}: needs at least 2 rows (train and held-out), has {len(rows)}")
+        train, heldout = split_rows(rows, heldout_size)
+        removed = len(rows) - len(train) - len(heldout)
+    else:
+        if not same and not _columns(opened, train_split) & _columns(held_from, held_split):
+            found = ", ".join(sorted(_columns(held_from, held_split))) or "none"
+            raise DataError(f"{held_from.name}: shares no field with the training data {source} (it has {found})")
+        every = read_rows(held_from, held_split, **fields)  # type: ignore[arg-type]
+        heldout = every[:heldout_size]
+        train, removed = remove_overlap(rows, every)
+        if not train:
+            raise DataError(f"{source}: every training prompt is in the held-out set {held_from.name} ({held_split})")
+    read = {"source": source, "config": opened.config, "split": train_split, "rows": len(rows),
+            "eval_source": held_from.name, "eval_config": held_from.config, "eval_split": held_split,
+            "heldout_split_off": split_off, "heldout_rows": len(heldout), "train_rows": len(train),
+            "overlap_removed": removed, "duplicates": duplicates(train)}
+    return train, heldout, read
+
+
+def describe_data(read: Mapping) -> list[str]:
+    """The lines a run starts with about its data: what was read, and the overlap removed."""
+    def named(source: str, config: str, split: str) -> str:
+        return f"{source}" + (f" configuration {config}" if config else "") + f" split {split}"
+
+    train = f"data: {named(read['source'], read['config'], read['split'])}, {read['rows']} rows"
+    if read["heldout_split_off"]:
+        held = f"held out: {read['heldout_rows']} of its prompts, split off (never trained on)"
+    else:
+        held = f"held out: {named(read['eval_source'], read['eval_config'], read['eval_split'])}, " \
+               f"first {read['heldout_rows']} rows"
+    overlap = (f"data: {read['overlap_removed']} training rows removed, their prompt being held out (case and "
+               f"spacing ignored); {read['train_rows']} rows trained on, {read['duplicates']} of them a prompt "
+               "seen before")
+    return [f"{train}; {held}", overlap]
+
+
+def heldout_rows(source: str, heldout_size: int, *, config: str = "", split: str = "", **fields: object) -> list[dict]:
+    """The first ``heldout_size`` rows of a separate evaluation source's ``split`` (default: test, else
+    validation, else its train split), read like the training data."""
+    opened = open_source(source, config)
+    return read_rows(opened, split or opened.eval_split(opened.train_split()), **fields)[:heldout_size]  # type: ignore[arg-type]
 
 
 def dataset_task(
@@ -216,15 +262,19 @@ def dataset_task(
     prompt_template: str = "",
     eval_source: str = "",
     require_answer: bool = True,
+    config: str = "",
+    split: str = "",
+    eval_config: str = "",
+    eval_split: str = "",
 ) -> Task:
-    """The user's data as a task; held out: ``eval_source``'s rows, or else a split of ``source``."""
+    """The user's data as a task (:func:`data_splits`); what was read is its ``data``, and its resolved
+    configurations and splits join its defaults (config.json records them)."""
     fields = {"prompt_field": prompt_field, "answer_field": answer_field, "prompt_template": prompt_template,
               "require_answer": require_answer}
-    rows = load_rows(source, **fields)
-    if eval_source:
-        return Task(Path(source).stem or source, rows, heldout_rows(eval_source, source, heldout_size, **fields),
-                    reward, system_prompt or None, DATA_DEFAULTS)
-    if len(rows) < 2:
-        raise DataError(f"{source}: needs at least 2 rows (train and held-out), has {len(rows)}")
-    train, heldout = split_rows(rows, heldout_size)
-    return Task(Path(source).stem or source, train, heldout, reward, system_prompt or None, DATA_DEFAULTS)
+    train, heldout, read = data_splits(source, config=config, split=split, eval_source=eval_source,
+                                       eval_config=eval_config, eval_split=eval_split, heldout_size=heldout_size,
+                                       **fields)
+    settled = {"data_config": read["config"], "data_split": read["split"], "eval_split": read["eval_split"],
+               "eval_config": read["eval_config"]}
+    return Task(Path(source).stem or source, train, heldout, reward, system_prompt or None,
+                {**DATA_DEFAULTS, **settled}, data=read)
