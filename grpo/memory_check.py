@@ -4,7 +4,8 @@
 loads or any run folder exists. The model's shape comes from its config.json (the converted folder of
 the embedded model or of a GGUF, a Hugging Face folder, a hub id already in the local cache) or, for a
 GGUF not yet converted, from the file's metadata. When the prediction exceeds what is free (CPU:
-MemAvailable in /proc/meminfo; CUDA: torch.cuda.mem_get_info), options the user did not set change, in
+MemAvailable in /proc/meminfo; CUDA: torch.cuda.mem_get_info, asked of a child interpreter so that this
+process does not initialise CUDA before its reward and tool workers fork), options the user did not set change, in
 this order, each printed: micro_batch_tokens halves (not below one row of prompt and completion), then
 gradient checkpointing turns on, then eval_batch_size halves. ``--no-adapt`` turns this off. When that is
 not enough, the run is refused with one line naming the largest term and the option that shrinks it.
@@ -119,12 +120,34 @@ def run_device(config: object, world: int) -> Device:
     cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
     if cuda:
         index = int(config.device.split(":")[1]) if ":" in config.device else 0
-        free, total = torch.cuda.mem_get_info(index)
+        free, total = cuda_memory(index)
         return Device("cuda", world, free, total)
     available = mem_available()
     from grpo.packed import packs_here
 
     return Device("cpu", world, None if available is None else available // world, mem_total(), packs_here())
+
+
+def cuda_memory(index: int) -> tuple[int, int]:
+    """GPU ``index``'s free and total bytes, read by a child interpreter: calling torch.cuda.mem_get_info
+    here would initialise CUDA in this process, after which its reward and tool workers could no longer fork
+    (grpo/workers.py) and a --nproc launcher would hold a context on the GPU for the whole run. The child
+    sees the same CUDA_VISIBLE_DEVICES, so the index means the same GPU."""
+    import subprocess
+    import sys
+
+    code = f"import torch; print(*torch.cuda.mem_get_info({int(index)}))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        free, total = (int(v) for v in out.stdout.split()[-2:])
+    except (subprocess.SubprocessError, OSError, ValueError) as err:
+        raise ConfigError(f"cannot read the free memory of cuda:{index}: {_last_line(err)}") from err
+    return free, total
+
+
+def _last_line(err: BaseException) -> str:
+    text = (getattr(err, "stderr", None) or str(err)).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
 
 
 def model_shape(raw: object) -> ModelShape | None:
