@@ -130,3 +130,58 @@ def test_a_scripts_tool_reaches_its_forked_worker_before_cuda_starts(monkeypatch
         assert result.text == "12", result
     finally:
         trainer.close()
+
+
+def test_a_checkpoint_keeps_one_gpu_rng_state_and_resumes_where_fewer_gpus_are_visible(monkeypatch):
+    from grpo.checkpoint import global_rng_state, set_global_rng_state
+
+    states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(8)}  # 8 GPUs, as under --nproc 8
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[0])
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(states.values()))
+    saved = global_rng_state()
+    assert [s.tolist() for s in saved["cuda"]] == [states[0].tolist()]
+    restored = []
+
+    def set_all(new):  # torch's: one state per visible GPU, and there is one now
+        if len(new) > 1:
+            raise RuntimeError("invalid device ordinal")
+        restored.extend(new)
+
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda new, device="cuda": restored.append(new))
+    set_global_rng_state(saved)
+    assert [s.tolist() for s in restored] == [states[0].tolist()]
+
+
+def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_the_gpu(monkeypatch):
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import grpo.update
+    from grpo.distributed import World
+    from grpo.rollout import Rollout
+
+    events: list[str] = []
+    calls: list[dict] = []
+
+    def policy(fn, part, pad_id, **options):  # records the options; one layer's all-gather per call under FSDP
+        calls.append(options)
+        events.append("forward")
+        return torch.zeros(part.mask.shape, requires_grad=True), None
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize"))
+    monkeypatch.setattr(grpo.update.time, "perf_counter", lambda: events.append("clock") or float(len(events)))
+    rollout = Rollout(prompt_ids=[[1, 2], [1, 2]], completion_ids=torch.ones((2, 3), dtype=torch.long),
+                      mask=torch.ones((2, 3)), logprobs=torch.zeros((2, 3)), truncated=torch.zeros(2, dtype=torch.bool),
+                      texts=["", ""], group_size=2)
+    for fsdp in (True, False):
+        learner = SimpleNamespace(config=TrainConfig(group_size=2), policy=policy, world=World(fsdp=fsdp),
+                                  tokenizer=SimpleNamespace(pad_token_id=0), autocast=nullcontext(),
+                                  optimizer=SimpleNamespace(zero_grad=lambda **kw: None))
+        grpo.update.update_seconds(learner, rollout)
+        assert calls[-1]["share_prefix"] is (not fsdp)  # as micro_step: one decoder call per micro-batch under FSDP
+    # each reading of the clock waits for what the GPU was given
+    assert events[:4] == ["synchronize", "clock", "forward", "synchronize"] and events[4] == "clock"
