@@ -156,8 +156,11 @@ def load_model(config: TrainConfig, device: torch.device, model: nn.Module | Non
 def build_policy(config: TrainConfig, world: World, device: torch.device, model: nn.Module
                  ) -> tuple[nn.Module, Policy, Policy | None, torch.optim.Optimizer]:
     """The policy's module (on the device, LoRA-wrapped when asked, the same on every process), its calls
-    that FSDP can see, the frozen reference for the KL term, and the optimiser."""
-    model.to(device)
+    that FSDP can see, the frozen reference for the KL term, and the optimiser. Under FSDP the full models
+    stay on the CPU (host memory) until sharding moves each rank's shards to its device: a whole model on
+    every GPU first would need 4 P there at build time, where the memory check counts 4 P / world."""
+    if not world.fsdp:
+        model.to(device)
     if config.lora_rank > 0:
         model = add_lora(model, config.lora_rank, config.lora_alpha or None)
     world.broadcast_parameters(model)

@@ -185,3 +185,26 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
         assert calls[-1]["share_prefix"] is (not fsdp)  # as micro_step: one decoder call per micro-batch under FSDP
     # each reading of the clock waits for what the GPU was given
     assert events[:4] == ["synchronize", "clock", "forward", "synchronize"] and events[4] == "clock"
+
+
+def test_under_fsdp_the_full_models_stay_on_the_cpu_until_sharding(monkeypatch):
+    from conftest import make_model
+
+    import grpo.setup
+    from grpo.distributed import Policy, World
+
+    where: list[tuple[str, torch.device]] = []
+
+    def shard(model, world):  # FSDP2's fully_shard moves each rank's shards to the mesh's device itself
+        where.append(("sharded" if world.fsdp else "wrapped", next(model.parameters()).device))
+        return Policy(model)
+
+    monkeypatch.setattr(grpo.setup, "shard_policy", shard)
+    gpu = torch.device("meta")  # stands for the GPU: a move there is seen, and costs nothing
+    for fsdp in (True, False):
+        where.clear()
+        config = TrainConfig(beta=0.04, fsdp=fsdp)
+        model, _, reference, _ = grpo.setup.build_policy(config, World(device=gpu, fsdp=fsdp), gpu, make_model(64))
+        assert reference is not None and len(where) == 2  # the reference, then the policy
+        expected = torch.device("cpu") if fsdp else gpu
+        assert [d for _, d in where] == [expected, expected], (fsdp, where)
