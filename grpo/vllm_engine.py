@@ -120,6 +120,24 @@ def _write_model(folder: Path, model: nn.Module, state: dict[str, Tensor]) -> No
     save_file(_distinct(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+def engine_dtype(device: torch.device) -> str:
+    """vLLM's dtype on ``device``: bf16 on a GPU that computes it (compute capability 8.0 and up; vLLM
+    refuses it on a T4 or V100), else fp16 there; fp32 on the CPU backend."""
+    if device.type != "cuda":
+        return "float32"
+    return "bfloat16" if torch.cuda.get_device_capability(device) >= (8, 0) else "float16"
+
+
+def check_room(folder: Path, need: int, what: str) -> None:
+    """EngineError, one line, when the file system of ``folder`` (/dev/shm: memory) has less than ``need``
+    bytes free for ``what``: a tmpfs that fills up ends the writer with SIGBUS or a short write."""
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise EngineError(f"--engine vllm: {folder.parent} has {free / 2**30:.1f} GiB free, and {what} need "
+                          f"{need / 2**30:.1f} GiB there; free shared memory or enlarge it (a container's "
+                          "--shm-size)")
+
+
 class VLLMEngine:
     """A vLLM engine in a worker process, behind the own sampler's ``generate`` interface.
 
@@ -145,7 +163,7 @@ class VLLMEngine:
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_model_len
         self.max_model_len, self.extra = min(max_model_len, int(positions)), extra or {}
         self.stops = end_of_turn_ids(model, tokenizer)
-        self.dtype = "bfloat16" if next(model.parameters()).device.type == "cuda" else "float32"
+        self.dtype = engine_dtype(next(model.parameters()).device)
         self.dir = Path(tempfile.mkdtemp(prefix="grpo-vllm-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
         self.log = Path(tempfile.mkstemp(prefix="grpo-vllm-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
@@ -169,7 +187,10 @@ class VLLMEngine:
         self._say(f"vLLM: starting, which may take minutes (limit {limit} s; log: {self.log})", flush=True)
         folder, model = self.dir / "model", self._model
         base = model.get_base_model() if self.lora_rank else model  # the config vLLM loads: the base's
-        _write_model(folder, base, base_weights(model, self._state))
+        weights = base_weights(model, self._state)
+        check_room(self.dir, sum(t.numel() * t.element_size() for t in _distinct(weights).values()),
+                   "the model's weights for vLLM to load")
+        _write_model(folder, base, weights)
         self.tokenizer.save_pretrained(folder)
         address, key = str(self.dir / "socket"), secrets.token_bytes(32)
         # not torchrun's variables: vLLM sets up torch.distributed for itself, and an inherited rank, world
@@ -190,6 +211,7 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _shutdown, self.dir, [self.proc])
         self.conn = self._connect(address, key, deadline)
         self._call({"model": str(folder), "tokenizer": str(folder), "dtype": self.dtype, "seed": self.seed,
+                    "cpu": self.cuda_device is None,
                     "memory": self.memory, "lora_rank": _vllm_lora_rank(self.lora_rank),
                     "max_model_len": self.max_model_len, "sleep": self.sleep_mode, "extra": self.extra},
                    deadline=deadline)

@@ -1,0 +1,104 @@
+"""vLLM on a GPU with the defaults, by the values grpo computes (no GPU here): its share of the device
+sized from the weights and a round's KV cache, the dtype the device computes, the CPU backend's prefill
+setting kept off a GPU, and the room in /dev/shm checked before the weights are written there."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import grpo
+import grpo.vllm_engine
+from grpo.config import TrainConfig
+from grpo.distributed import World
+from grpo.memory import GIB, VLLM_GPU_ALLOWANCE, Device, ModelShape, RunShape, other_processes, vllm_share
+from grpo.vllm_engine import EngineError, VLLMEngine, check_room, engine_dtype
+
+# Qwen2.5-1.5B's config.json sizes: 1.54 B parameters, 3.1 GB in bf16
+QWEN_1_5B = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 8960,
+             "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151936,
+             "tie_word_embeddings": True}
+GPU_24GB = Device("cuda", 1, None, 24 * 10**9)
+
+
+def test_vllms_share_holds_its_weights_and_a_rounds_kv_cache():
+    model = ModelShape.from_config(QWEN_1_5B)
+    rows, tokens = 8 * 16, 1024 + 256  # a round of 16 prompts x G 8, prompt and completion
+    share = vllm_share(model, rows, tokens, GPU_24GB)
+    kv = rows * tokens * 28 * 2 * 2 * 128 * 2  # 2 (K, V) x L x KV heads x head_dim x 2 bytes per token
+    assert share * GPU_24GB.total == pytest.approx(2 * model.params + kv + VLLM_GPU_ALLOWANCE)
+    assert share * GPU_24GB.total > 2 * model.params > 0.1 * GPU_24GB.total  # the old default's 2.4 GB
+    assert vllm_share(model, 10**5, 10**5, GPU_24GB) == 0.9  # never the whole GPU
+    assert vllm_share(model, rows, tokens, GPU_24GB, given=0.3) == 0.3  # --vllm-memory as given
+    assert vllm_share(model, rows, tokens, Device("cpu", 1, None, 64 * GIB)) == 0.1  # the CPU backend's
+
+
+def test_the_memory_prediction_counts_the_share_vllm_is_given():
+    model = ModelShape.from_config(QWEN_1_5B)
+    run = RunShape(group_size=8, prompts_per_step=16, max_new_tokens=256, prompt_tokens=1024, micro_batch_tokens=4096,
+                   engine="vllm", lora_rank=8)
+    assert other_processes(model, run, GPU_24GB)["vllm"] == int(vllm_share(model, 128, 1280, GPU_24GB) * GPU_24GB.total)
+
+
+def test_the_engine_is_given_its_share_for_the_run(monkeypatch):
+    from conftest import make_model
+
+    from grpo.setup import engine_share
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 10**9, 24 * 10**9))
+    model = make_model(64)
+    config = TrainConfig(engine="vllm", prompts_per_step=16, group_size=8)
+    share = engine_share(config, World(size=2), torch.device("cuda:0"), model, 512)
+    expected = vllm_share(ModelShape.from_config(model.config), 8 * 8, 512, GPU_24GB)
+    assert share == expected and 0.0 < share < 0.9
+    assert engine_share(TrainConfig(engine="vllm", vllm_memory=0.25), World(), torch.device("cuda:0"), model, 512) == 0.25
+    assert engine_share(config, World(), torch.device("cpu"), model, 512) == 0.1
+
+
+def test_vllm_samples_in_the_dtype_the_gpu_computes(monkeypatch):
+    capability = {"now": (7, 5)}  # a T4
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["now"])
+    assert engine_dtype(torch.device("cuda:0")) == "float16"
+    capability["now"] = (7, 0)  # a V100
+    assert engine_dtype(torch.device("cuda:0")) == "float16"
+    capability["now"] = (8, 0)  # an A100
+    assert engine_dtype(torch.device("cuda:0")) == "bfloat16"
+    assert engine_dtype(torch.device("cpu")) == "float32"
+
+
+def _worker():
+    path = Path(grpo.__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
+    spec = importlib.util.spec_from_file_location("grpo_vllm_worker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_backends_whole_batch_prefill_is_not_asked_of_a_gpu():
+    settings = {"model": "m", "dtype": "bfloat16", "seed": 0, "memory": 0.3, "max_model_len": 64, "lora_rank": 0}
+    worker = _worker()
+    assert "max_num_batched_tokens" not in worker.engine_options({**settings, "cpu": False})
+    assert worker.engine_options({**settings, "cpu": True})["max_num_batched_tokens"] == 65536
+
+
+def test_dev_shm_without_room_for_the_weights_is_refused_before_they_are_written(monkeypatch, tmp_path):
+    from conftest import make_model
+
+    monkeypatch.setattr(grpo.vllm_engine, "find_python", lambda configured="": "python")
+    engine = VLLMEngine(make_model(64), SimpleNamespace(pad_token_id=0, eos_token_id=1), max_model_len=64)
+    try:
+        free = SimpleNamespace(total=10**9, used=10**9 - 1000, free=1000)  # 1000 bytes left
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: free)
+        with pytest.raises(EngineError, match=r"^--engine vllm: \S+ has 0\.0 GiB free, and the model's weights "
+                                              r"for vLLM to load need [0-9.]+ GiB there; [^\n]+$"):
+            engine.start()
+        assert not (engine.dir / "model").exists() and engine.proc is None
+        with pytest.raises(EngineError, match="the push buffer"):
+            check_room(tmp_path, 2000, "the push buffer")
+    finally:
+        engine.close()
