@@ -42,6 +42,8 @@ SHRINKS = {
     "tool_workers": "fewer tool workers",
     "vllm": "--vllm-memory",
     "push_buffer": "--vllm-bucket-mb",
+    "save_buffer": "--no-save-model (the final model is then not written)",
+    "gathered_weights": "more processes under --fsdp (each gathers the whole model in bf16 to sample)",
 }
 MIN_MICRO_BATCH = 256
 
@@ -234,8 +236,21 @@ def check_memory(config: object, task: object, world: int) -> object:
         name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size")
         # what the user set (on the command line, in a config file, or away from its default in Python) stays
         if name not in config.set_by_user and getattr(config, name) == TrainConfig.__dataclass_fields__[name].default}
-    changes, _ = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
+    changes, pred = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
+    check_host(pred, mem_available())
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def check_host(pred: Prediction, available: int | None) -> None:
+    """A GPU run's host-memory terms (Prediction.host) against the host's free memory: ConfigError, one
+    line, when they do not fit."""
+    need = sum(pred.host.values())
+    if available is None or need <= available:
+        return
+    name, size = max(pred.host.items(), key=lambda kv: kv[1])
+    raise ConfigError(f"not enough host memory: the run needs about {gib(need)} of it beside the GPU but "
+                      f"{gib(available)} is available; the largest term is {name} ({gib(size)}): shrink it "
+                      f"with {SHRINKS.get(name, name)}")
 
 
 def measured_completion(lengths: Sequence[int], truncated: Sequence[bool], multi_turn: bool) -> int:

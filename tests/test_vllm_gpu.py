@@ -14,7 +14,7 @@ import torch
 
 import grpo
 import grpo.vllm_engine
-from grpo.config import TrainConfig
+from grpo.config import ConfigError, TrainConfig
 from grpo.distributed import World
 from grpo.memory import GIB, VLLM_GPU_ALLOWANCE, Device, ModelShape, RunShape, other_processes, vllm_share
 from grpo.vllm_engine import EngineError, VLLMEngine, check_room, engine_dtype
@@ -102,3 +102,46 @@ def test_dev_shm_without_room_for_the_weights_is_refused_before_they_are_written
             check_room(tmp_path, 2000, "the push buffer")
     finally:
         engine.close()
+
+
+def _gpu_prediction(**run_options):
+    from grpo.memory import predict
+
+    model = ModelShape.from_config(QWEN_1_5B)
+    options = dict(group_size=8, prompts_per_step=16, max_new_tokens=512, prompt_tokens=128, micro_batch_tokens=8192,
+                   lora_rank=16, reward_workers=2, tool_workers=2)
+    run = RunShape(**{**options, **run_options})
+    return model, predict(model, run, Device("cuda", 1, 16 * GIB, 16 * GIB)), run
+
+
+def test_on_a_gpu_host_memory_is_counted_apart_from_the_gpus():
+    from grpo.memory import WORKER_BYTES
+
+    model, pred, _ = _gpu_prediction(engine="vllm", vllm_memory=0.3)
+    # the workers, the push buffer (none: LoRA pushes an adapter) and the save buffer are host memory
+    assert pred.host == {"reward_workers": 3 * WORKER_BYTES, "tool_workers": 3 * WORKER_BYTES,
+                         "save_buffer": 4 * model.params}
+    assert "save_buffer" not in pred.terms and set(pred.others) == {"vllm"}  # vLLM's share is the GPU's
+    assert pred.needed == max(pred.peak, pred.reserved) + pred.others["vllm"]
+
+
+def test_a_gpus_sampling_counts_fp32_keys_and_the_bf16_weights():
+    from grpo.memory import kv_cache_bytes, sampling_terms
+
+    model = ModelShape.from_config(QWEN_1_5B)
+    gpu, cpu = Device("cuda", 1, None, 16 * GIB), Device("cpu", 1, None, 16 * GIB)
+    own = sampling_terms(model, 128, 640, 2, gpu)
+    assert own["kv_cache"] == kv_cache_bytes(model, 128, 640, 2) * 3 // 2  # keys fp32 (4 bytes), values bf16 (2)
+    assert own["autocast_weights"] == 2 * model.layers * model.layer_params  # autocast's bf16 copies
+    assert sampling_terms(model, 128, 640, 2, gpu, fsdp=True)["gathered_weights"] == 2 * model.params
+    assert "autocast_weights" not in sampling_terms(model, 128, 640, 4, cpu)
+
+
+def test_host_memory_short_of_a_gpu_runs_host_terms_is_refused_in_one_line():
+    from grpo.memory_check import check_host
+
+    _, pred, _ = _gpu_prediction()
+    check_host(pred, 64 * GIB)  # fits
+    with pytest.raises(ConfigError, match=r"^not enough host memory: .* the largest term is save_buffer \([0-9.]+ GiB\)"
+                                          r": shrink it with --no-save-model[^\n]*$"):
+        check_host(pred, GIB)
