@@ -49,13 +49,8 @@ CUDA_RESERVE_SLACK = 0.15
 WORKER_BYTES = 120 * MIB
 # vLLM's CPU process before its KV cache: the interpreter, torch, vLLM itself and a copy of the weights.
 VLLM_PROCESS = 1500 * MIB
-# vLLM's working memory on a GPU beside its weights and KV cache (its profiling pass's activations, CUDA
-# graphs, its context): an allowance, not measured; its share of a GPU is at most VLLM_MAX_SHARE.
-VLLM_GPU_ALLOWANCE = 2 * GIB
-VLLM_MAX_SHARE = 0.9
 # On a GPU run these are host memory: the worker processes, the push buffer in /dev/shm (and the save buffer)
 HOST_TERMS = ("reward_workers", "tool_workers", "push_buffer")
-VLLM_CPU_SHARE = 0.1  # vllm_memory 0 on the CPU backend: this share of host memory for its KV cache
 # The decode step's logits exist a few times over: the raw logits, the tempered softmax, top-p's sorted copy.
 SAMPLING_LOGIT_COPIES = 3
 # The log-prob head's chunk: a (chunk, V) block of logits and, in backward, its gradient in place, with
@@ -438,6 +433,8 @@ def other_processes(model: ModelShape, run: RunShape, device: Device) -> dict[st
     if run.tool_workers:
         others["tool_workers"] = (run.tool_workers + 1) * WORKER_BYTES
     if run.engine == "vllm":
+        from grpo.vllm_device import vllm_share
+
         rows = max(1, -(-(run.round_prompts or run.prompts_per_step) // device.world)) * run.group_size
         share = int(vllm_share(model, rows, run.prompt_tokens + run.max_new_tokens, device, run.vllm_memory)
                     * device.total)
@@ -445,23 +442,6 @@ def other_processes(model: ModelShape, run: RunShape, device: Device) -> dict[st
         if not run.lora_rank:
             others["push_buffer"] = int(run.vllm_bucket_mb * MIB)
     return others
-
-
-def vllm_gpu_bytes(model: ModelShape, rows: int, tokens: int) -> int:
-    """What vLLM needs on a GPU to sample a round: its 16-bit weights (2 P), the KV cache of ``rows``
-    sequences of ``tokens`` (16-bit), and VLLM_GPU_ALLOWANCE."""
-    return 2 * model.params + kv_cache_bytes(model, rows, tokens, 2) + VLLM_GPU_ALLOWANCE
-
-
-def vllm_share(model: ModelShape, rows: int, tokens: int, device: Device, given: float = 0.0) -> float:
-    """vLLM's share of the device (its gpu_memory_utilization): ``given`` (--vllm-memory), else on a GPU
-    what a round needs (vllm_gpu_bytes) over the GPU's memory, at most VLLM_MAX_SHARE; on the CPU
-    backend VLLM_CPU_SHARE of host memory."""
-    if given:
-        return given
-    if device.kind != "cuda" or not device.total:
-        return VLLM_CPU_SHARE
-    return min(VLLM_MAX_SHARE, vllm_gpu_bytes(model, rows, tokens) / device.total)
 
 
 def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:

@@ -205,9 +205,10 @@ def build_engine(config: TrainConfig, world: World, device: torch.device, model:
 
 
 def engine_share(config: TrainConfig, world: World, device: torch.device, model: nn.Module, longest: int) -> float:
-    """vLLM's share of the device: --vllm-memory, else sized for a round (grpo.memory.vllm_share): its
+    """vLLM's share of the device: --vllm-memory, else sized for a round (grpo.vllm_device.vllm_share): its
     16-bit weights and the KV cache of this process's share of a round's sequences at the longest."""
-    from grpo.memory import VLLM_CPU_SHARE, Device, ModelShape, vllm_share
+    from grpo.memory import Device, ModelShape
+    from grpo.vllm_device import VLLM_CPU_SHARE, vllm_share
 
     if config.vllm_memory or device.type != "cuda":
         return config.vllm_memory or VLLM_CPU_SHARE

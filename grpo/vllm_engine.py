@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from grpo.models import adapter_rank, base_weights
 from grpo.rollout import Rollout, end_of_turn_ids
+from grpo.vllm_device import EngineError, check_room, engine_dtype
 
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -65,10 +66,6 @@ BUCKET_MB = 1024.0  # a full push's buffer in shared memory holds this much of t
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep mode frees, by the tags its wake_up takes
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
-
-
-class EngineError(RuntimeError):
-    """The vLLM engine could not start or failed; the message is one line that says what to do."""
 
 
 def find_python(configured: str = "") -> str:
@@ -118,24 +115,6 @@ def _write_model(folder: Path, model: nn.Module, state: dict[str, Tensor]) -> No
     if getattr(model, "generation_config", None) is not None:  # as save_pretrained writes it
         model.generation_config.to_json_file(folder / "generation_config.json")
     save_file(_distinct(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
-
-
-def engine_dtype(device: torch.device) -> str:
-    """vLLM's dtype on ``device``: bf16 on a GPU that computes it (compute capability 8.0 and up; vLLM
-    refuses it on a T4 or V100), else fp16 there; fp32 on the CPU backend."""
-    if device.type != "cuda":
-        return "float32"
-    return "bfloat16" if torch.cuda.get_device_capability(device) >= (8, 0) else "float16"
-
-
-def check_room(folder: Path, need: int, what: str) -> None:
-    """EngineError, one line, when the file system of ``folder`` (/dev/shm: memory) has less than ``need``
-    bytes free for ``what``: a tmpfs that fills up ends the writer with SIGBUS or a short write."""
-    free = shutil.disk_usage(folder).free
-    if free < need:
-        raise EngineError(f"--engine vllm: {folder.parent} has {free / 2**30:.1f} GiB free, and {what} need "
-                          f"{need / 2**30:.1f} GiB there; free shared memory or enlarge it (a container's "
-                          "--shm-size)")
 
 
 class VLLMEngine:
@@ -188,8 +167,7 @@ class VLLMEngine:
         folder, model = self.dir / "model", self._model
         base = model.get_base_model() if self.lora_rank else model  # the config vLLM loads: the base's
         weights = base_weights(model, self._state)
-        check_room(self.dir, sum(t.numel() * t.element_size() for t in _distinct(weights).values()),
-                   "the model's weights for vLLM to load")
+        check_room(self.dir, sum(t.nbytes for t in _distinct(weights).values()), "the weights vLLM loads")
         _write_model(folder, base, weights)
         self.tokenizer.save_pretrained(folder)
         address, key = str(self.dir / "socket"), secrets.token_bytes(32)

@@ -16,8 +16,9 @@ import grpo
 import grpo.vllm_engine
 from grpo.config import ConfigError, TrainConfig
 from grpo.distributed import World
-from grpo.memory import GIB, VLLM_GPU_ALLOWANCE, Device, ModelShape, RunShape, other_processes, vllm_share
-from grpo.vllm_engine import EngineError, VLLMEngine, check_room, engine_dtype
+from grpo.memory import GIB, Device, ModelShape, RunShape, other_processes
+from grpo.vllm_device import VLLM_GPU_ALLOWANCE, check_room, engine_dtype, vllm_share
+from grpo.vllm_engine import EngineError, VLLMEngine
 
 # Qwen2.5-1.5B's config.json sizes: 1.54 B parameters, 3.1 GB in bf16
 QWEN_1_5B = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 8960,
@@ -94,8 +95,8 @@ def test_dev_shm_without_room_for_the_weights_is_refused_before_they_are_written
     try:
         free = SimpleNamespace(total=10**9, used=10**9 - 1000, free=1000)  # 1000 bytes left
         monkeypatch.setattr(shutil, "disk_usage", lambda path: free)
-        with pytest.raises(EngineError, match=r"^--engine vllm: \S+ has 0\.0 GiB free, and the model's weights "
-                                              r"for vLLM to load need [0-9.]+ GiB there; [^\n]+$"):
+        with pytest.raises(EngineError, match=r"^--engine vllm: \S+ has 0\.0 GiB free, and the weights vLLM "
+                                              r"loads need [0-9.]+ GiB there; [^\n]+$"):
             engine.start()
         assert not (engine.dir / "model").exists() and engine.proc is None
         with pytest.raises(EngineError, match="the push buffer"):

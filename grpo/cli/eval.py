@@ -211,7 +211,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     task = _eval_task(args, config)
     given_reward = _eval_reward(args, task)  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
-    policy = load_policy(args.model)  # on the CPU until the reward and tool workers have forked (no CUDA yet)
+    policy = load_policy(args.model, device="cpu")  # on the CPU until the reward and tool workers have forked (no CUDA yet)
     _, shaped = settle_format(config, policy.tokenizer)
     task = run_task(shaped, task=task)
     # in workers with a time limit, as in training: a checker that hangs on a completion scores it 0
