@@ -82,3 +82,28 @@ def test_under_fsdp_the_empty_rank_joins_the_gathers_only_when_the_others_sample
     with FakeTensorMode(allow_non_fake_inputs=True):
         generate_round(episodes, [0, 1, 2], step=1, index=1)
     assert episodes.policy.calls == 1
+
+
+def test_four_gloo_processes_and_a_round_of_three_prompts_under_fsdp_own_and_vllm(tmp_path):
+    # a rank that gathered alone (the vllm case before the fix) would leave the others' next collective
+    # unmatched: the run hangs, and the timeout ends it
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+           str(tests / "empty_rank_worker.py"), str(tmp_path)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tests.parent)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for rank, found in enumerate(ranks):
+        for case in ("own", "vllm"):
+            assert found[case]["mine"] == (0 if rank == 3 else 1)  # 3 prompts over 4 processes
+            assert found[case]["rows"] == 3 * 2  # every rank holds the whole draw's lengths
+            assert found[case]["devices"] == [found["device"]]  # on the device it trains on
