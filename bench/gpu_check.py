@@ -84,6 +84,8 @@ class Counts:
     trained: float = 0.0
     gaps: list[tuple[float, float | None]] = field(default_factory=list)  # (mean, max) per step
     predicted: int | None = None  # grpo/memory.py's peak for the phase, bytes (None: not predicted)
+    measured: int | None = None  # a child process's measured peak (its preflight.json)
+    child: bool = False  # the phase ran in a child process: this process's peak says nothing of it
 
     def add_step(self, metrics: dict, group_size: int) -> None:
         """A step's metrics (as trainer.step returns them, or as metrics.jsonl holds them).
@@ -133,11 +135,12 @@ class Check:
             mean, tops = sum(m for m, _ in c.gaps) / len(c.gaps), [t for _, t in c.gaps if t is not None]
             gap = f"mean {mean:.2e} max {max(tops):.2e}" if tops else f"mean {mean:.2e} max n/a"
         memory = "GPU" if self.device.type == "cuda" else "RSS"
-        peak = _peak_memory(self.device)
+        peak = c.measured or (0 if c.child else _peak_memory(self.device))
         said = f" (predicted {c.predicted / 2**30:.2f} GiB, measured/predicted {peak / c.predicted:.2f})" \
-            if c.predicted else ""
+            if c.predicted and peak else ""
+        shown = f"{peak / 2**30:6.2f} GiB" if peak else "   n/a"
         return (f"{name:<18} {seconds:7.1f} s  {c.sampled:7d} tok {c.sampled / seconds:8.0f} tok/s  peak {memory} "
-                f"{peak / 2**30:6.2f} GiB{said}  MFU {mfu:>6}  logp gap {gap}")
+                f"{shown}{said}  MFU {mfu:>6}  logp gap {gap}")
 
 
 def _reset_peak_memory(device: torch.device) -> None:
@@ -327,6 +330,132 @@ def rank_step(shape: str, device_type: str) -> int:
     return 1 if check.failed else 0
 
 
+def write_model(shape: str, tokenizer: object, folder: Path) -> Path:
+    """The shape's random-weight model and the tokenizer as a Hugging Face folder, for the command line."""
+    model = build_model(shape, torch.device("cpu"), tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    del model
+    return folder
+
+
+def run_command(check: Check, name: str, argv: list[str], run_dir: Path | None = None) -> None:
+    """One phase: ``argv`` in a fresh process (grpo's start-up order as a user's run has it: the memory
+    check, init_world, the worker pools before CUDA); its steps' tokens and, from its preflight.json, its
+    measured peak beside the prediction."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    with check.phase(name) as counts:
+        counts.child = True
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if done.returncode:
+            print(done.stdout[-3000:] + done.stderr[-3000:], flush=True)
+            raise RuntimeError(f"exited with {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}")
+        if run_dir is not None:
+            read_run(run_dir, counts)
+
+
+def read_run(run_dir: Path, counts: Counts) -> None:
+    """A run folder's steps (tokens, log-prob gaps) and its pre-flight's memory: predicted and measured."""
+    group = summary_group_size(run_dir)
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        metrics = json.loads(line)
+        if "optimizer_steps" in metrics:
+            counts.add_step(metrics, group)
+    report = run_dir / "preflight.json"
+    memory = json.loads(report.read_text()).get("memory") or {} if report.exists() else {}
+    counts.predicted = memory.get("predicted_peak_bytes")
+    counts.measured = memory.get("measured_after_first_step_bytes")
+
+
+MAIN_REWARD = """
+import sys
+from pathlib import Path
+import grpo
+
+def main_reward(completion, example):  # defined in __main__: its workers must fork before CUDA starts
+    return float(len(completion) % 2)
+
+folder, device, run_dir = sys.argv[1:4]
+grpo.train(grpo.TrainConfig(model=folder, task="add", device=device, **{SMALL}), rewards=[main_reward],
+           run_dir=Path(run_dir), progress=False)
+"""
+
+
+def user_paths(check: Check, shape: str, tokenizer: object, vllm: bool) -> None:
+    """The paths a user's first GPU runs take, each in a fresh process: grpo train (memory check and
+    init_world included) with --prompt-format r1-zero, --beta 0.04 and the final model saved; its resume;
+    grpo eval of the saved model; LoRA with --beta 0.04; a reward defined in a script's __main__ (the
+    Python API); --engine vllm with sleep mode and weight pushes (when vLLM is installed); and FSDP on
+    one process (NCCL does not put two ranks on one GPU; several processes are tested on the CPU)."""
+    work = Path(tempfile.mkdtemp(prefix="grpo-gpu-paths-"))
+    try:
+        folder = write_model(shape, tokenizer, work / "model")
+        dev = check.device.type
+        train = [sys.executable, "-m", "grpo", "train", "--model", str(folder), "--task", "add", "--device", dev,
+                 "--rewards", f"{Path(__file__).resolve()}:first_char_parity", "--no-progress",
+                 *[a for k, v in SMALL.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
+        first = work / "r1-zero"
+        run_command(check, f"cli r1-zero {shape}", [*train, "--prompt-format", "r1-zero", "--beta", "0.04",
+                                                     "--save-model", "--save-every", "2", "--output", str(first)],
+                    first)
+        run_command(check, f"resume {shape}", [sys.executable, "-m", "grpo", "train", "--resume", str(first),
+                                               "--steps", "3", "--no-progress"], first)
+        run_command(check, f"eval {shape}", [sys.executable, "-m", "grpo", "eval", "--model", str(first / "model"),
+                                             "--task", "add", "--eval-size", "8", "--max-new-tokens", "16",
+                                             "--device", dev, "--no-progress"])
+        lora = work / "lora"
+        run_command(check, f"cli lora {shape}", [*train, "--lora-rank", "16", "--beta", "0.04", "--output", str(lora)],
+                    lora)
+        main = work / "main"
+        code = MAIN_REWARD.replace("{SMALL}", repr(SMALL))
+        run_command(check, f"main-reward {shape}", [sys.executable, "-c", code, str(folder), dev, str(main)], main)
+        if vllm:
+            engine = work / "vllm"
+            run_command(check, f"cli vllm {shape}", [*train, "--engine", "vllm", "--vllm-sleep", "--output",
+                                                     str(engine)], engine)
+        else:
+            print(f"{'cli vllm ' + shape:<18} skipped: --no-vllm", flush=True)
+        fsdp = work / "fsdp"
+        run_command(check, f"fsdp {shape}", [sys.executable, __file__, "--fsdp-run", str(folder), "--device", dev,
+                                             "--run-dir", str(fsdp)], fsdp)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# what the path phases run: short, a few prompts, each step's groups able to differ (the parity reward)
+SMALL = {"steps": 2, "prompts_per_step": 4, "group_size": 4, "max_new_tokens": 32, "eval_size": 8,
+         "preflight_prompts": 4}
+
+
+def fsdp_run(folder: str, device_type: str, run_dir: str) -> int:
+    """A world of one process under FSDP (FSDP2 over a mesh of one device): the policy and its reference
+    sharded, the run trained and its model saved, through the Python API with a World of its own."""
+    import torch.distributed as dist
+
+    from grpo import GRPOTrainer, TrainConfig
+    from grpo.distributed import World, backend_for
+    from grpo.process import setup_process
+    from grpo.setup import check_before_loading, resolve_run
+
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    config = TrainConfig(model=folder, task="add", device=str(device), beta=0.04, save_model=True, fsdp=True,
+                         rewards=(f"{Path(__file__).resolve()}:first_char_parity",), **SMALL)
+    setup_process(config)
+    run = check_before_loading(resolve_run(config, processes=1), 1)
+    dist.init_process_group(backend_for(device), init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    trainer = GRPOTrainer(run, progress=False, world=World(device=device, fsdp=True))
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not any(isinstance(m, FSDPModule) for m in trainer.policy.modules()):
+            raise RuntimeError("the policy was not sharded")
+        trainer.train(Path(run_dir))
+    finally:
+        trainer.close()
+        dist.destroy_process_group()
+    return 0
+
+
 def load_tokenizer() -> object:
     from transformers import AutoTokenizer
 
@@ -354,13 +483,31 @@ def header(check: Check) -> str:
             f"grpo from {Path(grpo.__file__).parent}, MFU against {peak}")
 
 
+def shape_phases(check: Check, shapes: list[str], tokenizer: object, *, torchrun: bool) -> None:
+    """build, preflight, train and train-ckpt per shape through the Python API; checkpoint and resume on the
+    smallest; one step by two processes with two GPUs (or ``torchrun``)."""
+    for shape in shapes:
+        check_shape(check, shape, tokenizer)
+    checkpoint_and_resume(check, shapes[0], tokenizer)
+    if torchrun or (check.device.type == "cuda" and torch.cuda.device_count() >= 2):
+        torchrun_step(check, shapes[0])
+    else:
+        print(f"{'torchrun ' + shapes[0]:<18} skipped: fewer than 2 GPUs (--torchrun runs it anyway)", flush=True)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--tiny", action="store_true", help="a two-layer Qwen2 instead of the 0.5B and 1.5B shapes")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak for MFU (default: by name)")
     parser.add_argument("--torchrun", action="store_true", help="the two-process step also with fewer than 2 GPUs")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the --engine vllm path")
+    parser.add_argument("--no-paths", action="store_true", help="skip the user paths")
+    parser.add_argument("--paths-only", action="store_true", help="only the user paths (cli, resume, eval, lora, "
+                        "__main__ reward, vllm, fsdp), on the smallest shape")
     parser.add_argument("--rank-step", default="", help=argparse.SUPPRESS)  # a torchrun process (internal)
+    parser.add_argument("--fsdp-run", default="", help=argparse.SUPPRESS)  # the fsdp phase's process (internal)
+    parser.add_argument("--run-dir", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -368,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rank_step:
         return rank_step(args.rank_step, args.device)
+    if args.fsdp_run:
+        return fsdp_run(args.fsdp_run, args.device, args.run_dir)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run with --device cpu --tiny", flush=True)
@@ -379,13 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     print(header(check), flush=True)
     tokenizer = load_tokenizer()
     shapes = ["tiny"] if args.tiny else ["0.5b", "1.5b"]
-    for shape in shapes:
-        check_shape(check, shape, tokenizer)
-    checkpoint_and_resume(check, shapes[0], tokenizer)
-    if args.torchrun or (device.type == "cuda" and torch.cuda.device_count() >= 2):
-        torchrun_step(check, shapes[0])
-    else:
-        print(f"{'torchrun ' + shapes[0]:<18} skipped: fewer than 2 GPUs (--torchrun runs it anyway)", flush=True)
+    if not args.no_paths:
+        user_paths(check, shapes[0], tokenizer, vllm=not args.no_vllm)
+    if not args.paths_only:
+        shape_phases(check, shapes, tokenizer, torchrun=args.torchrun)
     seconds = time.perf_counter() - start
     if check.failed:
         print(f"gpu_check: FAILED {', '.join(check.failed)} ({seconds:.0f} s)", flush=True)

@@ -230,7 +230,7 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
         cost = rollout.lengths.cpu().double().clamp(min=1).numpy()
     else:
         x, cost, seconds = np.zeros((0, 5)), np.zeros(0), 0.0
-        if world.fsdp:  # the others' generation gathers the sharded parameters: take part
+        if world.fsdp and samples_on_the_policy(sampling):  # the others' generation gathers the sharded parameters
             sampling.policy.without_grad(lambda model: None)
     if world.size > 1:
         parts = world.gather_objects((x, cost, seconds))
@@ -294,10 +294,10 @@ def generate_round(sampling: Sampling, drawn: list[int], step: int, index: int) 
                           torch.arange(mine.start * g, mine.stop * g, device=sampling.device))
     if rows_idx:
         rollout, own_rewards, reward_means, seconds = sample_and_score(sampling, rows_idx, streams=streams)
-    else:  # fewer groups in the draw than processes
-        rollout, own_rewards, reward_means, seconds = empty_rollout(g), torch.zeros(0), {}, 0.0
-        if world.fsdp:  # the others' generation gathers the sharded parameters: take part
-            sampling.policy.without_grad(lambda model: None)
+    else:  # fewer groups in the draw than processes; on the device, as the others' tensors are
+        rollout, own_rewards, reward_means, seconds = moved(empty_rollout(g), sampling.device), torch.zeros(0), {}, 0.0
+        if world.fsdp and samples_on_the_policy(sampling):  # the others' generation gathers the sharded
+            sampling.policy.without_grad(lambda model: None)  # parameters: take part
     errors = row_errors(own_rewards, rollout, mask_truncated=sampling.config.mask_truncated)
     own_rewards = torch.where(own_rewards.isnan(), 0.0, own_rewards)  # errored rows: 0, never read as verdicts
     rewards = world.gather(own_rewards.to(sampling.device))  # (n*G,) the whole draw's
@@ -309,6 +309,12 @@ def generate_round(sampling: Sampling, drawn: list[int], step: int, index: int) 
         explored=getattr(sampling.sampler, "explored", 0), seconds_generate=seconds,
         first_try=sampling.draws.first_tries(drawn), estimator=sampling.config.advantage_estimator,
     )
+
+
+def samples_on_the_policy(sampling: Sampling) -> bool:
+    """Whether a round samples on the policy (under FSDP, a gather of every unit, matched on every rank):
+    the own sampler, or episodes, whose turns run under the policy's call; vLLM alone samples outside it."""
+    return sampling.engine is None or sampling.agent is not None
 
 
 ERROR_CAUSES = ("reward", "environment", "truncated")  # why a row errored, in the order a row is checked

@@ -122,7 +122,9 @@ def global_rng_state() -> dict:
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # the current GPU's alone (a list of one): each process uses one, and a resume may see fewer GPUs than
+        # the run that saved (every visible GPU's state would not restore on a machine with fewer)
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_initialized() else [],
     }
 
 
@@ -130,8 +132,8 @@ def set_global_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] and torch.cuda.is_initialized():  # the first: the saving process's own GPU (older
+        torch.cuda.set_rng_state(state["cuda"][0])  # checkpoints listed every visible GPU's, its own first)
 
 
 def capture(parts: Mapping[str, object]) -> dict[str, object]:

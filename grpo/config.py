@@ -162,7 +162,7 @@ class TrainConfig:
     engine: str = field(**_doc("what samples the rollouts: own (this package's sampler, on the policy itself) or vllm (a vLLM engine in a process of its own, weights synced after every optimiser step; `make vllm` installs it)", default="own"))
     vllm_python: str = field(**_doc("engine vllm: the Python that runs vLLM (empty: $GRPO_VLLM_PYTHON, else the project's .venv-vllm, else this Python)", default=""))
     vllm_sleep: bool = field(**_doc("engine vllm on a GPU: put vLLM to sleep while the trainer updates (its weights moved to host memory, its KV cache freed, both back before the next rollout), so the update has the GPU's memory; ignored on the CPU, where vLLM has no sleep mode", default=True))
-    vllm_memory: float = field(**_doc("engine vllm: share of the device's memory vLLM may reserve for weights and KV cache (gpu_memory_utilization; on the CPU backend, of host memory)", default=0.1))
+    vllm_memory: float = field(**_doc("engine vllm: share of the device's memory vLLM may reserve for weights and KV cache (gpu_memory_utilization; on the CPU backend, of host memory); 0: on a GPU, what its 16-bit weights and a round's KV cache need, on the CPU 0.1", default=0.0))
     vllm_bucket_mb: float = field(**_doc("engine vllm, full fine-tuning: a weight push goes through a shared-memory buffer of this many MiB, bucket by bucket (a decoder layer at least, whatever the size)", default=1024.0))
     device: str = field(**_doc("cpu, cuda, cuda:N or auto", default="auto"))
     threads: int = field(**_doc("CPU threads for torch (0: torch's default)", default=0))
@@ -275,8 +275,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 < self.vllm_bucket_mb < math.inf:
             raise ConfigError(f"vllm_bucket_mb must be positive, got {self.vllm_bucket_mb}")
-        if not 0.0 < self.vllm_memory <= 1.0:
-            raise ConfigError(f"vllm_memory must be in (0, 1], got {self.vllm_memory}")
+        if not 0.0 <= self.vllm_memory <= 1.0:
+            raise ConfigError(f"vllm_memory must be in [0, 1] (0: sized for the run), got {self.vllm_memory}")
         if self.tis_cap != 0.0 and self.tis_cap <= 1.0:
             raise ConfigError(f"tis_cap must be above 1 (or 0: off), got {self.tis_cap}")
 

@@ -165,15 +165,24 @@ class World:
 
 
 def backend_for(device: torch.device) -> str:
-    """NCCL between GPUs, gloo between CPU processes."""
-    return "nccl" if device.type == "cuda" else "gloo"
+    """NCCL between GPUs, gloo between CPU processes. On GPUs gloo carries the object collectives too
+    (a run directory's name, pre-flight's verdict), so that they need no CUDA before the trainer sets its
+    device, and NCCL's communicator starts at the first collective on a GPU tensor."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def use_device(device: torch.device) -> None:
+    """Make ``device`` this process's current GPU: the first CUDA call of a run, made by the trainer once
+    its reward and tool workers have forked (grpo/workers.py: no fork after CUDA starts)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK), or a world of one.
 
     ``device`` is the config's: under ``auto`` or ``cuda`` each process takes
-    the GPU of its local rank.
+    the GPU of its local rank. CUDA is not initialised here (see :func:`use_device`).
     """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -181,10 +190,8 @@ def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    if size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend_for(dev), device_id=dev if dev.type == "cuda" else None)
+    if size > 1 and not dist.is_initialized():  # no device_id: that would start NCCL, and CUDA, now
+        dist.init_process_group(backend_for(dev))
     return World(rank=rank, size=size, local_rank=local_rank, device=dev, fsdp=fsdp and size > 1)
 
 

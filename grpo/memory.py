@@ -49,6 +49,8 @@ CUDA_RESERVE_SLACK = 0.15
 WORKER_BYTES = 120 * MIB
 # vLLM's CPU process before its KV cache: the interpreter, torch, vLLM itself and a copy of the weights.
 VLLM_PROCESS = 1500 * MIB
+# On a GPU run these are host memory: the worker processes, the push buffer in /dev/shm (and the save buffer)
+HOST_TERMS = ("reward_workers", "tool_workers", "push_buffer")
 # The decode step's logits exist a few times over: the raw logits, the tempered softmax, top-p's sorted copy.
 SAMPLING_LOGIT_COPIES = 3
 # The log-prob head's chunk: a (chunk, V) block of logits and, in backward, its gradient in place, with
@@ -181,6 +183,9 @@ class Prediction:
     per_process: bool = False
     worst: int = 0  # the peak with every completion at the token limit, when ``peak`` assumes measured lengths
     completion: int = 0  # the longest completion ``peak`` assumes, in tokens
+    # on a GPU, what the run holds in host memory instead (reward and tool workers, the push buffer in
+    # /dev/shm, the save buffer): checked against the host's free memory, not the GPU's
+    host: dict[str, int] = field(default_factory=dict)
 
     @property
     def needed(self) -> int:
@@ -196,13 +201,14 @@ class Prediction:
                 "phase": self.phase, "terms": dict(self.terms), "other_processes": dict(self.others),
                 "phases": dict(self.phases), "reserved_bytes": self.reserved or None,
                 "per_process": self.per_process, "completion_tokens": self.completion,
-                "worst_case_peak_bytes": self.worst or None}
+                "worst_case_peak_bytes": self.worst or None, "host_bytes": dict(self.host)}
 
     def describe(self, available: int | None = None) -> str:
         who = "each process's" if self.per_process else "the trainer's"
         parts = ", ".join(f"{name} {gib(v)}" for name, v in self.largest())
         free = f" of {gib(available)} available" if available is not None else ""
         beside = f" (+{gib(sum(self.others.values()))} in other processes)" if self.others else ""
+        beside += f" (+{gib(sum(self.host.values()))} of host memory)" if self.host else ""
         lengths = (f" at the completion lengths measured here (the longest {self.completion} tokens; "
                    f"{gib(self.worst)} if they reach the token limit)") if self.worst else ""
         return f"memory: {who} predicted peak {gib(self.peak)}{lengths}{beside}{free}, in {self.phase}: {parts}"
@@ -238,7 +244,7 @@ class RunShape:
     preflight_rows: int = 0  # the pre-flight check's prompts x group_size (0: no check)
     async_lag: int = 0
     engine: str = "own"
-    vllm_memory: float = 0.1
+    vllm_memory: float = 0.0  # 0: sized by vllm_share
     vllm_bucket_mb: float = 1024.0
     reward_workers: int = 2
     tool_workers: int = 0
@@ -303,13 +309,20 @@ def kv_cache_bytes(model: ModelShape, rows: int, tokens: int, dtype_bytes: int) 
 
 
 def sampling_terms(model: ModelShape, rows: int, tokens: int, dtype_bytes: int, device: Device,
-                   reordered: bool = True) -> dict[str, int]:
+                   reordered: bool = True, fsdp: bool = False) -> dict[str, int]:
     """A decoding round of ``rows`` rows at once: their KV cache at its longest, the decode step's
     logits, rows x V fp32 floats SAMPLING_LOGIT_COPIES times, and on a CPU that reorders them
     (grpo/packed.py; ``reordered``: on the main thread) a copy of the linear layers' fp32 weights,
-    L x layer + V H (the output layer; a layer's norms counted too)."""
-    terms = {"kv_cache": kv_cache_bytes(model, rows, tokens, dtype_bytes),
+    L x layer + V H (the output layer; a layer's norms counted too). On a GPU the keys are fp32 (the
+    rotary embedding multiplies bf16 keys by fp32 cos and sin: the cache is 1.5 times a bf16 one), and
+    the layers' weights are there in bf16 as well: autocast's copies (2 bytes per layer parameter), or
+    under FSDP the whole model gathered in bf16 for the round (2 P)."""
+    kv = kv_cache_bytes(model, rows, tokens, dtype_bytes)
+    terms = {"kv_cache": kv * 3 // 2 if device.kind == "cuda" else kv,
              "sampling_logits": SAMPLING_LOGIT_COPIES * rows * model.vocab * 4}
+    if device.kind == "cuda":
+        terms["gathered_weights" if fsdp else "autocast_weights"] = (
+            2 * model.params if fsdp else 2 * model.layers * model.layer_params)
     if device.kind == "cpu" and device.packs_weights and reordered:
         terms["reordered_weights"] = 4 * (model.layers * model.layer_params + model.vocab * model.hidden)
     return terms
@@ -420,7 +433,11 @@ def other_processes(model: ModelShape, run: RunShape, device: Device) -> dict[st
     if run.tool_workers:
         others["tool_workers"] = (run.tool_workers + 1) * WORKER_BYTES
     if run.engine == "vllm":
-        share = int(run.vllm_memory * device.total)
+        from grpo.vllm_device import vllm_share
+
+        rows = max(1, -(-(run.round_prompts or run.prompts_per_step) // device.world)) * run.group_size
+        share = int(vllm_share(model, rows, run.prompt_tokens + run.max_new_tokens, device, run.vllm_memory)
+                    * device.total)
         others["vllm"] = VLLM_PROCESS + 4 * model.params + share if device.kind == "cpu" else share
         if not run.lora_rank:
             others["push_buffer"] = int(run.vllm_bucket_mb * MIB)
@@ -440,14 +457,15 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     own = run.engine == "own"
     phases: dict[str, dict[str, int]] = {}
     if run.preflight_rows and own:
-        phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act, device)}
+        phases["the pre-flight round"] = {**no_adam, **sampling_terms(model, run.preflight_rows, context, act, device,
+                                                                      fsdp=run.fsdp)}
     if run.preflight_rows:  # it times a forward and backward of its first micro-batch only, of all its groups
         phases["the pre-flight's timed update"] = {**no_adam, **update_terms(
             model, run, device, run.preflight_rows // run.group_size, first_only=True)}
     if own:
         rows = max(1, -(-(run.round_prompts or run.prompts_per_step) // device.world)) * run.group_size  # the first ranks' share
         before = lasting if run.steps >= 2 else no_adam
-        phases["sampling"] = {**before, **sampling_terms(model, rows, context, act, device,
+        phases["sampling"] = {**before, **sampling_terms(model, rows, context, act, device, fsdp=run.fsdp,
                                                            reordered=not run.async_lag)}  # a thread's: none
     later = run.steps >= 2 or run.optimizer_steps_per_step > 1
     groups = max(1, run.prompts_per_step // device.world)
@@ -456,15 +474,20 @@ def predict(model: ModelShape, run: RunShape, device: Device) -> Prediction:
     if run.eval_rows:  # greedy evaluation decodes on the trainer's own policy, whatever the engine; its
         # lengths are not the sampled ones pre-flight measured: at the limit
         limit = max(run.prompt_tokens + run.max_new_tokens, 1)
-        phases["evaluation"] = {**(lasting if run.steps else no_adam), **sampling_terms(model, eval_rows, limit, act, device)}
+        phases["evaluation"] = {**(lasting if run.steps else no_adam),
+                                **sampling_terms(model, eval_rows, limit, act, device, fsdp=run.fsdp)}
     if device.world > 1 and not run.fsdp:
         phases["the gradient sync"] = {**(lasting if later else no_adam), **sync_terms(model, run, device)}
     if run.save_model:
         phases["saving the model"] = {**lasting, **saving_terms(model, run)}
+    others, host = other_processes(model, run, device), {}
+    if device.kind == "cuda":  # host memory, not the GPU's: counted apart
+        host = {k: others.pop(k) for k in HOST_TERMS if k in others}
+        host.update((k, phases["saving the model"].pop(k)) for k in ("save_buffer",) if "saving the model" in phases)
     phase = max(phases, key=lambda k: sum(phases[k].values()))
     terms = phases[phase]
     peak = sum(terms.values())
     reserved = int(peak * (1 + CUDA_RESERVE_SLACK)) + CUDA_CONTEXT if device.kind == "cuda" else 0
-    return Prediction(peak=peak, phase=phase, terms=terms, others=other_processes(model, run, device),
+    return Prediction(peak=peak, phase=phase, terms=terms, others=others,
                       phases={k: sum(v.values()) for k, v in phases.items()}, reserved=reserved,
-                      per_process=device.world > 1, completion=run.completion)
+                      per_process=device.world > 1, completion=run.completion, host=host)

@@ -4,7 +4,8 @@
 loads or any run folder exists. The model's shape comes from its config.json (the converted folder of
 the embedded model or of a GGUF, a Hugging Face folder, a hub id already in the local cache) or, for a
 GGUF not yet converted, from the file's metadata. When the prediction exceeds what is free (CPU:
-MemAvailable in /proc/meminfo; CUDA: torch.cuda.mem_get_info), options the user did not set change, in
+MemAvailable in /proc/meminfo; CUDA: torch.cuda.mem_get_info, asked of a child interpreter so that this
+process does not initialise CUDA before its reward and tool workers fork), options the user did not set change, in
 this order, each printed: micro_batch_tokens halves (not below one row of prompt and completion), then
 gradient checkpointing turns on, then eval_batch_size halves. ``--no-adapt`` turns this off. When that is
 not enough, the run is refused with one line naming the largest term and the option that shrinks it.
@@ -41,6 +42,8 @@ SHRINKS = {
     "tool_workers": "fewer tool workers",
     "vllm": "--vllm-memory",
     "push_buffer": "--vllm-bucket-mb",
+    "save_buffer": "--no-save-model (the final model is then not written)",
+    "gathered_weights": "more processes under --fsdp (each gathers the whole model in bf16 to sample)",
 }
 MIN_MICRO_BATCH = 256
 
@@ -119,12 +122,34 @@ def run_device(config: object, world: int) -> Device:
     cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
     if cuda:
         index = int(config.device.split(":")[1]) if ":" in config.device else 0
-        free, total = torch.cuda.mem_get_info(index)
+        free, total = cuda_memory(index)
         return Device("cuda", world, free, total)
     available = mem_available()
     from grpo.packed import packs_here
 
     return Device("cpu", world, None if available is None else available // world, mem_total(), packs_here())
+
+
+def cuda_memory(index: int) -> tuple[int, int]:
+    """GPU ``index``'s free and total bytes, read by a child interpreter: calling torch.cuda.mem_get_info
+    here would initialise CUDA in this process, after which its reward and tool workers could no longer fork
+    (grpo/workers.py) and a --nproc launcher would hold a context on the GPU for the whole run. The child
+    sees the same CUDA_VISIBLE_DEVICES, so the index means the same GPU."""
+    import subprocess
+    import sys
+
+    code = f"import torch; print(*torch.cuda.mem_get_info({int(index)}))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        free, total = (int(v) for v in out.stdout.split()[-2:])
+    except (subprocess.SubprocessError, OSError, ValueError) as err:
+        raise ConfigError(f"cannot read the free memory of cuda:{index}: {_last_line(err)}") from err
+    return free, total
+
+
+def _last_line(err: BaseException) -> str:
+    text = (getattr(err, "stderr", None) or str(err)).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
 
 
 def model_shape(raw: object) -> ModelShape | None:
@@ -211,8 +236,21 @@ def check_memory(config: object, task: object, world: int) -> object:
         name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size")
         # what the user set (on the command line, in a config file, or away from its default in Python) stays
         if name not in config.set_by_user and getattr(config, name) == TrainConfig.__dataclass_fields__[name].default}
-    changes, _ = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
+    changes, pred = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
+    check_host(pred, mem_available())
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def check_host(pred: Prediction, available: int | None) -> None:
+    """A GPU run's host-memory terms (Prediction.host) against the host's free memory: ConfigError, one
+    line, when they do not fit."""
+    need = sum(pred.host.values())
+    if available is None or need <= available:
+        return
+    name, size = max(pred.host.items(), key=lambda kv: kv[1])
+    raise ConfigError(f"not enough host memory: the run needs about {gib(need)} of it beside the GPU but "
+                      f"{gib(available)} is available; the largest term is {name} ({gib(size)}): shrink it "
+                      f"with {SHRINKS.get(name, name)}")
 
 
 def measured_completion(lengths: Sequence[int], truncated: Sequence[bool], multi_turn: bool) -> int:

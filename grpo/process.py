@@ -8,6 +8,7 @@ These are global to the process, so no library constructor touches them: the CLI
 from __future__ import annotations
 
 import random
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import torch
@@ -34,3 +35,8 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def gpu_autocast(device: torch.device) -> AbstractContextManager:
+    """bf16 matrix products on a GPU, as the trainer samples, evaluates and trains; nothing on a CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()

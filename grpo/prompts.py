@@ -213,12 +213,25 @@ def r1_zero_reward(checker: RewardFn) -> RewardFn:
     correct (1.0) exactly when the checker says so. The layout is ``think_format``'s, read after the
     cue's ``<think>`` (:func:`grpo.rewards.basic.r1_zero_format`).
     """
+    return R1ZeroReward(checker)
 
-    def reward(completion: str, example: Mapping) -> float:
-        score = checker(completion, example)
+
+@dataclass(frozen=True)
+class R1ZeroReward:
+    """:func:`r1_zero_reward`'s reward: a class of this module, not a closure, so that it pickles by name
+    when its workers start from a fresh interpreter (grpo/workers.py)."""
+
+    checker: RewardFn
+    r1_zero = True
+
+    @property
+    def __name__(self) -> str:
+        return f"{getattr(self.checker, '__name__', 'reward')}_r1_zero"
+
+    @property
+    def needs_sandbox(self) -> bool:  # a code checker still runs sandboxed
+        return getattr(self.checker, "needs_sandbox", False)
+
+    def __call__(self, completion: str, example: Mapping) -> float:
+        score = self.checker(completion, example)
         return score if score >= 1.0 else max(score, FORMAT_SCORE * r1_zero_format(completion, example))
-
-    reward.__name__ = f"{getattr(checker, '__name__', 'reward')}_r1_zero"
-    reward.r1_zero = True
-    reward.needs_sandbox = getattr(checker, "needs_sandbox", False)  # a code checker still runs sandboxed
-    return reward

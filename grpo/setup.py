@@ -156,8 +156,11 @@ def load_model(config: TrainConfig, device: torch.device, model: nn.Module | Non
 def build_policy(config: TrainConfig, world: World, device: torch.device, model: nn.Module
                  ) -> tuple[nn.Module, Policy, Policy | None, torch.optim.Optimizer]:
     """The policy's module (on the device, LoRA-wrapped when asked, the same on every process), its calls
-    that FSDP can see, the frozen reference for the KL term, and the optimiser."""
-    model.to(device)
+    that FSDP can see, the frozen reference for the KL term, and the optimiser. Under FSDP the full models
+    stay on the CPU (host memory) until sharding moves each rank's shards to its device: a whole model on
+    every GPU first would need 4 P there at build time, where the memory check counts 4 P / world."""
+    if not world.fsdp:
+        model.to(device)
     if config.lora_rank > 0:
         model = add_lora(model, config.lora_rank, config.lora_alpha or None)
     world.broadcast_parameters(model)
@@ -192,13 +195,26 @@ def build_engine(config: TrainConfig, world: World, device: torch.device, model:
     # each process samples its own groups with an engine of its own, on its own device (or share of cores)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cpus = cpu_share(world.local_rank, local, os.cpu_count() or 1) if local > 1 else ""
-    engine = VLLMEngine(model, tokenizer, python=config.vllm_python, memory=config.vllm_memory,
+    engine = VLLMEngine(model, tokenizer, python=config.vllm_python, memory=engine_share(config, world, device, model, longest),
                         seed=config.seed, max_model_len=longest, cpus=cpus, announce=world.is_main,
                         sleep=config.vllm_sleep and device.type == "cuda" and not config.async_lag,
                         bucket_mb=config.vllm_bucket_mb)  # sampling ahead: vLLM works while the policy trains
     if world.fsdp:  # the weights vLLM starts from, gathered now (collective): every process is here
         engine.push(model, full_state_dict(model, world))
     return engine
+
+
+def engine_share(config: TrainConfig, world: World, device: torch.device, model: nn.Module, longest: int) -> float:
+    """vLLM's share of the device: --vllm-memory, else sized for a round (grpo.vllm_device.vllm_share): its
+    16-bit weights and the KV cache of this process's share of a round's sequences at the longest."""
+    from grpo.memory import Device, ModelShape
+    from grpo.vllm_device import VLLM_CPU_SHARE, vllm_share
+
+    if config.vllm_memory or device.type != "cuda":
+        return config.vllm_memory or VLLM_CPU_SHARE
+    rows = -(-config.round_cap // world.size) * config.group_size
+    total = torch.cuda.mem_get_info(device)[1]
+    return vllm_share(ModelShape.from_config(model.config), rows, longest, Device("cuda", world.size, None, total))
 
 
 def preflight_verdict(report: PreflightReport, config: TrainConfig, world: World, run_dir: Path | None, *,

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from grpo.algorithm import adapted_temperature, group_advantages
 from grpo.batch import Batch, leave_out_errored
 from grpo.config import TrainConfig, settle_config
-from grpo.distributed import World, full_state_dict, init_world
+from grpo.distributed import World, full_state_dict, init_world, use_device
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
 from grpo.heldout import full_evaluation, interim_evaluation
@@ -52,7 +52,7 @@ from grpo.interrupt import StopRequests
 from grpo.memory_check import say_measured_memory
 from grpo.models import save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
-from grpo.process import pick_device, setup_process
+from grpo.process import gpu_autocast, pick_device, setup_process
 from grpo.prompts import format_task, run_prompts, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler, make_sampler
@@ -125,11 +125,13 @@ class GRPOTrainer:
         self.reward_fns, self.score, self.checker = build_scorer(config, self.task, run.rewards, env)
         self.world = world if world is not None else init_world(config.device, fsdp=config.fsdp)
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
-        model, self.tokenizer = load_model(config, self.device, model, tokenizer)
+        # loaded on the CPU: build_policy moves it (under FSDP, its shards) once the tool workers have forked
+        model, self.tokenizer = load_model(config, torch.device("cpu"), model, tokenizer)
         # how rows become prompt tokens: the config names the format (auto resolved) and gains its stop strings
         self.prompt_format, config = settle_format(config, self.tokenizer)
         # None: single-turn (the one-turn episode is plain sampling); its tool workers fork before CUDA starts
         self.agent, self.toolbox = make_agent(config, self.task, self.tokenizer, tools=tools, env=env)
+        use_device(self.device)  # the run's first CUDA call, after every worker pool has forked
         self.model, self.policy, self.reference, self.optimizer = build_policy(config, self.world, self.device, model)
         self.totals = RunTotals()  # summary.json's generation totals
         self.train_prompts = run_prompts(self.tokenizer, self.task, config, self.task.train)
@@ -137,9 +139,7 @@ class GRPOTrainer:
         self.top_completions: list[tuple[float, str]] = []  # the latest step's, for the checker alarm
         self.engine = build_engine(config, self.world, self.device, self.model, self.tokenizer, self.agent,
                                    self.train_prompts)  # None: the own sampler, on the policy itself
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
-        )
+        self.autocast = gpu_autocast(self.device)
         self.draft = config  # the config as the pre-flight check samples with it, before what it fits
         if preflight_may_change(config, fit=self.fit_token_limit):  # settled in train(), after the check
             # until then the sides are the check's, with no prompt sampler (it draws its own prompts)

@@ -339,10 +339,18 @@ def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None
     cfg = learner.config
     n_groups = rollout.completion_ids.shape[0] // cfg.group_size
     part = micro_batches(cfg, rollout, torch.arange(n_groups))[0].select(rollout)
-    start = time.perf_counter()
-    with learner.autocast:
+    start = gpu_clock()
+    with learner.autocast:  # as micro_step calls it: under FSDP no shared prefix (its calls vary by rank)
         logp, _ = learner.policy(rollout_logprobs, part, learner.tokenizer.pad_token_id,
-                                 temperature=cfg.temperature, checkpoint_layers=cfg.gradient_checkpointing)
+                                 temperature=cfg.temperature, checkpoint_layers=cfg.gradient_checkpointing,
+                                 share_prefix=not learner.world.fsdp)
     (logp.float() * part.mask).sum().backward()
     learner.optimizer.zero_grad(set_to_none=True)
-    return (time.perf_counter() - start) / max(float(part.mask.sum()), 1.0)
+    return (gpu_clock() - start) / max(float(part.mask.sum()), 1.0)
+
+
+def gpu_clock() -> float:
+    """time.perf_counter once the GPU has run what was queued (kernels run after the host queues them)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()

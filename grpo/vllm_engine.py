@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from grpo.models import adapter_rank, base_weights
 from grpo.rollout import Rollout, end_of_turn_ids
+from grpo.vllm_device import EngineError, check_room, engine_dtype
 
 WORKER = Path(__file__).parent / "vllm_side" / "grpo_vllm_worker.py"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -65,10 +66,6 @@ BUCKET_MB = 1024.0  # a full push's buffer in shared memory holds this much of t
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep mode frees, by the tags its wake_up takes
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
 INSTALL_HINT = "run `make vllm` (builds .venv-vllm) or `pip install vllm`, or point --vllm-python at a Python that has it"
-
-
-class EngineError(RuntimeError):
-    """The vLLM engine could not start or failed; the message is one line that says what to do."""
 
 
 def find_python(configured: str = "") -> str:
@@ -145,7 +142,7 @@ class VLLMEngine:
         positions = getattr(getattr(model, "config", None), "max_position_embeddings", None) or max_model_len
         self.max_model_len, self.extra = min(max_model_len, int(positions)), extra or {}
         self.stops = end_of_turn_ids(model, tokenizer)
-        self.dtype = "bfloat16" if next(model.parameters()).device.type == "cuda" else "float32"
+        self.dtype = engine_dtype(next(model.parameters()).device)
         self.dir = Path(tempfile.mkdtemp(prefix="grpo-vllm-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
         self.log = Path(tempfile.mkstemp(prefix="grpo-vllm-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
@@ -169,7 +166,9 @@ class VLLMEngine:
         self._say(f"vLLM: starting, which may take minutes (limit {limit} s; log: {self.log})", flush=True)
         folder, model = self.dir / "model", self._model
         base = model.get_base_model() if self.lora_rank else model  # the config vLLM loads: the base's
-        _write_model(folder, base, base_weights(model, self._state))
+        weights = base_weights(model, self._state)
+        check_room(self.dir, sum(t.nbytes for t in _distinct(weights).values()), "the weights vLLM loads")
+        _write_model(folder, base, weights)
         self.tokenizer.save_pretrained(folder)
         address, key = str(self.dir / "socket"), secrets.token_bytes(32)
         # not torchrun's variables: vLLM sets up torch.distributed for itself, and an inherited rank, world
@@ -190,6 +189,7 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _shutdown, self.dir, [self.proc])
         self.conn = self._connect(address, key, deadline)
         self._call({"model": str(folder), "tokenizer": str(folder), "dtype": self.dtype, "seed": self.seed,
+                    "cpu": self.cuda_device is None,
                     "memory": self.memory, "lora_rank": _vllm_lora_rank(self.lora_rank),
                     "max_model_len": self.max_model_len, "sleep": self.sleep_mode, "extra": self.extra},
                    deadline=deadline)

@@ -108,7 +108,7 @@ CASES = {
     "output below a file": (["--output", "not-a-run/notes.txt/run"], "output not-a-run/notes.txt/run cannot be a directory: not-a-run/notes.txt is a file"),
     "weights without rewards": (["--reward-weights", "1.0", "2.0"], "reward_weights has 2 entries but rewards has 0"),
     "unknown engine": (["--engine", "sglang"], "engine must be one of own, vllm, got 'sglang'"),
-    "vllm memory above 1": (["--engine", "vllm", "--vllm-memory", "1.5"], "vllm_memory must be in (0, 1], got 1.5"),
+    "vllm memory above 1": (["--engine", "vllm", "--vllm-memory", "1.5"], "vllm_memory must be in [0, 1] (0: sized for the run), got 1.5"),
     "vllm without its Python": (["--engine", "vllm", "--vllm-python", "./no-such-python"],
                                 "--engine vllm: no Python at ./no-such-python; run `make vllm`"),
     "vllm not installed": (["--engine", "vllm", "--vllm-python", sys.executable],

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 from conftest import make_model, make_tokenizer
 
 from grpo.config import ConfigError, TrainConfig
@@ -312,7 +313,7 @@ def test_grpo_eval_of_a_runs_model_runs_its_episodes_in_the_runs_chat_template(t
     monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     monkeypatch.setattr("grpo.models.load_policy",
-                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": None})())
+                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity()})())
     with pytest.raises(SystemExit):
         main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4", "--samples", "0"])
     assert seen["agent"].prompt_format.template == OTHER_TEMPLATE  # the openings as training rendered them

@@ -331,7 +331,7 @@ def test_the_weight_push_buffer_counts_against_host_memory_only():
     run = dataclasses.replace(RUN, engine="vllm", vllm_bucket_mb=1.0, preflight_rows=0)
     for kind in ("cpu", "cuda"):
         pred = predict(TINY, run, Device(kind, total=2**30))
-        assert pred.others["push_buffer"] == 2**20
+        assert {**pred.others, **pred.host}["push_buffer"] == 2**20  # on a GPU run, among the host terms
         own = max(pred.peak, pred.reserved)
         assert "warning" not in memory_line(pred, own + 2**20)
         assert ("warning" in memory_line(pred, own)) == (kind == "cpu")
@@ -426,3 +426,4 @@ def test_gpu_page_figures_are_what_the_model_predicts():
     assert (f"(the update alone {gb(lora.phases['the update'])} GB, {gb(lora_plain.phases['the update'])} GB "
             f"without checkpointing)") in page
     assert f"{full.terms['activations'] / 1e9:.2f} GB;" in page  # the checkpointed activations' sum
+    assert f"with {gb(sum(lora.host.values()))} GB of host memory beside it" in page

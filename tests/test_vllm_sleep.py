@@ -166,7 +166,7 @@ def _starting(tmp_path, monkeypatch, announce: bool, ready: bool) -> VLLMEngine:
 
     for name in ("_write_model", "_shutdown"):  # no model files; no process group to end
         monkeypatch.setattr(ve, name, lambda *a: None)
-    monkeypatch.setattr(ve, "base_weights", lambda *a: None)
+    monkeypatch.setattr(ve, "base_weights", lambda *a: {})  # no weights: nothing to check room for
     monkeypatch.setattr(ve.subprocess, "Popen", lambda *a, **k: type("Worker", (), {"pid": -1})())
     engine = VLLMEngine.__new__(VLLMEngine)
     engine._say = print if announce else lambda text, **_: None

@@ -214,8 +214,10 @@ def _check_eval_size(args: argparse.Namespace) -> None:
         raise ConfigError(f"--eval-size must be positive, got {args.eval_size}")
 
 
-def _start_line(args: argparse.Namespace, prompts: int, limit: int) -> str:
-    """The line on stderr before the bar: what the evaluation will score."""
+def _start_line(args: argparse.Namespace, prompts: int, limit: int) -> str | None:
+    """The line on stderr before the bar: what the evaluation will score (None: no bar)."""
+    if args.no_progress:
+        return None
     sampled = f" then {args.samples} samples each" if args.samples else ""
     return f"grpo eval: {prompts} held-out prompts, greedy{sampled}, at most {limit} tokens a completion"
 
@@ -227,7 +229,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.episodes import make_agent
     from grpo.evaluate import evaluate
     from grpo.models import check_model, load_policy
-    from grpo.process import pick_device
+    from grpo.process import gpu_autocast, pick_device
     from grpo.progress import eval_progress
     from grpo.prompts import run_prompts, run_task, settle_format
     from grpo.rewards import combine_rewards
@@ -245,11 +247,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     task = _eval_task(args, config)
     given_reward = _eval_reward(args, task)  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
-    policy = load_policy(args.model, device=device)
+    policy = load_policy(args.model, device="cpu")  # on the CPU until the reward and tool workers have forked (no CUDA yet)
     _, shaped = settle_format(config, policy.tokenizer)
     task = run_task(shaped, task=task)
-    # in worker processes with a time limit, as in training: a checker that hangs on one completion scores
-    # it 0 rather than hanging the evaluation
+    # in workers with a time limit, as in training: a checker that hangs on a completion scores it 0
     reward = combine_rewards([given_reward or task.reward], workers=2, timeout=args.reward_timeout)
     prompts = run_prompts(policy.tokenizer, task, shaped, task.heldout)
     limit = (args.max_new_tokens or _run_token_limit(args.model)
@@ -260,9 +261,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=shaped.prompt_format,
                                          chat_template=shaped.chat_template, **same), task)
     agent, toolbox = make_agent(episodes, task, policy.tokenizer)
-    said = None if args.no_progress else _start_line(args, len(prompts), limit)
+    policy.model.to(device)
+    said = _start_line(args, len(prompts), limit)
     try:  # greedy, then the samples: each pass advances the bar by every prompt
-        with eval_progress((2 if args.samples else 1) * len(prompts), said) as advance:
+        with eval_progress((2 if args.samples else 1) * len(prompts), said) as advance, gpu_autocast(device):
             result = evaluate(policy.model, policy.tokenizer, prompts, task.heldout, reward,
                               max_new_tokens=limit, samples=args.samples, ks=args.k,
                               temperature=args.temperature, stop_strings=shaped.stop,

@@ -87,10 +87,12 @@ def engine_options(settings: dict) -> dict:
         gpu_memory_utilization=settings["memory"], enable_prefix_caching=True,
         logprobs_mode="processed_logprobs",
         worker_extension_cls="grpo_vllm_worker.WeightLoader", max_model_len=settings["max_model_len"],
-        # every prompt of a batch prefilled in one step: vLLM rewinds the random generator of a request whose
-        # prefill was split across steps, which its CPU generators cannot do ("does not use offset")
-        max_num_batched_tokens=65536,
     )
+    if settings.get("cpu", True):
+        # every prompt of a batch prefilled in one step: vLLM rewinds the random generator of a request whose
+        # prefill was split across steps, which its CPU generators cannot do ("does not use offset"); not on
+        # a GPU, where it would make vLLM profile a 65k-token forward and leave little room for its KV cache
+        kwargs["max_num_batched_tokens"] = 65536
     if settings["lora_rank"]:
         kwargs.update(enable_lora=True, max_lora_rank=settings["lora_rank"], max_loras=1)
     if settings.get("sleep"):
