@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from grpo.algorithm import adapted_temperature, group_advantages
 from grpo.batch import Batch, leave_out_errored
-from grpo.config import TrainConfig, settle_config
+from grpo.config import USER_SOURCES, TrainConfig, settle_config
 from grpo.distributed import World, full_state_dict, init_world
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
@@ -115,11 +115,11 @@ class GRPOTrainer:
         config = run.config
         # the resolved task, with its few-shot examples and r1-zero's reward
         self.task = format_task(run.task, config)
+        self.sources = dict(run.sources)  # where each value came from (config.json); the pre-flight's added
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
-        self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
-        self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
-        self.auto_alarm_window = config.alarm_window == 0
-        config = settle_config(config, self.task)
+        self.fit_token_limit = self.sources.get("max_new_tokens") == "default"
+        self.tuned_token_limit = self.sources.get("max_new_tokens") in ("task", "data")
+        self.auto_alarm_window = self.sources.get("alarm_window") == "default"
         # the given tools and environment, else those the config's files hold (imported once, by resolve_run)
         tools, env = tools if tools is not None else run.tools, env or run.env
         self.reward_fns, self.score, self.checker = build_scorer(config, self.task, run.rewards, env)
@@ -256,13 +256,14 @@ class GRPOTrainer:
         start = time.perf_counter()
         preflight, changes = (None, {}) if resume or self.draft.preflight == "off" else self._preflight()
         if self.config is None:  # the check could change it: settled now, once, with what it fitted and adapted
+            self.sources.update(dict.fromkeys(changes, "preflight"))
             self._settle(replace(self.draft, **changes))
         elif changes and self.world.is_main:  # step() ran by hand first, with the config as given: kept
             print(f"pre-flight: {sorted(changes)} not adopted: steps already ran with the config as given", flush=True)
         state = self._resume(run_dir) if resume else RunState.start(self.config,
                                                                     auto_alarm_window=self.auto_alarm_window)
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
-                       explain={"checker_suspected": self._top_completions})
+                       explain={"checker_suspected": self._top_completions}, sources=self.sources)
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
@@ -359,7 +360,9 @@ class GRPOTrainer:
         report = run_preflight(self.sampling, self.learner, fit=self.fit_token_limit,
                                tuned_limit=self.tuned_token_limit)
         self.memory = report.memory
-        return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit)
+        adaptable = [name for name in ("max_gen_rounds", "group_size") if self.sources.get(name) not in USER_SOURCES]
+        return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit,
+                                         adaptable=adaptable)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""
