@@ -43,7 +43,7 @@ def refuse_unbuilt(config: TrainConfig, processes: int, *, adapter: bool, turns:
     """Raise ConfigError, naming the options, for a combination that is not built. ``turns``: the episodes
     take turns (tools or an environment, the task's own included); ``chat``: whether the model's files hold
     a chat template (None: they do not tell before loading; the trainer's format then decides)."""
-    chat = chat or bool(config.chat_template)
+    chat = True if config.chat_template else chat
     fmt = "plain" if config.prompt_format == "auto" and chat is False else config.prompt_format
     if fmt in ("plain", "r1-zero") and (turns or config.env or config.tools not in ("", "none")):
         raise ConfigError(TURNS_NEED_CHAT.format(fmt=fmt))

@@ -53,8 +53,9 @@ READERS: dict[str, tuple[str, ...]] = {"ratio_cap": ("dppo_tv", "dppo_kl"), "sap
                                        "sapo_tau_neg": ("sapo",)}
 SCALED = ("grpo", "passk")  # the estimators that read scale
 
-# Where a resolved value came from (config.json's "sources"): what the user gave, then what filled the rest.
-USER_SOURCES = ("cli", "file", "python")
+# Where a resolved value came from (config.json's "sources"): what the user gave (resume: on the command
+# line that resumed the run), then what filled the rest.
+USER_SOURCES = ("cli", "file", "python", "resume")
 SOURCES = (*USER_SOURCES, "task", "data", "objective", "preflight", "memory", "default")
 
 

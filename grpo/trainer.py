@@ -370,6 +370,8 @@ class GRPOTrainer:
         if self.engine is not None:  # collective under FSDP
             self.engine.push(self.model, full_state_dict(self.model, self.world))
         state = RunState.resumed(saved, self.config)
+        if self.sources.get("minutes") == "resume":  # --minutes given on resume: that long from now
+            state.train_seconds = 0.0
         if state.temperature:  # temperature_target's, where the run stopped
             self._set_temperature(state.temperature)
         return state

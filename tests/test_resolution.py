@@ -238,3 +238,89 @@ def test_refused_before_anything_loads_through_the_cli_and_python(options, line,
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
     assert time.perf_counter() - start < 5
     assert not (tmp_path / "run").exists() and not (tmp_path / "run2").exists()
+
+
+# ---- config.json: each value's source ----
+
+def _tiny_run(tmp_path, name, config, *, memory=None, monkeypatch=None):
+    """A one-step run of the tiny model; its config.json."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.process import setup_process
+    from grpo.setup import check_before_loading
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    setup_process(config)
+    run = resolve_run(config, model=model, processes=1)
+    if memory is not None:  # what the check before loading adapts, as on a machine short of memory
+        monkeypatch.setattr("grpo.memory_check.adapt_to_memory", lambda *a, **k: (memory, None))
+        run = check_before_loading(run, 1)
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    try:
+        trainer.train(tmp_path / name)
+    finally:
+        trainer.close()
+    return json.loads((tmp_path / name / "config.json").read_text())
+
+
+TINY = dict(steps=1, prompts_per_step=2, group_size=2, eval_size=2, eval_every=-1, device="cpu", save_model=False,
+            reward_workers=0, max_gen_rounds=1, preflight_prompts=2, eval_subset=2, eval_train=0)
+
+
+@pytest.mark.model
+def test_config_json_says_where_each_value_came_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    plain = _tiny_run(tmp_path, "default", TrainConfig(**TINY, preflight="off"))
+    sources = plain["sources"]
+    assert set(sources) == set(plain) - {"sources"}  # every option
+    assert sources["steps"] == sources["group_size"] == "python" and sources["objective"] == "default"
+    assert (sources["clip_low"], sources["aggregate"], sources["max_new_tokens"]) == ("objective", "objective", "task")
+    assert (sources["lr"], plain["lr"], sources["alarm_window"]) == ("default", 3e-5, "default")
+
+    data = _tiny_run(tmp_path, "data", TrainConfig(**TINY, data="examples/subtract.jsonl", preflight="warn"))
+    assert data["sources"]["max_new_tokens"] == "preflight" and data["max_new_tokens"] <= 256  # fitted
+    assert (data["sources"]["lr"], data["lr"], data["sources"]["sampler"]) == ("data", 1e-5, "data")
+    assert data["sources"]["data"] == "python"
+
+    adapted = _tiny_run(tmp_path, "memory", TrainConfig(**TINY, preflight="off"), memory={"micro_batch_tokens": 512},
+                        monkeypatch=monkeypatch)
+    assert adapted["micro_batch_tokens"] == 512 and adapted["sources"]["micro_batch_tokens"] == "memory"
+    assert adapted["sources"]["eval_batch_size"] == "default"
+
+
+@pytest.mark.model
+def test_the_docs_resume_example_trains_on_to_its_new_limit_after_a_budget_stop(tmp_path, capsys):
+    """docs/checkpoints.md: `grpo train --resume runs/<run> --steps 60` runs on to step 60. A run stopped
+    by its time budget, resumed with --steps, trains to that step (the saved seconds used to count against
+    the old budget, and it stopped again after one step); --minutes on resume is that long from the resume."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.cli.train import _resume_config
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    def run(config, *, resumed=None):
+        tokenizer = make_tokenizer()
+        setup_process(config)
+        model = make_model(len(tokenizer), seed=3)
+        trainer = GRPOTrainer(resolve_run(config, model=model, processes=1, resumed=resumed), model=model,
+                              tokenizer=tokenizer, progress=False)
+        try:
+            return trainer.train(tmp_path / "run", resume=resumed is not None)
+        finally:
+            trainer.close()
+
+    first = run(TrainConfig(**{**TINY, "steps": 3, "minutes": 1e-6, "preflight": "off", "save_every": 1,
+                          "early_stop": False}))
+    assert first["steps"] == 1 and first["out_of_time"]
+    args = build_parser().parse_args(["train", "--resume", str(tmp_path / "run"), "--steps", "4"])
+    config, _, sources = _resume_config(args)
+    assert (config.steps, config.minutes, sources["steps"]) == (4, 0.0, "resume")
+    resumed = run(config, resumed=sources)
+    assert resumed["steps"] == 4 and not resumed["out_of_time"]
+    args = build_parser().parse_args(["train", "--resume", str(tmp_path / "run"), "--steps", "6", "--minutes", "5"])
+    config, _, sources = _resume_config(args)
+    last = run(config, resumed=sources)
+    assert last["steps"] == 6, {k: last[k] for k in ("out_of_time", "stopped_early", "steps_planned", "minutes")}  # 5 minutes from the resume: room for two tiny steps

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from grpo.setup import RunSetup
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
-# processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
+# processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths. --steps N trains on
+# to step N (without --minutes, no time limit); --minutes M trains M more minutes from the resume.
 RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
              "eval_batch_size", "save_model", "device", "threads", "fsdp", "vllm_sleep", "vllm_memory",
              "vllm_bucket_mb")
@@ -69,12 +70,14 @@ def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, dict[st
     if fixed:
         allowed = ", ".join(flag(k) for k in RESUMABLE)
         raise ConfigError(f"{flag(fixed[0])} cannot change when resuming (only {allowed} can)")
+    if "steps" in given and "minutes" not in given:  # a run that names its steps runs them all, resumed too
+        given["minutes"] = 0.0
     saved = read_meta(path)
     kept = {k: v for k, v in saved["config"].items() if k != "set_by_user"}  # a record older runs kept
     config = TrainConfig.from_dict({**kept, **given})
     if config.steps < saved["step"]:
         raise ConfigError(f"--steps {config.steps} is below the step of the latest checkpoint ({saved['step']})")
-    return config, run_dir, {**saved_sources(run_dir), **dict.fromkeys(given, "cli")}
+    return config, run_dir, {**saved_sources(run_dir), **dict.fromkeys(given, "resume")}
 
 
 def saved_sources(run_dir: Path) -> dict[str, str]:
