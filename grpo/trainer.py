@@ -25,7 +25,7 @@ own, keyed by its place in the run, not by the process (grpo/distributed.py, grp
 does not depend on the world size W.
 
 Process-wide settings (seeds, threads, the allocator) are not the trainer's: call
-:func:`grpo.process.setup_process` first, as :func:`train` and the CLI do.
+:func:`grpo.process.setup_process` first, as :func:`grpo.train` (grpo/api.py) and the CLI do.
 """
 
 from __future__ import annotations
@@ -52,23 +52,20 @@ from grpo.interrupt import StopRequests
 from grpo.memory_check import say_measured_memory
 from grpo.models import save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
-from grpo.process import pick_device, setup_process
+from grpo.process import pick_device
 from grpo.prompts import format_task, run_prompts, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler, make_sampler
 from grpo.screen import Screen, make_screen
 from grpo.setup import (
-    RewardFn,
     RunSetup,
     build_engine,
     build_policy,
     build_scorer,
-    check_before_loading,
     default_run_dir,
     load_model,
     preflight_may_change,
     preflight_verdict,
-    resolve_run,
 )
 from grpo.sides import Learner, Sampling
 from grpo.source import batch_source
@@ -81,10 +78,9 @@ from grpo.step_metrics import (
     step_record,
     write_samples,
 )
-from grpo.tasks import Task
 from grpo.update import StepStats, learning_rate, reference_logprobs, update
 
-__all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "train"]
+__all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config"]
 
 
 class GRPOTrainer:
@@ -387,29 +383,3 @@ class GRPOTrainer:
         shown = "; ".join(f"{r:.2f} for {text!r}" for r, text in self.top_completions)
         return f"; top-scoring completions: {shown}" if shown else ""
 
-
-def train(
-    config: TrainConfig | None = None,
-    *,
-    model: nn.Module | None = None,
-    tokenizer: object | None = None,
-    task: Task | None = None,
-    rewards: Sequence[RewardFn | str] | None = None,
-    run_dir: str | Path | None = None,
-    progress: bool = True,
-    tools: Sequence[Callable] | None = None,
-    env: Callable | None = None,
-    **overrides: object,
-) -> dict:
-    """Python entry point: ``grpo.train(TrainConfig(steps=10), rewards=[my_reward])``; ``tools=[fn, ...]``
-    or ``env=MyEnv`` (a class or factory: one environment per episode) make the episodes multi-turn."""
-    config = replace(config or TrainConfig(), **overrides)
-    setup_process(config)
-    run = resolve_run(config, task=task, rewards=rewards, model=model)  # refused here, before anything loads
-    if model is None:  # the memory check before loading, as grpo train's (a model given is loaded already)
-        run = check_before_loading(run, 1)
-    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=progress, tools=tools, env=env)
-    try:
-        return trainer.train(Path(run_dir) if run_dir is not None else None)
-    finally:
-        trainer.close()

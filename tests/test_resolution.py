@@ -324,3 +324,34 @@ def test_the_docs_resume_example_trains_on_to_its_new_limit_after_a_budget_stop(
     config, _, sources = _resume_config(args)
     last = run(config, resumed=sources)
     assert last["steps"] == 6, {k: last[k] for k in ("out_of_time", "stopped_early", "steps_planned", "minutes")}  # 5 minutes from the resume: room for two tiny steps
+
+
+# ---- grpo train --dry-run ----
+
+def _dry_run(argv, capsys, monkeypatch):
+    from grpo.cli import main
+
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    code = main(["train", "--dry-run", *argv])
+    return code, capsys.readouterr()
+
+
+def test_dry_run_prints_the_resolved_configuration_with_sources(capsys, monkeypatch, nothing_loads):
+    code, out = _dry_run([], capsys, monkeypatch)
+    lines = out.out.splitlines()
+    assert code == 0 and len([line for line in lines if line.endswith(")")]) == len(option_fields())
+    assert any(line.split() == ["max_new_tokens", "12", "(task)"] for line in lines)
+    assert any(line.split() == ["clip_high", "0.28", "(objective)"] for line in lines)
+    # the page's example, line for line (docs/settings.md)
+    code, out = _dry_run(["--data", "examples/subtract.jsonl", "--objective", "gmpo", "--clip-low", "0.2"],
+                         capsys, monkeypatch)
+    page = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "settings.md").read_text()
+    shown = page.split("defaults:\n\n```\n", 1)[1].split("```", 1)[0].splitlines()
+    assert code == 0 and shown and all(line in out.out.splitlines() for line in shown)
+    assert not any(line.endswith("(default)") for line in shown)
+
+
+def test_dry_run_of_a_refused_combination_is_its_line_and_exit_2(capsys, monkeypatch, nothing_loads):
+    code, out = _dry_run(["--task", "calc", "--prompt-format", "plain"], capsys, monkeypatch)
+    assert code == 2 and out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith("grpo train: error: prompt format plain writes one question")
