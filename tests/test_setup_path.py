@@ -29,14 +29,14 @@ def test_the_memory_check_before_loading_sees_the_task_as_the_trainer_formats_it
 
     seen = {}
 
-    def stop(config: TrainConfig, task, nproc: int) -> TrainConfig:
-        seen["defaults"], seen["reward"] = dict(task.defaults), task.reward
+    def stop(config: TrainConfig, task, nproc: int, adaptable=()) -> dict:
+        seen["defaults"], seen["reward"], seen["limit"] = dict(task.defaults), task.reward, config.max_new_tokens
         raise SystemExit(0)
 
     monkeypatch.setattr("grpo.memory_check.check_memory", stop)
     with pytest.raises(SystemExit):
         main(["train", "--task", "add", "--prompt-format", "r1-zero", "--steps", "1"])
-    assert "max_new_tokens" not in seen["defaults"]
+    assert "max_new_tokens" not in seen["defaults"] and seen["limit"] == 256  # resolved as the trainer runs it
     assert getattr(seen["reward"], "r1_zero", False)
     formatted = format_task(get_task("add"), TrainConfig(prompt_format="plain"))
     assert formatted.defaults.get("max_new_tokens") == 12  # the plain format keeps it: the test tells them apart
