@@ -12,7 +12,7 @@ from grpo.config import TrainConfig
 _LAZY = {
     "GRPOTrainer": "grpo.trainer",
     "resolve_run": "grpo.setup",
-    "train": "grpo.trainer",
+    "train": "grpo.api",
     "setup_process": "grpo.process",
     "load_policy": "grpo.models",
     "load_task": "grpo.tasks",

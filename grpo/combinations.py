@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from grpo.config import ConfigError, TrainConfig
+from grpo.models import is_adapter_folder
 
 ASYNC_TORCHRUN = "async_lag under torchrun is not built: sample ahead with one process, or drop --async-lag"
 ASYNC_VLLM_LORA = ("async_lag with --engine vllm and LoRA is not built: use the own engine, or full fine-tuning "
@@ -18,6 +19,10 @@ ASYNC_VLLM_LORA = ("async_lag with --engine vllm and LoRA is not built: use the 
 VLLM_FSDP_LORA = ("engine vllm with LoRA under FSDP is not built: drop --fsdp (each process holds the whole model; "
                   "LoRA: --lora-rank, or an adapter folder as --model)")
 
+ADAPTER_AND_LORA = ("the model is a LoRA adapter already (an adapter folder as --model trains it on): "
+                    "drop --lora-rank")
+NO_CHAT_TEMPLATE = ("prompt_format chat: the model's tokenizer has no chat template; use --prompt-format "
+                    "plain or r1-zero (base models), or give --chat-template FILE")
 TURNS_NEED_CHAT = ("prompt format {fmt} writes one question and one answer; episodes with tools or an environment "
                    "take turns, which need a chat template: a model that has one, or --chat-template FILE")
 
@@ -30,16 +35,22 @@ def world_size(nproc: int = 1) -> int:
 
 def config_trains_adapter(config: TrainConfig) -> bool:
     """Whether the run will train an adapter, known before the model loads."""
-    from grpo.models import is_adapter_folder
-
     return config.lora_rank > 0 or is_adapter_folder(config.model)
 
 
-def refuse_unbuilt(config: TrainConfig, processes: int, *, adapter: bool) -> None:
-    """Raise ConfigError, naming the options, for a combination that is not built."""
-    if config.prompt_format in ("plain", "r1-zero") and (config.env or config.tools not in ("", "none")):
-        # a task's own tools are known once it loads: grpo.episodes.make_agent refuses those
-        raise ConfigError(TURNS_NEED_CHAT.format(fmt=config.prompt_format))
+def refuse_unbuilt(config: TrainConfig, processes: int, *, adapter: bool, turns: bool = False,
+                   chat: bool | None = None) -> None:
+    """Raise ConfigError, naming the options, for a combination that is not built. ``turns``: the episodes
+    take turns (tools or an environment, the task's own included); ``chat``: whether the model's files hold
+    a chat template (None: they do not tell before loading; the trainer's format then decides)."""
+    chat = True if config.chat_template else chat
+    fmt = "plain" if config.prompt_format == "auto" and chat is False else config.prompt_format
+    if fmt in ("plain", "r1-zero") and (turns or config.env or config.tools not in ("", "none")):
+        raise ConfigError(TURNS_NEED_CHAT.format(fmt=fmt))
+    if fmt == "chat" and chat is False:
+        raise ConfigError(NO_CHAT_TEMPLATE)
+    if config.lora_rank > 0 and is_adapter_folder(config.model):
+        raise ConfigError(ADAPTER_AND_LORA)
     if config.async_lag and processes > 1:
         raise ConfigError(ASYNC_TORCHRUN)
     if config.engine == "vllm" and adapter and config.async_lag:

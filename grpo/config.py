@@ -51,6 +51,17 @@ RECOMMENDED: dict[str, Recommended] = {
 }
 
 
+# The options an objective or estimator reads, with who reads them: given for another, they are refused.
+READERS: dict[str, tuple[str, ...]] = {"ratio_cap": ("dppo_tv", "dppo_kl"), "sapo_tau_pos": ("sapo",),
+                                       "sapo_tau_neg": ("sapo",)}
+SCALED = ("grpo", "passk")  # the estimators that read scale
+
+# Where a resolved value came from (config.json's "sources"): what the user gave (resume: on the command
+# line that resumed the run), then what filled the rest.
+USER_SOURCES = ("cli", "file", "python", "resume")
+SOURCES = (*USER_SOURCES, "task", "data", "objective", "preflight", "memory", "default")
+
+
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the field."""
 
@@ -156,7 +167,6 @@ class TrainConfig:
     no_signal_steps: int = field(**_doc("steps in a row in which under a quarter of the batch had rewards that vary before the no-signal alarm fires", default=5))
     preflight: str = field(**_doc("before the first step, sample the starting model on a few training prompts and report pass rate, groups that vary, truncation, lengths and reward errors: on (stop when no group varies, warn otherwise), warn (never stop), strict (stop on any problem), off", default="on"))
     adapt: bool = field(**_doc("under --minutes, when the pre-flight check finds fewer than 10 steps fit, change what the user did not set, in order, until they do: a lower max_new_tokens (what a correct answer needs), fewer max_gen_rounds, a smaller group_size (not below 4); and, before the weights load, when the predicted memory peak exceeds what is free (grpo/memory.py), a lower micro_batch_tokens, then gradient checkpointing, then a smaller eval_batch_size; each change printed and kept in config.json", default=True))
-    set_by_user: tuple[str, ...] = field(**_doc("options the step budget leaves alone (grpo train fills in those given on the command line or in a config file)", default=()))
     preflight_prompts: int = field(**_doc("training prompts the pre-flight check samples (a group of group_size each)", default=16))
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     engine: str = field(**_doc("what samples the rollouts: own (this package's sampler, on the policy itself) or vllm (a vLLM engine in a process of its own, weights synced after every optimiser step; `make vllm` installs it)", default="own"))
@@ -172,14 +182,24 @@ class TrainConfig:
     max_bad_steps: int = field(**_doc("stop after this many consecutive steps with a NaN/inf loss or gradient (their updates are skipped)", default=5))
     fsdp: bool = field(**_doc("under torchrun, shard parameters, gradients and optimiser state with FSDP2 instead of keeping a whole copy per process", default=False))
     save_model: bool = field(**_doc("write the final model as a Hugging Face folder into the run directory", default=True))
+    given: frozenset[str] | None = field(default=None, compare=False, repr=False, metadata={
+        "help": "the options given (to the constructor, on the command line, in a config file); filled on "
+                "construction, not an option", "internal": True})
+
+    def __new__(cls, *args: object, **kwargs: object) -> TrainConfig:
+        # the one place that sees which options were given: the generated __init__ fills the rest with defaults
+        self = super().__new__(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        object.__setattr__(self, "_passed", frozenset(names[:len(args)]) | frozenset(kwargs))
+        return self
 
     def __post_init__(self) -> None:
+        self._record_given()
         self._check_ranges()
         if self.group_size < 2:
             raise ConfigError(f"group_size must be at least 2 (advantages compare samples within a group), got {self.group_size}")
         self._apply_batch_size()
         self._check_choices()
-        self._apply_objective_defaults()
         self._check_objective()
         self._check_consistency()
 
@@ -225,13 +245,16 @@ class TrainConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 
-    def _apply_objective_defaults(self) -> None:
-        """clip_low, clip_high and aggregate the user left at ppo's defaults take the objective's
-        recommended values (grpo/objectives.py RECOMMENDED; the same for ppo)."""
-        recommended = RECOMMENDED[self.objective]
-        for name in ("clip_low", "clip_high", "aggregate"):
-            if name not in self.set_by_user and getattr(self, name) == TrainConfig.__dataclass_fields__[name].default:
-                object.__setattr__(self, name, getattr(recommended, name))
+    def _record_given(self) -> None:
+        """``given``: the options named to the constructor; through dataclasses.replace (which names every
+        option and passes ``given`` on), those given before and those the replace set away from the default
+        (a value equal to the default given through replace is not told apart: construct the config instead)."""
+        passed = self.__dict__.pop("_passed", frozenset())
+        if self.given is None:
+            given = passed - {"given"}
+        else:
+            given = frozenset(self.given) | {f.name for f in option_fields() if getattr(self, f.name) != f.default}
+        object.__setattr__(self, "given", frozenset(given))
 
     def _check_objective(self) -> None:
         """The objective's and estimator's parameters: in range, and none set that the choice ignores."""
@@ -241,14 +264,9 @@ class TrainConfig:
             raise ConfigError(f"clip_low must be at most 1 for cispo (1: no lower bound), got {self.clip_low}")
         if self.ratio_level != "token" and self.objective != "ppo":
             raise ConfigError(f"ratio_level {self.ratio_level} is ppo's (GSPO); objective {self.objective} works per token")
-        for name, reader in (("ratio_cap", ("dppo_tv", "dppo_kl")), ("sapo_tau_pos", ("sapo",)), ("sapo_tau_neg", ("sapo",))):
+        for name in READERS:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-            if name in self.set_by_user and self.objective not in reader:
-                raise ConfigError(f"{name} is read by objective {' or '.join(reader)} only (objective is {self.objective})")
-        if "scale" in self.set_by_user and self.advantage_estimator not in ("grpo", "passk"):
-            raise ConfigError(f"scale is read by the grpo and passk estimators only; {self.advantage_estimator} "
-                              "has its own normalisation")
         if self.tis_low < 0 or (self.tis_low and self.tis_cap and self.tis_low >= self.tis_cap):
             raise ConfigError(f"tis_low must lie in [0, tis_cap), got {self.tis_low}")
         if self.tis_low and self.tis_mode != "mask":
@@ -304,11 +322,11 @@ class TrainConfig:
         return self.prompts_per_step * self.group_size
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: _plain(getattr(self, f.name)) for f in option_fields()}
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in option_fields()}
         unknown = sorted(set(values) - known)
         if unknown:
             import difflib
@@ -326,33 +344,78 @@ class TrainConfig:
         return cls(**clean)
 
 
-def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
-    """Fill the fields left at 0 ("automatic"): the task's tuned settings, else general defaults.
+def option_fields() -> tuple[dataclasses.Field, ...]:
+    """TrainConfig's options: every field but the record of which were given."""
+    return tuple(f for f in dataclasses.fields(TrainConfig) if not f.metadata.get("internal"))
 
-    A task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
-    """
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def automatic(config: TrainConfig, name: str) -> bool:
+    """Whether ``name`` is left for the run to fill: not given, or given as its documented "automatic"
+    value (0 or the empty string where that is the default). minutes' 0 is a value: no time limit."""
+    if name not in config.given:
+        return True
+    default = TrainConfig.__dataclass_fields__[name].default
+    value = getattr(config, name)
+    return name != "minutes" and not isinstance(value, bool) and value in (0, "") and value == default
+
+
+def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, str] | None = None
+                   ) -> tuple[TrainConfig, dict[str, str]]:
+    """The one rule that fills what the user did not give, and where each value came from.
+
+    ``config.given`` is what the user gave (``origin`` says where: cli or file; python where it says
+    nothing); it stands. What was not given comes, in order, from the objective's recommended settings
+    (RECOMMENDED), the task's tuned settings (a --data file's: ``data``), then the general defaults. A
+    task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
+    Refuses, naming it, a given option that the chosen objective or estimator does not read."""
+    refuse_unread(config)
+    origin = origin or {}
+    sources = {f.name: origin.get(f.name, "python") if f.name in config.given else "default" for f in option_fields()}
+    if "batch_size" in config.given:  # the other way to give prompts_per_step
+        sources["prompts_per_step"] = sources["batch_size"]
     values: dict[str, object] = {}
+
+    def fill(name: str, value: object, source: str) -> None:
+        if automatic(config, name) and name not in values:
+            values[name], sources[name] = value, source
+
+    recommended = RECOMMENDED[config.objective]
+    for name in ("clip_low", "clip_high", "aggregate"):
+        if name not in config.given:
+            values[name], sources[name] = getattr(recommended, name), "objective"
     for name, value in task.defaults.items():
-        current = getattr(config, name)
-        if not isinstance(current, bool) and current in (0, ""):
-            values[name] = value
-    if config.steps:
-        values.pop("minutes", None)
-    if not values.get("max_new_tokens", config.max_new_tokens):
-        values["max_new_tokens"] = DATA_MAX_NEW_TOKENS
-    if not values.get("sampler", config.sampler):
-        values["sampler"] = DEFAULT_SAMPLER
-    if not values.get("lr", config.lr):
-        values["lr"] = DEFAULT_LR
-    steps = values.setdefault("steps", config.steps or DEFAULT_STEPS)
+        if not (name == "minutes" and not automatic(config, "steps")):
+            fill(name, value, "data" if config.data else "task")
+    fill("max_new_tokens", DATA_MAX_NEW_TOKENS, "default")
+    fill("sampler", DEFAULT_SAMPLER, "default")
+    fill("lr", DEFAULT_LR, "default")
+    fill("steps", DEFAULT_STEPS, "default")
+    current = lambda name: values.get(name, getattr(config, name))  # noqa: E731
     agentic = bool(task.tools or task.env or config.tools or config.env)
-    turns = values.get("max_turns", config.max_turns) or (4 if agentic else 1)
-    values["max_turns"] = turns
-    if not config.max_episode_tokens:
-        values["max_episode_tokens"] = turns * (values.get("max_new_tokens", config.max_new_tokens) + 64)
-    if config.alarm_window == 0:  # the window the run uses (grpo/run_state.py), as config.json shows it
-        values["alarm_window"] = alarm_window_for(planned_steps(steps, values.get("minutes", config.minutes)))
-    return dataclasses.replace(config, **values)
+    fill("max_turns", 4 if agentic else 1, "default")
+    fill("max_episode_tokens", current("max_turns") * (current("max_new_tokens") + 64), "default")
+    # the window the run uses (grpo/run_state.py), as config.json shows it
+    fill("alarm_window", alarm_window_for(planned_steps(current("steps"), current("minutes"))), "default")
+    return dataclasses.replace(config, **values), sources
+
+
+def refuse_unread(config: TrainConfig) -> None:
+    """A given option that the chosen objective or estimator does not read is an error, not ignored."""
+    for name, reader in READERS.items():
+        if name in config.given and config.objective not in reader:
+            raise ConfigError(f"{name} is read by objective {' or '.join(reader)} only (objective is {config.objective})")
+    if "scale" in config.given and config.advantage_estimator not in SCALED:
+        raise ConfigError(f"scale is read by the grpo and passk estimators only; {config.advantage_estimator} "
+                          "has its own normalisation")
+
+
+def settle_config(config: TrainConfig, task: Task) -> TrainConfig:
+    """The config with what was not given filled (:func:`resolve_config`, without the sources)."""
+    return resolve_config(config, task)[0]
 
 
 DEFAULT_LR = 3e-5  # tuned on the embedded model's add task; a task's own setting comes first (a --data file's: 1e-5)

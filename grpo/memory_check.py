@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import ConfigError
 from grpo.memory import Device, ModelShape, Prediction, RunShape, estimate_prompt_tokens, gib, predict
 
 # the option a user changes to shrink each term, for the refusal's line
@@ -218,27 +218,21 @@ def longest_prompt_chars(task: object) -> int:
     return max((sum(len(str(m.get("content", ""))) for m in task.messages(r)) for r in rows), default=0)
 
 
-def check_memory(config: object, task: object, world: int) -> object:
-    """The check before the weights load (see the module doc): the config with what it adapted.
-    A model whose config cannot be read cheaply is not checked (said once)."""
-    from grpo.config import settle_config
-
+def check_memory(config: object, task: object, world: int, adaptable: Collection[str] = ()) -> dict[str, object]:
+    """The check before the weights load (see the module doc) on the resolved config: what it adapted, of
+    the ``adaptable`` options (those the user did not give). A model whose config cannot be read cheaply is
+    not checked (said once)."""
     raw = read_model_config(config.model)
     model = model_shape(raw)
     if model is None:
         print(f"memory: not checked before loading ({config.model}'s config does not say its sizes here)")
-        return config
-    settled = settle_config(config, task)
+        return {}
     # few-shot examples are training rows written before every prompt
     prompt_tokens = estimate_prompt_tokens(longest_prompt_chars(task) * (1 + config.few_shot))
-    device = run_device(settled, world)
-    adaptable = set() if not config.adapt else {
-        name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size")
-        # what the user set (on the command line, in a config file, or away from its default in Python) stays
-        if name not in config.set_by_user and getattr(config, name) == TrainConfig.__dataclass_fields__[name].default}
-    changes, pred = adapt_to_memory(model, settled, prompt_tokens, device, adaptable)
+    device = run_device(config, world)
+    changes, pred = adapt_to_memory(model, config, prompt_tokens, device, set(adaptable))
     check_host(pred, mem_available())
-    return dataclasses.replace(config, **changes) if changes else config
+    return changes
 
 
 def check_host(pred: Prediction, available: int | None) -> None:

@@ -244,6 +244,29 @@ def is_adapter_folder(name: str) -> bool:
     return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
 
 
+def folder_has_chat_template(name: str) -> bool | None:
+    """Whether a model folder's tokenizer files hold a chat template (tokenizer_config.json's chat_template,
+    or a chat_template.jinja/.json beside it), read before anything loads; None where the files do not
+    tell cheaply (a hub id, a GGUF not yet converted). An adapter folder without tokenizer files: its base's."""
+    folder = Path(name).expanduser()
+    if name == EMBEDDED:
+        folder = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    if not folder.is_dir():
+        return None
+    if is_adapter_folder(name) and not (folder / "tokenizer_config.json").is_file():
+        try:
+            return folder_has_chat_template(adapter_base(folder, name))
+        except ModelError:
+            return None
+    if any((folder / f).is_file() for f in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        found = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return bool(found.get("chat_template")) if isinstance(found, dict) else None
+
+
 def adapter_folder_rank(name: str) -> int:
     """The rank (``r``) of the adapter a folder given as ``--model`` holds, read from its adapter_config.json
     before anything loads; 0 for anything that is not an adapter folder (or names no rank)."""

@@ -14,7 +14,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
-from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
+from grpo.config import DATA_MAX_NEW_TOKENS, USER_SOURCES, ConfigError, TrainConfig, resolve_config
 from grpo.distributed import Policy, World, full_state_dict, shard_policy
 from grpo.episodes import Agent
 from grpo.interrupt import RunStopped
-from grpo.models import add_lora, check_model, load_policy, trains_adapter
+from grpo.models import add_lora, check_model, folder_has_chat_template, load_policy, trains_adapter
 from grpo.preflight import PreflightReport, mean_tokens
 from grpo.prompts import config_task, format_task
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
@@ -42,33 +42,57 @@ EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may ad
 
 @dataclass(frozen=True)
 class RunSetup:
-    """A run as its options resolve it, before anything loads: the config as given (the trainer settles
-    it), the task (the given one, else the config's; formatted by the trainer, grpo.prompts.format_task)
-    and the rewards (the given, else the config's, resolved; none: the task's own checker); the user's tool
-    and environment files as checked (imported here, once; the agent is made from them)."""
+    """A run as its options resolve it, before anything loads: the config resolved (what was not given
+    filled, grpo.config.resolve_config) and where each value came from, the task (the given one, else the
+    config's; formatted by the trainer, grpo.prompts.format_task) and the rewards (the given, else the
+    config's, resolved; none: the task's own checker); the user's tool and environment files as checked
+    (imported here, once; the agent is made from them)."""
 
     config: TrainConfig
     task: Task
     rewards: list[Callable]
     tools: list[Callable] | None = None  # config.tools' functions; None: none named (or "none")
     env: Callable | None = None  # config.env's environment; None: none named
+    sources: dict[str, str] = field(default_factory=dict)  # each option's source (grpo.config.SOURCES)
+
+    def amended(self, changes: Mapping[str, object], source: str) -> RunSetup:
+        """The run with ``changes`` (a named amendment: what the memory or pre-flight check fitted) recorded."""
+        if not changes:
+            return self
+        return replace(self, config=replace(self.config, **changes),
+                       sources={**self.sources, **{name: source for name in changes}})
+
+    def user_gave(self, name: str) -> bool:
+        """Whether the user gave ``name`` (amendments leave those alone)."""
+        return self.sources.get(name) in USER_SOURCES
 
 
 def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Sequence[RewardFn | str] | None = None,
-                model: nn.Module | None = None, processes: int | None = None) -> RunSetup:
-    """The one setup path of `grpo train`, `grpo preflight` and grpo.train(): the task and the rewards, and
-    every refusal that depends only on the options and the number of ``processes`` (torchrun's WORLD_SIZE
-    when not given), each one line (ConfigError, RewardError, TaskError) before a model loads or a worker
-    forks. ``model``, when given, stands for the config's (which is then not checked)."""
+                model: nn.Module | None = None, processes: int | None = None, origin: Mapping[str, str] | None = None,
+                resumed: Mapping[str, str] | None = None) -> RunSetup:
+    """The one setup path of `grpo train`, `grpo preflight` and grpo.train(): the configuration resolved
+    once (grpo.config.resolve_config; ``origin``: where each given option came from, cli or file), the task
+    and the rewards, and every refusal that depends only on the options, the task, the model's files and the
+    number of ``processes`` (torchrun's WORLD_SIZE when not given), each one line (ConfigError,
+    RewardError, TaskError) before a model loads or a worker forks. ``model``, when given, stands for the
+    config's (which is then not checked). ``resumed``: a resumed run's saved sources; its config is
+    resolved already and is kept."""
     processes = world_size() if processes is None else processes
     if model is None:
         check_model(config.model)
     if task is None:
         task = config_task(config, require_answer=not (rewards or config.rewards))
+    if resumed is None:
+        config, sources = resolve_config(config, format_task(task, config), origin)
+    else:
+        sources = dict(resumed)
+    adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
+    turns = bool(config.env or config.tools not in ("", "none") or getattr(task, "env", None) or getattr(task, "tools", ()))
+    chat = folder_has_chat_template(config.model) if model is None else None
+    # the combinations not built (grpo/combinations.py), before the user's files import or the sandbox is probed
+    refuse_unbuilt(config, processes, adapter=adapter, turns=turns, chat=chat)
     reward_fns = [resolve_reward(r) for r in (list(rewards) if rewards is not None else list(config.rewards))]
     tools, env = check_user_code(config, task, reward_fns)
-    adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
-    refuse_unbuilt(config, processes, adapter=adapter)  # the combinations not built (grpo/combinations.py)
     if config.engine == "vllm":
         from grpo import vllm_engine  # by the module: tests stand in for its find_python
 
@@ -78,7 +102,7 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
             f"prompts_per_step ({config.prompts_per_step}) must be divisible by the number of "
             f"processes ({processes}): each process samples whole groups"
         )
-    return RunSetup(config, task, reward_fns, tools, env)
+    return RunSetup(config, task, reward_fns, tools, env, sources)
 
 
 def check_before_loading(run: RunSetup, processes: int, *, resume: bool = False) -> RunSetup:
@@ -91,9 +115,10 @@ def check_before_loading(run: RunSetup, processes: int, *, resume: bool = False)
     from grpo.memory_check import check_memory
 
     config = run.config
+    adaptable = () if resume or not config.adapt else [
+        name for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size") if not run.user_gave(name)]
     # the task as the trainer formats it: r1-zero drops a task's tuned token limit, which the completions' terms read
-    checked = check_memory(replace(config, adapt=config.adapt and not resume), format_task(run.task, config), processes)
-    return replace(run, config=replace(checked, adapt=config.adapt))
+    return run.amended(check_memory(config, format_task(run.task, config), processes, adaptable), "memory")
 
 
 def check_user_code(config: TrainConfig, task: Task, reward_fns: Sequence[Callable]
@@ -218,7 +243,7 @@ def engine_share(config: TrainConfig, world: World, device: torch.device, model:
 
 
 def preflight_verdict(report: PreflightReport, config: TrainConfig, world: World, run_dir: Path | None, *,
-                      fit: bool) -> dict[str, int]:
+                      fit: bool, adaptable: Collection[str]) -> dict[str, int]:
     """Rank 0's verdict and fitted limit, binding every rank; the report printed (and written to run_dir);
     RunStopped when the mode says the run must not start; else the config's changes: the fitted token
     limit and what the step budget adapts."""
@@ -235,7 +260,28 @@ def preflight_verdict(report: PreflightReport, config: TrainConfig, world: World
         where = f" (report: {run_dir / 'preflight.json'})" if run_dir is not None else ""
         raise RunStopped(f"pre-flight check: {fatal[0].message}{where}", exit_code=1)
     fitted = {} if report.fitted_max_new_tokens is None else {"max_new_tokens": report.fitted_max_new_tokens}
-    return {**fitted, **budget_changes(report, replace(config, **fitted), world, run_dir, fit=fit)}
+    return {**fitted, **budget_changes(report, replace(config, **fitted), world, run_dir, fit=fit, adaptable=adaptable)}
+
+
+def pending_amendments(run: RunSetup) -> list[str]:
+    """What may still change the resolved configuration once the model loads, each with who changes it:
+    the pre-flight check's fitted token limit and step budget, and the adapting temperature."""
+    config, out = run.config, []
+    fit = run.sources.get("max_new_tokens") == "default"
+    if config.preflight != "off" and fit:
+        out.append(f"max_new_tokens: fitted by the pre-flight check to the lengths the model writes "
+                   f"(at most {config.max_new_tokens})")
+    if config.preflight != "off" and config.minutes and config.adapt:
+        names = [*(["max_new_tokens"] if fit else []), "max_gen_rounds", "group_size"]
+        names = [n for n in names if n == "max_new_tokens" or not run.user_gave(n)]
+        out.append(f"{', '.join(names)}: lowered by the step budget if fewer than {MIN_STEPS} steps fit in "
+                   f"{config.minutes:g} minutes")
+    if config.prompt_format == "auto":
+        out.append("prompt_format: chat if the tokenizer has a chat template, else plain")
+    if config.temperature_target:
+        out.append("temperature: adapted after each step towards temperature_target (the run's state, "
+                   "not its configuration)")
+    return out
 
 
 def preflight_may_change(config: TrainConfig, *, fit: bool) -> bool:
@@ -246,10 +292,10 @@ def preflight_may_change(config: TrainConfig, *, fit: bool) -> bool:
 
 
 def budget_changes(report: PreflightReport, config: TrainConfig, world: World, run_dir: Path | None, *,
-                   fit: bool) -> dict[str, int]:
-    """Print the steps that fit in --minutes; what to adapt (of what the user did not set) when too few do."""
-    untouched = {name for name in ("max_gen_rounds", "group_size") if name not in config.set_by_user
-                 and getattr(config, name) == TrainConfig.__dataclass_fields__[name].default}
+                   fit: bool, adaptable: Collection[str]) -> dict[str, int]:
+    """Print the steps that fit in --minutes; what to adapt (of ``adaptable``, what the user did not set,
+    and the token limit when it was fitted) when too few do."""
+    untouched = {name for name in ("max_gen_rounds", "group_size") if name in adaptable}
     changes = world.broadcast_object(step_budget(report, config, untouched | ({"max_new_tokens"} if fit else set())))
     if world.is_main:
         for line in report.budget(config.minutes):

@@ -249,12 +249,14 @@ def write_samples(step: int, batch: Batch, advantages: Tensor, *, group_size: in
 
 
 def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progress: bool,
-             explain: dict[str, Callable[[], str]]) -> RunLog:
-    """config.json, the metrics sinks, the progress bar and the alarms (with a resumed run's history)."""
+             explain: dict[str, Callable[[], str]], sources: Mapping[str, str] | None = None) -> RunLog:
+    """config.json (each option's value, and under "sources" where it came from: grpo.config.SOURCES), the
+    metrics sinks, the progress bar and the alarms (with a resumed run's history)."""
     cfg, logger = sampling.config, None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        written = {**cfg.to_dict(), "sources": dict(sources or {})}
+        (run_dir / "config.json").write_text(json.dumps(written, indent=2) + "\n")
         logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
     main = sampling.world.is_main
     bar = StepProgress(cfg.steps, enabled=progress and main, silent=not main)

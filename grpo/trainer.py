@@ -25,7 +25,7 @@ own, keyed by its place in the run, not by the process (grpo/distributed.py, grp
 does not depend on the world size W.
 
 Process-wide settings (seeds, threads, the allocator) are not the trainer's: call
-:func:`grpo.process.setup_process` first, as :func:`train` and the CLI do.
+:func:`grpo.process.setup_process` first, as :func:`grpo.train` (grpo/api.py) and the CLI do.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from grpo.algorithm import adapted_temperature, group_advantages
 from grpo.batch import Batch, leave_out_errored
-from grpo.config import TrainConfig, settle_config
+from grpo.config import USER_SOURCES, TrainConfig, settle_config
 from grpo.distributed import World, full_state_dict, init_world, use_device
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
@@ -52,23 +52,20 @@ from grpo.interrupt import StopRequests
 from grpo.memory_check import say_measured_memory
 from grpo.models import save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
-from grpo.process import gpu_autocast, pick_device, setup_process
+from grpo.process import gpu_autocast, pick_device
 from grpo.prompts import format_task, run_prompts, settle_format
 from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler, make_sampler
 from grpo.screen import Screen, make_screen
 from grpo.setup import (
-    RewardFn,
     RunSetup,
     build_engine,
     build_policy,
     build_scorer,
-    check_before_loading,
     default_run_dir,
     load_model,
     preflight_may_change,
     preflight_verdict,
-    resolve_run,
 )
 from grpo.sides import Learner, Sampling
 from grpo.source import batch_source
@@ -81,10 +78,9 @@ from grpo.step_metrics import (
     step_record,
     write_samples,
 )
-from grpo.tasks import Task
 from grpo.update import StepStats, learning_rate, reference_logprobs, update
 
-__all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config", "train"]
+__all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config"]
 
 
 class GRPOTrainer:
@@ -115,11 +111,11 @@ class GRPOTrainer:
         config = run.config
         # the resolved task, with its few-shot examples and r1-zero's reward
         self.task = format_task(run.task, config)
+        self.sources = dict(run.sources)  # where each value came from (config.json); the pre-flight's added
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
-        self.fit_token_limit = config.max_new_tokens == 0 and "max_new_tokens" not in self.task.defaults
-        self.tuned_token_limit = config.max_new_tokens == 0 and "max_new_tokens" in self.task.defaults
-        self.auto_alarm_window = config.alarm_window == 0
-        config = settle_config(config, self.task)
+        self.fit_token_limit = self.sources.get("max_new_tokens") == "default"
+        self.tuned_token_limit = self.sources.get("max_new_tokens") in ("task", "data")
+        self.auto_alarm_window = self.sources.get("alarm_window") == "default"
         # the given tools and environment, else those the config's files hold (imported once, by resolve_run)
         tools, env = tools if tools is not None else run.tools, env or run.env
         self.reward_fns, self.score, self.checker = build_scorer(config, self.task, run.rewards, env)
@@ -256,13 +252,14 @@ class GRPOTrainer:
         start = time.perf_counter()
         preflight, changes = (None, {}) if resume or self.draft.preflight == "off" else self._preflight()
         if self.config is None:  # the check could change it: settled now, once, with what it fitted and adapted
+            self.sources.update(dict.fromkeys(changes, "preflight"))
             self._settle(replace(self.draft, **changes))
         elif changes and self.world.is_main:  # step() ran by hand first, with the config as given: kept
             print(f"pre-flight: {sorted(changes)} not adopted: steps already ran with the config as given", flush=True)
         state = self._resume(run_dir) if resume else RunState.start(self.config,
                                                                     auto_alarm_window=self.auto_alarm_window)
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
-                       explain={"checker_suspected": self._top_completions})
+                       explain={"checker_suspected": self._top_completions}, sources=self.sources)
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
@@ -361,7 +358,9 @@ class GRPOTrainer:
                                tuned_limit=self.tuned_token_limit)
         report.data = dict(self.task.data)  # preflight.json says which rows were checked
         self.memory = report.memory
-        return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit)
+        adaptable = [name for name in ("max_gen_rounds", "group_size") if self.sources.get(name) not in USER_SOURCES]
+        return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit,
+                                         adaptable=adaptable)
 
     def _resume(self, run_dir: Path | None) -> RunState:
         """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""
@@ -369,6 +368,8 @@ class GRPOTrainer:
         if self.engine is not None:  # collective under FSDP
             self.engine.push(self.model, full_state_dict(self.model, self.world))
         state = RunState.resumed(saved, self.config)
+        if self.sources.get("minutes") == "resume":  # --minutes given on resume: that long from now
+            state.train_seconds = 0.0
         if state.temperature:  # temperature_target's, where the run stopped
             self._set_temperature(state.temperature)
         return state
@@ -384,29 +385,3 @@ class GRPOTrainer:
         shown = "; ".join(f"{r:.2f} for {text!r}" for r, text in self.top_completions)
         return f"; top-scoring completions: {shown}" if shown else ""
 
-
-def train(
-    config: TrainConfig | None = None,
-    *,
-    model: nn.Module | None = None,
-    tokenizer: object | None = None,
-    task: Task | None = None,
-    rewards: Sequence[RewardFn | str] | None = None,
-    run_dir: str | Path | None = None,
-    progress: bool = True,
-    tools: Sequence[Callable] | None = None,
-    env: Callable | None = None,
-    **overrides: object,
-) -> dict:
-    """Python entry point: ``grpo.train(TrainConfig(steps=10), rewards=[my_reward])``; ``tools=[fn, ...]``
-    or ``env=MyEnv`` (a class or factory: one environment per episode) make the episodes multi-turn."""
-    config = replace(config or TrainConfig(), **overrides)
-    setup_process(config)
-    run = resolve_run(config, task=task, rewards=rewards, model=model)  # refused here, before anything loads
-    if model is None:  # the memory check before loading, as grpo train's (a model given is loaded already)
-        run = check_before_loading(run, 1)
-    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=progress, tools=tools, env=env)
-    try:
-        return trainer.train(Path(run_dir) if run_dir is not None else None)
-    finally:
-        trainer.close()

@@ -326,6 +326,8 @@ def failed(command: str, out: str) -> bool:
 
 # Commands whose documented outcome is a refusal: the exit status and how its one line on stderr starts.
 EXPECTED = {
+    ("train", "--dry-run", "--task", "calc", "--prompt-format", "plain"):  # docs/settings.md
+        (2, "grpo train: error: prompt format plain writes one question and one answer"),
     ("train", "--group-size", "256", "--prompts-per-step", "64", "--max-new-tokens", "4096"):  # docs/memory.md
         (2, "grpo train: error: not enough memory: the run needs about "),
 }

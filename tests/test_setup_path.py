@@ -29,14 +29,14 @@ def test_the_memory_check_before_loading_sees_the_task_as_the_trainer_formats_it
 
     seen = {}
 
-    def stop(config: TrainConfig, task, nproc: int) -> TrainConfig:
-        seen["defaults"], seen["reward"] = dict(task.defaults), task.reward
+    def stop(config: TrainConfig, task, nproc: int, adaptable=()) -> dict:
+        seen["defaults"], seen["reward"], seen["limit"] = dict(task.defaults), task.reward, config.max_new_tokens
         raise SystemExit(0)
 
     monkeypatch.setattr("grpo.memory_check.check_memory", stop)
     with pytest.raises(SystemExit):
         main(["train", "--task", "add", "--prompt-format", "r1-zero", "--steps", "1"])
-    assert "max_new_tokens" not in seen["defaults"]
+    assert "max_new_tokens" not in seen["defaults"] and seen["limit"] == 256  # resolved as the trainer runs it
     assert getattr(seen["reward"], "r1_zero", False)
     formatted = format_task(get_task("add"), TrainConfig(prompt_format="plain"))
     assert formatted.defaults.get("max_new_tokens") == 12  # the plain format keeps it: the test tells them apart
@@ -145,9 +145,9 @@ def test_an_environment_given_by_env_that_runs_code_gets_the_sandbox(tmp_path, m
 
 
 def test_the_memory_check_leaves_alone_what_a_python_config_set(monkeypatch):
-    """grpo.train() fills no set_by_user: an option given away from its default in Python is the user's,
-    and the check before loading may not adapt it (only micro_batch_tokens, the one at its default here)."""
-    from grpo.memory_check import check_memory
+    """An option given in Python is the user's, even at its default (eval_batch_size=128), and the check
+    before loading may not adapt it (only micro_batch_tokens, the one not given here)."""
+    from grpo.setup import check_before_loading, resolve_run
 
     seen = {}
 
@@ -156,8 +156,8 @@ def test_the_memory_check_leaves_alone_what_a_python_config_set(monkeypatch):
         return {}, None
 
     monkeypatch.setattr("grpo.memory_check.adapt_to_memory", record)
-    config = TrainConfig(gradient_checkpointing=True, eval_batch_size=7)
-    check_memory(config, get_task("add"), 1)
+    config = TrainConfig(gradient_checkpointing=True, eval_batch_size=128)
+    check_before_loading(resolve_run(config, processes=1), 1)
     assert seen["adaptable"] == {"micro_batch_tokens"}
 
 

@@ -6,10 +6,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import typing
 
-from grpo.config import TrainConfig
+from grpo.config import TrainConfig, option_fields
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,7 +51,7 @@ def flag(name: str) -> str:
 def _add_config_options(parser: argparse.ArgumentParser, names: typing.Iterable[str] = ()) -> None:
     """An option per TrainConfig field (only ``names``, when given), its doc the help; unset: None."""
     hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
+    for f in option_fields():
         if names and f.name not in names:
             continue
         kind = hints[f.name]
@@ -76,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-preflight", dest="preflight", action="store_const", const="off",
                        help="skip the pre-flight check (the same as --preflight off)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--dry-run", action="store_true",
+                       help="print the resolved configuration, each value with where it came from, and what may "
+                            "still change it, then exit: nothing loads, nothing is sampled (a refusal: its line, exit 2)")
     train.add_argument("--nproc", type=int, default=1, metavar="INT",
                        help="data-parallel processes on this machine, started by grpo itself with torchrun's environment; "
                             "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")

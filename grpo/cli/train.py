@@ -4,59 +4,58 @@ resumed run's), the cheap checks made before anything loads, and the run."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.cli.parser import flag
-from grpo.config import ConfigError, TrainConfig, load_config_file
+from grpo.config import ConfigError, TrainConfig, load_config_file, option_fields
 
 if TYPE_CHECKING:
     from grpo.setup import RunSetup
     from grpo.tasks import Task
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
-# processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths.
+# processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths. --steps N trains on
+# to step N (without --minutes, no time limit); --minutes M trains M more minutes from the resume.
 RESUMABLE = ("steps", "minutes", "save_every", "keep_checkpoints", "max_bad_steps", "eval_every", "sample_every", "sandbox",
              "eval_batch_size", "save_model", "device", "threads", "fsdp", "vllm_sleep", "vllm_memory",
              "vllm_bucket_mb")
 
 
 def _given_options(args: argparse.Namespace) -> dict:
-    values = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(TrainConfig)
-        if getattr(args, f.name) is not None
-    }
+    values = {f.name: getattr(args, f.name) for f in option_fields() if getattr(args, f.name) is not None}
     for key, value in values.items():
         if isinstance(value, list):
             values[key] = tuple(value)
     return values
 
 
-def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
     """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
-    given on the command line."""
+    given on the command line; and where each given option came from (cli or file)."""
     from grpo.trl_config import is_trl_config, translate
 
     given = _given_options(args)
     values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    config = TrainConfig.from_dict({**values, **given, "set_by_user": tuple(sorted(set(values) | set(given)))})
+    config = TrainConfig.from_dict({**values, **given})
+    origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(given, "cli")}
     if args.config and is_trl_config(load_config_file(args.config)):
         print(f"grpo train: {args.config} is read as a TRL GRPOConfig: keys it leaves unset take TRL's defaults",
               file=sys.stderr)
     if ignored:
         print(f"grpo train: warning: {args.config}: TRL keys with no meaning in grpo, ignored: {', '.join(ignored)}",
               file=sys.stderr)
-    return config
+    return config, origin
 
 
-def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
-    """The config of the run being resumed, with the few options that may change."""
+def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, dict[str, str]]:
+    """The config of the run being resumed, with the few options that may change, and where each value came
+    from (the run's config.json, the changed ones from the command line)."""
     from grpo.checkpoint import latest, read_meta
 
     run_dir = Path(args.resume)
@@ -72,11 +71,22 @@ def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     if fixed:
         allowed = ", ".join(flag(k) for k in RESUMABLE)
         raise ConfigError(f"{flag(fixed[0])} cannot change when resuming (only {allowed} can)")
+    if "steps" in given and "minutes" not in given:  # a run that names its steps runs them all, resumed too
+        given["minutes"] = 0.0
     saved = read_meta(path)
-    config = TrainConfig.from_dict({**saved["config"], **given})
+    kept = {k: v for k, v in saved["config"].items() if k != "set_by_user"}  # a record older runs kept
+    config = TrainConfig.from_dict({**kept, **given})
     if config.steps < saved["step"]:
         raise ConfigError(f"--steps {config.steps} is below the step of the latest checkpoint ({saved['step']})")
-    return config, run_dir
+    return config, run_dir, {**saved_sources(run_dir), **dict.fromkeys(given, "resume")}
+
+
+def saved_sources(run_dir: Path) -> dict[str, str]:
+    """The sources a run's config.json recorded ({} for a run written before they were)."""
+    try:
+        return dict(json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("sources", {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def check_run_dir(path: Path) -> None:
@@ -103,25 +113,30 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _adapted_argv(given: TrainConfig, checked: TrainConfig, argv: list[str]) -> list[str]:
+def _adapted_argv(run: RunSetup, argv: list[str]) -> list[str]:
     """The command line with what the memory check adapted, for the processes --nproc starts."""
-    for name in ("micro_batch_tokens", "gradient_checkpointing", "eval_batch_size"):
-        value = getattr(checked, name)
-        if value != getattr(given, name):
-            argv = [*argv, flag(name)] if value is True else [*argv, flag(name), str(value)]
+    for name in (n for n, source in run.sources.items() if source == "memory"):
+        value = getattr(run.config, name)
+        argv = [*argv, flag(name)] if value is True else [*argv, flag(name), str(value)]
     return argv
 
 
 def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, Path | None]:
-    """The run a command line means, for ``processes`` processes, through every check `grpo train` makes
-    before a weight loads but the memory check (the one that depends on this machine), and the resumed run's
-    directory. tests/test_docs.py runs the docs' train lines through it."""
-    config, run_dir = _resume_config(args) if args.resume else (_config_from_args(args), None)
+    """The run a command line means, for ``processes`` processes, resolved (grpo.config.resolve_config)
+    and through every check `grpo train` makes before a weight loads but the memory check (the one that
+    depends on this machine), and the resumed run's directory. tests/test_docs.py runs the docs' train
+    lines through it."""
+    if args.resume:
+        config, run_dir, resumed = _resume_config(args)
+        origin = None
+    else:
+        (config, origin), run_dir, resumed = _config_from_args(args), None, None
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     from grpo.setup import resolve_run
 
-    run = resolve_run(config, processes=processes)  # the task, the rewards, the refusals
+    # the configuration resolved, the task, the rewards, the refusals
+    run = resolve_run(config, processes=processes, origin=origin, resumed=resumed)
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
     return run, run_dir
@@ -136,8 +151,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if "WORLD_SIZE" not in os.environ:  # once, where the command starts
         say_data(run.task)
     # once, where the command starts; the launched processes get what it adapted on their command line
-    checked = check_before_loading(run, args.nproc, resume=bool(args.resume))
-    run, config, argv = checked, checked.config, _adapted_argv(run.config, checked.config, argv)
+    run = check_before_loading(run, args.nproc, resume=bool(args.resume))
+    config, argv = run.config, _adapted_argv(run, argv)
+    if args.dry_run:
+        print("\n".join(dry_run_lines(run)))
+        return 0
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
 
@@ -176,6 +194,21 @@ def say_data(task: Task) -> None:
         print("\n".join(describe_data(task.data)), flush=True)
 
 
+def dry_run_lines(run: RunSetup) -> list[str]:
+    """`grpo train --dry-run`: every option's resolved value and its source, then what may still change it
+    once the model loads (grpo.setup.pending_amendments)."""
+    from grpo.setup import pending_amendments
+
+    values = run.config.to_dict()
+    width = max(map(len, values))
+    lines = [f"{name:<{width}}  {json.dumps(value)}  ({run.sources.get(name, 'default')})"
+             for name, value in values.items()]
+    pending = pending_amendments(run)
+    lines.append("may still change once the model loads:" + ("" if pending else " nothing"))
+    lines += [f"  {line}" for line in pending]
+    return lines
+
+
 def end_lines(summary: dict, run_dir: Path) -> list[str]:
     """What a run's end says: held-out accuracy before and after, why it stopped early, and (when no alarm
     said so) that it trained on next to nothing."""
@@ -193,8 +226,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
     from grpo.setup import check_before_loading, resolve_run
 
-    config = _config_from_args(args)
-    run = resolve_run(config)  # the task, the rewards and the refusals, as grpo train's
+    config, origin = _config_from_args(args)
+    run = resolve_run(config, origin=origin)  # the configuration, the task, the rewards and the refusals, as grpo train's
     say_data(run.task)
     run = check_before_loading(run, 1)  # the memory check, as grpo train's
     config = run.config

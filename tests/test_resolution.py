@@ -1,0 +1,357 @@
+"""One configuration, resolved once before anything loads: what the user gave stands, through the command
+line, a config file and Python alike; one rule fills the rest (grpo.config.resolve_config); what a run
+would refuse is refused before a weight is read or a worker starts."""
+
+from __future__ import annotations
+
+import json
+import typing
+
+import pytest
+import yaml
+
+from grpo.cli.parser import build_parser, flag
+from grpo.cli.train import _config_from_args
+from grpo.config import ConfigError, TrainConfig, option_fields, resolve_config
+from grpo.setup import resolve_run
+from grpo.tasks import get_task
+
+
+def test_values_given_in_python_stand_even_at_a_default():
+    """The cases of issue 51: each explicit value equal to ppo's default used to be replaced by the
+    objective's recommendation, and the values an objective or estimator does not read were ignored."""
+    add = get_task("add")
+    gmpo, _ = resolve_config(TrainConfig(objective="gmpo", clip_low=0.2, clip_high=0.28, aggregate="token"), add)
+    assert (gmpo.clip_low, gmpo.clip_high, gmpo.aggregate) == (0.2, 0.28, "token")
+    sapo, _ = resolve_config(TrainConfig(objective="sapo", aggregate="token"), add)
+    assert sapo.aggregate == "token"
+    recommended, sources = resolve_config(TrainConfig(objective="gmpo"), add)  # nothing given: the recommendation
+    assert (recommended.clip_low, recommended.clip_high, recommended.aggregate) == (0.4, 0.4, "sequence")
+    assert sources["clip_low"] == sources["aggregate"] == "objective" and sources["objective"] == "python"
+    with pytest.raises(ConfigError, match=r"^ratio_cap is read by objective dppo_tv or dppo_kl only"):
+        resolve_config(TrainConfig(objective="ppo", ratio_cap=5.0), add)
+    with pytest.raises(ConfigError, match=r"^scale is read by the grpo and passk estimators only"):
+        resolve_config(TrainConfig(advantage_estimator="rloo", scale="none"), add)
+    with pytest.raises(ConfigError, match=r"^ratio_cap is read"):  # given at its default: still given
+        resolve_config(TrainConfig(objective="ppo", ratio_cap=20.0), add)
+    with pytest.raises(ConfigError, match=r"^sapo_tau_neg is read by objective sapo only"):
+        resolve_config(TrainConfig(objective="gmpo", sapo_tau_neg=1.05), add)
+
+
+def test_given_is_recorded_by_the_constructor_and_carried_by_replace():
+    import dataclasses
+
+    config = TrainConfig(objective="gmpo", clip_low=0.2)
+    assert config.given == {"objective", "clip_low"}
+    assert dataclasses.replace(config, steps=3).given == {"objective", "clip_low", "steps"}
+    assert TrainConfig().given == frozenset() and "given" not in config.to_dict()
+    # a task's and the general defaults fill only what was not given; minutes' 0 (no limit) is a value
+    add = get_task("add")
+    assert resolve_config(TrainConfig(max_new_tokens=5), add)[0].max_new_tokens == 5
+    assert resolve_config(TrainConfig(), add)[0].max_new_tokens == 12
+    calc = get_task("calc")
+    assert resolve_config(TrainConfig(), calc)[0].minutes == 10.0
+    assert resolve_config(TrainConfig(minutes=0), calc)[0].minutes == 0.0
+
+
+# ---- every option of `grpo train`, given three ways ----
+
+# A second value for options whose generic one would not mean anything here (a file, a field of a file).
+OTHER = {"model": "smollm2", "data": "examples/subtract.jsonl", "eval_data": "examples/subtract.jsonl",
+         "prompt_template": "{prompt} Answer:", "system_prompt": "Be brief.", "rewards": ("math_answer",),
+         "tools": "none", "env": "", "output": "runs/x", "chat_template": "", "vllm_python": "", "device": "cpu",
+         "prompt_field": "prompt", "answer_field": "answer", "stop": ("\n\n",), "eval_k": (1,), "sampler": "uniform"}
+
+
+def _options() -> list[tuple[str, object]]:
+    """(option, value) for every TrainConfig option `grpo train` takes: its default, and one other value."""
+    train = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith("train"))
+    dests = {a.dest for a in train._actions}
+    hints = typing.get_type_hints(TrainConfig)
+    cases = []
+    for f in option_fields():
+        assert f.name in dests, f"{flag(f.name)} is not an option of grpo train"
+        cases.append((f.name, f.default))
+        cases.append((f.name, OTHER[f.name] if f.name in OTHER else _other(f.default, hints[f.name])))
+    return cases
+
+
+def _other(default: object, kind: object) -> object:
+    if kind is bool:
+        return not default
+    if kind is int:
+        return default + 1 if default else 1
+    if kind is float:
+        return default / 2 if default else 0.5
+    if typing.get_origin(kind) is tuple:
+        return (1.0,)
+    return default  # strings with choices: the default again
+
+
+def _cli(name: str, value: object) -> list[str]:
+    if isinstance(value, bool):
+        return [flag(name) if value else "--no-" + flag(name)[2:]]
+    if isinstance(value, tuple):
+        return [flag(name), *map(str, value)] if value else []
+    return [f"{flag(name)}={value}"]
+
+
+def _resolved(how, name, value, tmp_path, monkeypatch):
+    """The resolved config (values) and sources, or the refusal's line."""
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    try:
+        if how == "python":
+            config, origin = TrainConfig(**{name: value}), None
+        else:
+            if how == "cli":
+                argv = ["train", *_cli(name, value)]
+            else:
+                path = tmp_path / "c.yaml"
+                path.write_text(yaml.safe_dump({name: list(value) if isinstance(value, tuple) else value}))
+                argv = ["train", "--config", str(path)]
+            if value == () and how == "cli":  # an empty list cannot be written on a command line
+                return None
+            config, origin = _config_from_args(build_parser().parse_args(argv))
+        run = resolve_run(config, origin=origin, processes=1)
+    except (ConfigError, ValueError) as err:
+        return str(err)
+    sources = {k: "user" if v in ("cli", "file", "python") else v for k, v in run.sources.items()}
+    return run.config.to_dict(), sources
+
+
+@pytest.mark.parametrize("name, value", _options(), ids=lambda v: str(v)[:24])
+def test_every_option_given_stands_the_same_three_ways(name, value, tmp_path, monkeypatch):
+    """Given on the command line, in a config file or to TrainConfig, an option's value resolves to the same
+    configuration; the value stands exactly (at its default too), or all three refuse it in one line naming
+    it. (A documented "automatic" value, 0 or "", still means automatic.)"""
+    results = [_resolved(how, name, value, tmp_path, monkeypatch) for how in ("cli", "file", "python")]
+    results = [r for r in results if r is not None]
+    assert all(r == results[0] for r in results), f"{name}={value!r}: {results}"
+    outcome = results[0]
+    if isinstance(outcome, str):
+        assert "\n" not in outcome and (name in outcome or flag(name) in outcome), f"{name}={value!r}: {outcome}"
+        return
+    values, sources = outcome
+    automatic = value in (0, "") and not isinstance(value, bool) and name != "minutes"
+    if not automatic:
+        assert values[name] == (list(value) if isinstance(value, tuple) else value), f"{name}={value!r}"
+        assert sources[name] == "user"
+
+
+def test_the_parser_test_covers_every_option():
+    assert len({name for name, _ in _options()}) == len(option_fields()) >= 100
+
+
+# ---- refused before anything loads ----
+
+def _adapter_folder(tmp_path) -> str:
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "smollm2", "r": 4}))
+    return str(folder)
+
+
+def _plain_model_folder(tmp_path) -> str:
+    """A model folder whose tokenizer has no chat template (the embedded model's config, no weights)."""
+    from grpo.models import cache_dir
+
+    folder = tmp_path / "base"
+    folder.mkdir()
+    source = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    (folder / "config.json").write_text((source / "config.json").read_text())
+    tokenizer = json.loads((source / "tokenizer_config.json").read_text())
+    tokenizer.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    (folder / "model.safetensors").write_bytes(b"not weights: never opened")
+    return str(folder)
+
+
+# (command-line options, the line's start); {adapter} and {plain} are folders the test makes
+REFUSED = [
+    ("--task calc --prompt-format plain", "prompt format plain writes one question"),
+    ("--task calc --prompt-format r1-zero", "prompt format r1-zero writes one question"),
+    ("--task code-retry --prompt-format plain", "prompt format plain writes one question"),
+    ("--task calc --model {plain}", "prompt format plain writes one question"),
+    ("--model {plain} --prompt-format chat", "prompt_format chat: the model's tokenizer has no chat template"),
+    ("--objective ppo --ratio-cap 5", "ratio_cap is read by objective dppo_tv or dppo_kl only"),
+    ("--objective cispo --sapo-tau-pos 2", "sapo_tau_pos is read by objective sapo only"),
+    ("--advantage-estimator rloo --scale none", "scale is read by the grpo and passk estimators only"),
+    ("--model {adapter} --lora-rank 8", "the model is a LoRA adapter already"),
+    ("--group-size 1", "group_size must be at least 2"),
+    ("--batch-size 12 --group-size 8", "batch_size (12) must be a multiple of group_size (8)"),
+    ("--objective cispo --ratio-level sequence", "ratio_level sequence is ppo's (GSPO)"),
+    ("--tis-low 0.5", "tis_low is the lower bound of tis_mode mask"),
+    ("--temperature-target 2 --async-lag 1", "temperature_target sets each step's temperature"),
+    ("--few-shot 2 --prompt-format r1-zero", "few_shot: r1-zero's template is zero-shot"),
+    ("--minibatches 16", "minibatches (16) cannot exceed prompts_per_step (8)"),
+    ("--rewards a b --reward-weights 1", "reward_weights has 1 entries but rewards has 2"),
+    ("--eval-samples 2 --eval-k 4", "eval_k must lie in 1..eval_samples (2)"),
+    ("--prompt-format plain --tools none --env examples/my_reward.py:reward", "prompt format plain writes"),
+]
+
+
+def _to_python(args: list[str]) -> dict:
+    """The options as TrainConfig's keyword arguments, parsed by grpo train's own parser."""
+    parsed = build_parser().parse_args(["train", *args])
+    given = {f.name: getattr(parsed, f.name) for f in option_fields() if getattr(parsed, f.name) is not None}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if a weights file is read or a worker process starts."""
+    import multiprocessing.process
+    import subprocess
+
+    import safetensors
+    import safetensors.torch
+    import torch
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"loaded or started before the refusal: {args[:1]}")
+
+    monkeypatch.setattr("grpo.models.load_policy", forbidden)
+    monkeypatch.setattr("grpo.setup.load_policy", forbidden)
+    monkeypatch.setattr(safetensors, "safe_open", forbidden)
+    monkeypatch.setattr(safetensors.torch, "load_file", forbidden)
+    monkeypatch.setattr(torch, "load", forbidden)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", forbidden)
+    monkeypatch.setattr(subprocess.Popen, "__init__", forbidden)
+
+
+@pytest.mark.parametrize("options, line", REFUSED, ids=[o for o, _ in REFUSED])
+def test_refused_before_anything_loads_through_the_cli_and_python(options, line, tmp_path, monkeypatch, capsys,
+                                                                    nothing_loads):
+    import time
+
+    import grpo
+    from grpo.cli import main
+
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    args = options.format(adapter=_adapter_folder(tmp_path), plain=_plain_model_folder(tmp_path)).split()
+    start = time.perf_counter()
+    assert main(["train", *args, "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and line in err, err
+    with pytest.raises((ConfigError, ValueError)) as refused:
+        grpo.train(TrainConfig(**_to_python(args)), run_dir=tmp_path / "run2", progress=False)
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+    assert time.perf_counter() - start < 5
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run2").exists()
+
+
+# ---- config.json: each value's source ----
+
+def _tiny_run(tmp_path, name, config, *, memory=None, monkeypatch=None):
+    """A one-step run of the tiny model; its config.json."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.process import setup_process
+    from grpo.setup import check_before_loading
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    setup_process(config)
+    run = resolve_run(config, model=model, processes=1)
+    if memory is not None:  # what the check before loading adapts, as on a machine short of memory
+        monkeypatch.setattr("grpo.memory_check.adapt_to_memory", lambda *a, **k: (memory, None))
+        run = check_before_loading(run, 1)
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    try:
+        trainer.train(tmp_path / name)
+    finally:
+        trainer.close()
+    return json.loads((tmp_path / name / "config.json").read_text())
+
+
+TINY = dict(steps=1, prompts_per_step=2, group_size=2, eval_size=2, eval_every=-1, device="cpu", save_model=False,
+            reward_workers=0, max_gen_rounds=1, preflight_prompts=2, eval_subset=2, eval_train=0)
+
+
+@pytest.mark.model
+def test_config_json_says_where_each_value_came_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    plain = _tiny_run(tmp_path, "default", TrainConfig(**TINY, preflight="off"))
+    sources = plain["sources"]
+    assert set(sources) == set(plain) - {"sources"}  # every option
+    assert sources["steps"] == sources["group_size"] == "python" and sources["objective"] == "default"
+    assert (sources["clip_low"], sources["aggregate"], sources["max_new_tokens"]) == ("objective", "objective", "task")
+    assert (sources["lr"], plain["lr"], sources["alarm_window"]) == ("default", 3e-5, "default")
+
+    data = _tiny_run(tmp_path, "data", TrainConfig(**TINY, data="examples/subtract.jsonl", preflight="warn"))
+    assert data["sources"]["max_new_tokens"] == "preflight" and data["max_new_tokens"] <= 256  # fitted
+    assert (data["sources"]["lr"], data["lr"], data["sources"]["sampler"]) == ("data", 1e-5, "data")
+    assert data["sources"]["data"] == "python"
+
+    adapted = _tiny_run(tmp_path, "memory", TrainConfig(**TINY, preflight="off"), memory={"micro_batch_tokens": 512},
+                        monkeypatch=monkeypatch)
+    assert adapted["micro_batch_tokens"] == 512 and adapted["sources"]["micro_batch_tokens"] == "memory"
+    assert adapted["sources"]["eval_batch_size"] == "default"
+
+
+@pytest.mark.model
+def test_the_docs_resume_example_trains_on_to_its_new_limit_after_a_budget_stop(tmp_path, capsys):
+    """docs/checkpoints.md: `grpo train --resume runs/<run> --steps 60` runs on to step 60. A run stopped
+    by its time budget, resumed with --steps, trains to that step (the saved seconds used to count against
+    the old budget, and it stopped again after one step); --minutes on resume is that long from the resume."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.cli.train import _resume_config
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    def run(config, *, resumed=None):
+        tokenizer = make_tokenizer()
+        setup_process(config)
+        model = make_model(len(tokenizer), seed=3)
+        trainer = GRPOTrainer(resolve_run(config, model=model, processes=1, resumed=resumed), model=model,
+                              tokenizer=tokenizer, progress=False)
+        try:
+            return trainer.train(tmp_path / "run", resume=resumed is not None)
+        finally:
+            trainer.close()
+
+    first = run(TrainConfig(**{**TINY, "steps": 3, "minutes": 1e-6, "preflight": "off", "save_every": 1,
+                          "early_stop": False}))
+    assert first["steps"] == 1 and first["out_of_time"]
+    args = build_parser().parse_args(["train", "--resume", str(tmp_path / "run"), "--steps", "4"])
+    config, _, sources = _resume_config(args)
+    assert (config.steps, config.minutes, sources["steps"]) == (4, 0.0, "resume")
+    resumed = run(config, resumed=sources)
+    assert resumed["steps"] == 4 and not resumed["out_of_time"]
+    args = build_parser().parse_args(["train", "--resume", str(tmp_path / "run"), "--steps", "6", "--minutes", "5"])
+    config, _, sources = _resume_config(args)
+    last = run(config, resumed=sources)
+    assert last["steps"] == 6, {k: last[k] for k in ("out_of_time", "stopped_early", "steps_planned", "minutes")}  # 5 minutes from the resume: room for two tiny steps
+
+
+# ---- grpo train --dry-run ----
+
+def _dry_run(argv, capsys, monkeypatch):
+    from grpo.cli import main
+
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    code = main(["train", "--dry-run", *argv])
+    return code, capsys.readouterr()
+
+
+def test_dry_run_prints_the_resolved_configuration_with_sources(capsys, monkeypatch, nothing_loads):
+    code, out = _dry_run([], capsys, monkeypatch)
+    lines = out.out.splitlines()
+    assert code == 0 and len([line for line in lines if line.endswith(")")]) == len(option_fields())
+    assert any(line.split() == ["max_new_tokens", "12", "(task)"] for line in lines)
+    assert any(line.split() == ["clip_high", "0.28", "(objective)"] for line in lines)
+    # the page's example, line for line (docs/settings.md)
+    code, out = _dry_run(["--data", "examples/subtract.jsonl", "--objective", "gmpo", "--clip-low", "0.2"],
+                         capsys, monkeypatch)
+    page = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "settings.md").read_text()
+    shown = page.split("defaults:\n\n```\n", 1)[1].split("```", 1)[0].splitlines()
+    assert code == 0 and shown and all(line in out.out.splitlines() for line in shown)
+    assert not any(line.endswith("(default)") for line in shown)
+
+
+def test_dry_run_of_a_refused_combination_is_its_line_and_exit_2(capsys, monkeypatch, nothing_loads):
+    code, out = _dry_run(["--task", "calc", "--prompt-format", "plain"], capsys, monkeypatch)
+    assert code == 2 and out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith("grpo train: error: prompt format plain writes one question")
