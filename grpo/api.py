@@ -31,7 +31,9 @@ def train(
 ) -> dict:
     """Python entry point: ``grpo.train(TrainConfig(steps=10), rewards=[my_reward])``; ``tools=[fn, ...]``
     or ``env=MyEnv`` (a class or factory: one environment per episode) make the episodes multi-turn."""
-    config = replace(config or TrainConfig(), **overrides)
+    base = config or TrainConfig()
+    # an override is given, even one equal to its default (replace alone records only values that differ)
+    config = replace(base, given=base.given | frozenset(overrides), **overrides)
     setup_process(config)
     run = resolve_run(config, task=task, rewards=rewards, model=model)  # refused here, before anything loads
     if model is None:  # the memory check before loading, as grpo train's (a model given is loaded already)

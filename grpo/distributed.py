@@ -174,8 +174,8 @@ def backend_for(device: torch.device) -> str:
 def use_device(device: torch.device) -> None:
     """Make ``device`` this process's current GPU: the first CUDA call of a run, made by the trainer once
     its reward and tool workers have forked (grpo/workers.py: no fork after CUDA starts)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda":  # "cuda" alone (a world of one, --device auto or cuda) is the first GPU
+        torch.cuda.set_device(device.index if device.index is not None else 0)
 
 
 def init_world(device: str = "auto", *, fsdp: bool = False) -> World:

@@ -208,3 +208,15 @@ def test_under_fsdp_the_full_models_stay_on_the_cpu_until_sharding(monkeypatch):
         assert reference is not None and len(where) == 2  # the reference, then the policy
         expected = torch.device("cpu") if fsdp else gpu
         assert [d for _, d in where] == [expected, expected], (fsdp, where)
+
+
+@pytest.mark.parametrize(("name", "index"), [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3)])
+def test_the_first_cuda_call_takes_a_device_without_an_index(monkeypatch, name, index):
+    """A world of one trains on pick_device's ``cuda`` (no index): torch's own set_device refuses a device
+    without one, so use_device names the first GPU."""
+    from grpo.distributed import use_device
+
+    chosen = []
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", chosen.append, raising=False)
+    use_device(torch.device(name))
+    assert chosen == [index]

@@ -5,6 +5,7 @@ would refuse is refused before a weight is read or a worker starts."""
 from __future__ import annotations
 
 import json
+import types
 import typing
 
 import pytest
@@ -255,7 +256,7 @@ def _tiny_run(tmp_path, name, config, *, memory=None, monkeypatch=None):
     setup_process(config)
     run = resolve_run(config, model=model, processes=1)
     if memory is not None:  # what the check before loading adapts, as on a machine short of memory
-        monkeypatch.setattr("grpo.memory_check.adapt_to_memory", lambda *a, **k: (memory, None))
+        monkeypatch.setattr("grpo.memory_check.adapt_to_memory", lambda *a, **k: (memory, types.SimpleNamespace(host={})))
         run = check_before_loading(run, 1)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     try:
@@ -355,3 +356,12 @@ def test_dry_run_of_a_refused_combination_is_its_line_and_exit_2(capsys, monkeyp
     code, out = _dry_run(["--task", "calc", "--prompt-format", "plain"], capsys, monkeypatch)
     assert code == 2 and out.out == "" and out.err.count("\n") == 1
     assert out.err.startswith("grpo train: error: prompt format plain writes one question")
+
+
+def test_grpo_train_keyword_overrides_are_given_even_at_a_default():
+    """grpo.train(config, key=value): an override stands as given, even equal to its default. ratio_cap's
+    default given to ppo (which does not read it) is refused, as TrainConfig(objective="ppo", ratio_cap=...) is."""
+    import grpo
+
+    with pytest.raises(ConfigError, match="ratio_cap is read by objective"):
+        grpo.train(TrainConfig(objective="ppo"), ratio_cap=TrainConfig.ratio_cap)
