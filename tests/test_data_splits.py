@@ -233,3 +233,11 @@ def test_grpo_data_shows_splits_prompts_answers_and_the_gold_audit(tmp_path, tin
     assert out.count("as the model sees it:") == 2 and "Ann has 3 apples" in out and "What is 1 + 1?" in out
     assert "answer '7' parsed from '3 + 4 = 7 #### 7'" in out
     assert "gold forms scoring the maximum: 20/20 (100.00%)" in out and "exploit" not in out
+
+
+def test_a_configuration_of_the_training_data_is_not_asked_of_another_held_out_file(hub_folder, tmp_path):
+    """--data-config names the training source's configuration: a separate one-file --eval-data has none, and
+    is read as it is."""
+    test = write_jsonl(tmp_path / "test.jsonl", rows("held", 4))
+    task = load_task("", data=str(hub_folder), data_config="main", eval_data=str(test))
+    assert prompts(task.train) == questions(rows("main", 10)) and prompts(task.heldout) == questions(rows("held", 4))

@@ -203,7 +203,9 @@ def data_splits(
     train_split = split or opened.train_split()
     rows = read_rows(opened, train_split, **fields)  # type: ignore[arg-type]
     same = eval_source in ("", source) and eval_config in ("", opened.config)
-    held_from = opened if same else open_source(eval_source or source, eval_config or config)
+    # --data-config names the training source's configuration: another held-out source names its own
+    held_config = eval_config or (config if eval_source in ("", source) else "")
+    held_from = opened if same else open_source(eval_source or source, held_config)
     held_split = eval_split or held_from.eval_split(train_split if same else held_from.train_split())
     split_off = same and held_split == train_split
     if split_off:
