@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import pytest
 
@@ -153,7 +154,7 @@ def test_the_memory_check_leaves_alone_what_a_python_config_set(monkeypatch):
 
     def record(model, config, prompt_tokens, device, adaptable, *rest):
         seen["adaptable"] = set(adaptable)
-        return {}, None
+        return {}, types.SimpleNamespace(host={})  # a prediction with no host terms
 
     monkeypatch.setattr("grpo.memory_check.adapt_to_memory", record)
     config = TrainConfig(gradient_checkpointing=True, eval_batch_size=128)
