@@ -135,8 +135,11 @@ def test_the_held_out_panel_tells_the_full_evaluation_from_the_alarms_subset(tmp
     lines = {line.get_label(): line for line in held_out.get_lines()}
     # 256 scored at the start and end; the alarms' subset is 128 - 32 training prompts = 96 held-out ones
     full, subset = lines["greedy pass@1, 256 prompts"], lines["subset (alarms), 96 prompts"]
-    # the run's one colour, but a dash and a marker of its own
-    assert full.get_color() == subset.get_color()
+    # the run's hue, but a shade, a dash and a marker of its own
+    from matplotlib.colors import rgb_to_hsv, to_rgb
+
+    hue = [float(rgb_to_hsv(to_rgb(line.get_color()))[0]) for line in (full, subset)]
+    assert abs(hue[0] - hue[1]) < 0.01 and full.get_color() != subset.get_color()
     assert full.get_linestyle() != subset.get_linestyle() and full.get_marker() != subset.get_marker()
     legend = [text.get_text() for text in held_out.get_legend().get_texts()]
     assert "greedy pass@1, 256 prompts" in legend and "subset (alarms), 96 prompts" in legend
@@ -151,14 +154,21 @@ def test_three_runs_in_the_png_one_colour_each_and_no_two_series_of_a_panel_alik
         both = [{**r, "generate_wasted_frac": 0.3, "zero_var_tokens_frac": 0.4, "screen_predicted_mixed": 0.5,
                  "screen_observed_mixed": 0.6} if r["step"] else r for r in lines]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in both))
+    from matplotlib.colors import rgb_to_hsv, to_rgb
+
     fig = figure([load_run(r) for r in runs])
-    colors = {}
+    hues, first = {}, {}
     for ax, (title, _, _) in zip(fig.axes, PANELS, strict=True):
-        looks = [(line.get_color(), str(line.get_linestyle()), line.get_marker()) for line in ax.get_lines()]
-        assert len(looks) == len(set(looks)), title
+        colours = [line.get_color() for line in ax.get_lines()]
+        assert len(colours) == len(set(colours)), title  # no two series of a panel in one colour
         for line in ax.get_lines():
-            colors.setdefault(line.get_label().split(":")[0], set()).add(line.get_color())
-    assert colors == {"a": {"#1f77b4"}, "b": {"#ff7f0e"}, "c": {"#2ca02c"}}
+            run = line.get_label().split(":")[0]
+            hues.setdefault(run, set()).add(float(rgb_to_hsv(to_rgb(line.get_color()))[0]))
+            first.setdefault(run, line.get_color())
+    # one hue per run (its series are shades of it; hex rounding moves a hue by under 0.01)
+    assert all(max(h) - min(h) < 0.01 for h in hues.values()), hues
+    assert min(abs(min(hues[a]) - min(hues[b])) for a, b in (("a", "b"), ("b", "c"), ("a", "c"))) > 0.1
+    assert first == {"a": "#1f77b4", "b": "#ff7f0e", "c": "#2ca02c"}
     wasted = fig.axes[[title for title, _, _ in PANELS].index("generation wasted on zero-variance groups")]
     assert len(wasted.get_lines()) == 6  # two series of each of the three runs
     png, page = write_report(runs)

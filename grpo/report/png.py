@@ -30,8 +30,16 @@ def _line_style(key: str, series_index: int) -> dict:
     return style
 
 
+def shade(color: str, series_index: int) -> str:
+    """A run's colour for its first series of a panel, darker for each next one: one hue per run (scaling
+    red, green and blue alike keeps the hue) and no two series of a panel in one colour, in print as well."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    return to_hex(tuple(channel * 0.6 ** series_index for channel in to_rgb(color)))
+
+
 def plot(runs: Sequence[Run], out: Path) -> None:
-    """The panels over the whole planned run, one colour per run, a dash per series, alarm steps shaded; a PNG."""
+    """The panels over the whole planned run, one hue per run, a shade and a dash per series, alarm steps shaded; a PNG."""
     import matplotlib.pyplot as plt
 
     fig = figure(runs)
@@ -40,7 +48,7 @@ def plot(runs: Sequence[Run], out: Path) -> None:
 
 
 def figure(runs: Sequence[Run]):  # -> matplotlib.figure.Figure
-    """The report's figure: panels, one colour per run, a dash per series of a run, alarm steps shaded."""
+    """The report's figure: panels, one hue per run, a shade and a dash per series of a run, alarm steps shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,7 +60,7 @@ def figure(runs: Sequence[Run]):  # -> matplotlib.figure.Figure
     for ax, (title, patterns, ylim) in zip(axes.flat, PANELS, strict=True):
         for index, run in enumerate(runs):
             for n, key in enumerate(run.panel_keys(patterns)):
-                ax.plot(*run.series(key), color=run_color(index), label=label(key, run, len(runs)),
+                ax.plot(*run.series(key), color=shade(run_color(index), n), label=label(key, run, len(runs)),
                         **_line_style(key, n))
             for step in alarm_steps(run):
                 ax.axvspan(step - 0.5, step + 0.5, color=run_color(index), alpha=0.12, linewidth=0)
