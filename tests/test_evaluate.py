@@ -398,7 +398,7 @@ def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkey
     monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     monkeypatch.setattr("grpo.models.load_policy",
-                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": None})())
+                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity()})())
     with pytest.raises(SystemExit):
         main(["eval", "--model", str(run / "model"), "--task", "add", "--eval-size", "4", "--samples", "2",
               "--k", "1", "--max-new-tokens", "4", "--no-progress", *given])

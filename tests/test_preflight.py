@@ -529,7 +529,8 @@ def test_only_a_time_budget_lets_the_measured_pace_change_a_run(tmp_path, monkey
     runs = []
     for name, seconds in (("idle", 0.01), ("busy", 60.0)):
         monkeypatch.setattr(grpo.trainer, "run_preflight", at_pace(seconds))
-        trainer = tiny_trainer(steps=3, minutes=minutes, preflight="warn", filter_groups=True, group_size=8)
+        trainer = tiny_trainer(steps=3, minutes=minutes, preflight="warn", filter_groups=True,
+                                   not_given=("group_size",))  # G 8, the default: the budget may adapt it
         trainer.train(tmp_path / name)
         runs.append((trainer.config.group_size, trainer.config.max_gen_rounds, metrics_lines(tmp_path / name)))
     (idle_group, idle_rounds, idle), (busy_group, busy_rounds, busy) = runs

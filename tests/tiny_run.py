@@ -27,10 +27,12 @@ def tiny_task(reward=count_a) -> Task:
     return Task("tiny", rows[:32], rows[32:], reward)
 
 
-def tiny_config(**kw) -> TrainConfig:
+def tiny_config(*, not_given: tuple[str, ...] = (), **kw) -> TrainConfig:
+    """The tiny run's config; ``not_given`` options are left to their defaults, as a user who names none of
+    them (the run may adapt those)."""
     base = dict(preflight="off", eval_every=-1, temperature=1.0, sampler="uniform", filter_groups=False, steps=4, prompts_per_step=4, group_size=4, max_new_tokens=6, lr=1e-2, warmup_steps=1,
                 eval_size=8, sample_every=2, device="cpu", save_model=False, save_every=1, reward_workers=0)
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig(**{k: v for k, v in {**base, **kw}.items() if k not in not_given})
 
 
 def tiny_trainer(reward=count_a, **kw) -> GRPOTrainer:
