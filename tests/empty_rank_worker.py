@@ -56,6 +56,7 @@ def main() -> None:
     trainer.sampling.engine = None
     trainer.close()
     rank = trainer.world.rank
+    torch.distributed.barrier()  # every rank done before any tears the group down (gloo aborts a peer mid-teardown)
     trainer.world.close()
     (out / f"rank{rank}.json").write_text(json.dumps({"device": str(trainer.device), **found}))
 
