@@ -374,7 +374,7 @@ def sample_and_score(
     g = group_size or cfg.group_size
     t0 = time.perf_counter()
     t.model.eval()
-    options = dict(group_size=g, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+    options = dict(group_size=g, max_new_tokens=cfg.max_new_tokens, temperature=t.temperature.value,
                    top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
     rows = [t.task.train[i] for i in prompts]
     with t.autocast:

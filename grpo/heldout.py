@@ -45,7 +45,7 @@ def evaluate_heldout(sampling: Sampling, on_batch: Callable[[int], None] | None 
         mine = sampling.policy.without_grad(
             evaluate, sampling.tokenizer, prompts, rows, sampling.checker,
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-            samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=cfg.temperature,
+            samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=sampling.temperature.value,
             streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=sampling.agent,
             token_budget=cfg.micro_batch_tokens,
         )

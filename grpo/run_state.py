@@ -1,10 +1,9 @@
 """What a run carries from step to step and through a checkpoint.
 
-The configuration is frozen once the first step starts (but for the
-temperature under temperature_target, which the run state carries and the
-trainer sets on the config each step); what the run learns about itself later
-lives here: the held-out history the alarms read, the
-count of NaN/inf steps in a row, the seconds trained, and the evaluation
+The configuration is frozen once the first step starts; what the run learns
+about itself later lives here: the held-out history the alarms read, the sampling
+temperature under temperature_target (grpo.sides.Temperature, which both sides of a
+step read), the count of NaN/inf steps in a row, the seconds trained, and the evaluation
 schedule and alarm window, planned before step 1 from the planned steps alone
 (never from a measured time). Checkpoints (grpo/checkpoint.py) hold all of it, so a
 resumed run continues exactly where the unbroken one would be.

@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class Temperature:
+    """The temperature the next step samples and trains at: the configuration's, or under temperature_target
+    the run's adapted one (its state, kept in checkpoints by grpo/run_state.py; the configuration keeps the
+    resolved --temperature, the start). One object, shared by both sides, so the update scores at the
+    temperature the sampler drew at."""
+
+    value: float
+
+
+@dataclass
 class Sampling:
     """What generating a batch, scoring it and evaluating read. The stateful parts (sampler, draws,
     screen, scorer) are shared by reference with every copy."""
@@ -51,6 +61,7 @@ class Sampling:
     agent: Agent | None  # None: single-turn
     toolbox: ToolBox | None  # the agent's tool workers
     engine: VLLMEngine | None  # None: the own sampler, on the policy itself
+    temperature: Temperature  # the next step's (temperature_target adapts it; the config's is the start)
 
 
 @dataclass
@@ -66,3 +77,4 @@ class Learner:
     tokenizer: object  # its pad id pads the micro-batches
     autocast: AbstractContextManager
     order_rng: random.Random  # the minibatches' order (the prompt sampler's RNG, unless sampling runs ahead)
+    temperature: Temperature  # the sampler's (the same object as Sampling's)

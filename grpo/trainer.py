@@ -67,7 +67,7 @@ from grpo.setup import (
     preflight_may_change,
     preflight_verdict,
 )
-from grpo.sides import Learner, Sampling
+from grpo.sides import Learner, Sampling, Temperature
 from grpo.source import batch_source
 from grpo.step_metrics import (
     RunLog,
@@ -136,6 +136,8 @@ class GRPOTrainer:
         self.engine = build_engine(config, self.world, self.device, self.model, self.tokenizer, self.agent,
                                    self.train_prompts)  # None: the own sampler, on the policy itself
         self.autocast = gpu_autocast(self.device)
+        # the run's sampling temperature, which temperature_target adapts: state, not configuration
+        self.temperature = Temperature(config.temperature)
         self.draft = config  # the config as the pre-flight check samples with it, before what it fits
         if preflight_may_change(config, fit=self.fit_token_limit):  # settled in train(), after the check
             # until then the sides are the check's, with no prompt sampler (it draws its own prompts)
@@ -144,8 +146,8 @@ class GRPOTrainer:
             self._settle(config)
 
     def _settle(self, config: TrainConfig) -> None:
-        """The config the steps run with (assigned here; only temperature_target changes it later), and what is built from it: the prompt
-        sampler (and its RNG), the draw counts, the screen, the two sides of a step and the batch source."""
+        """The config the steps run with (assigned here, once; nothing changes it later), and what is built from
+        it: the prompt sampler (and its RNG), the draw counts, the screen, the two sides of a step and the batch source."""
         self.config = config
         self.prompt_rng = random.Random(config.seed)
         self.sampler = make_sampler(
@@ -165,9 +167,9 @@ class GRPOTrainer:
         """The two sides of a step (grpo/sides.py) over the trainer's parts, with this config."""
         return (Sampling(config, self.world, self.device, self.task, self.tokenizer, self.model, self.policy,
                          self.autocast, self.train_prompts, self.heldout_prompts, sampler, draws, screen, self.score,
-                         self.checker, self.reward_fns, self.agent, self.toolbox, self.engine),
+                         self.checker, self.reward_fns, self.agent, self.toolbox, self.engine, self.temperature),
                 Learner(config, self.world, self.model, self.policy, self.reference, self.optimizer, self.tokenizer,
-                        self.autocast, order_rng))
+                        self.autocast, order_rng, self.temperature))
 
     def checkpoint_parts(self) -> dict[str, object]:
         """The run's state besides the weights and the optimiser's, by name, as a checkpoint holds it
@@ -301,9 +303,8 @@ class GRPOTrainer:
             metrics = self.step(step)
             self.totals.add(metrics)
             if cfg.temperature_target:  # the next step's temperature, from this one's entropy (same on every rank)
-                state.temperature = adapted_temperature(self.config.temperature, metrics["entropy"],
-                                                        cfg.temperature_target)
-                self._set_temperature(state.temperature)
+                state.temperature = self.temperature.value = adapted_temperature(
+                    self.temperature.value, metrics["entropy"], cfg.temperature_target)
             if step == first_step + 1:
                 say_measured_memory(self, step)
             if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
@@ -371,14 +372,8 @@ class GRPOTrainer:
         if self.sources.get("minutes") == "resume":  # --minutes given on resume: that long from now
             state.train_seconds = 0.0
         if state.temperature:  # temperature_target's, where the run stopped
-            self._set_temperature(state.temperature)
+            self.temperature.value = state.temperature
         return state
-
-    def _set_temperature(self, temperature: float) -> None:
-        """Sample and train the next steps at this temperature (temperature_target): the run's config, as
-        both sides of a step read it, with only the temperature changed."""
-        self.config = replace(self.config, temperature=temperature)
-        self.sampling.config = self.learner.config = self.config
 
     def _top_completions(self) -> str:
         """The latest step's highest-scoring completions, for the checker-suspected alarm."""

@@ -184,7 +184,7 @@ def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch
         # as often (the shared-prefix pass makes a data-dependent number of calls)
         logp, entropy = learner.policy(
             rollout_logprobs, sub, learner.tokenizer.pad_token_id,
-            temperature=cfg.temperature, with_entropy=True, share_prefix=not learner.world.fsdp,
+            temperature=learner.temperature.value, with_entropy=True, share_prefix=not learner.world.fsdp,
             checkpoint_layers=cfg.gradient_checkpointing,
         )
     old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, sub_rows, old_all)
@@ -275,7 +275,7 @@ def scored_logprobs(learner: Learner, policy: Policy, rollout: Rollout, context:
     parts = micro_batches(learner.config, rollout, torch.arange(len(rollout.prompt_ids)))
     with context or nullcontext(), learner.autocast:
         return policy.without_grad(micro_batched_logprobs, rollout, parts, learner.tokenizer.pad_token_id,
-                                   temperature=learner.config.temperature)
+                                   temperature=learner.temperature.value)
 
 
 def micro_batched_logprobs(model: nn.Module, rollout: Rollout, parts: list[Micro], pad_id: int, *,
@@ -342,7 +342,7 @@ def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None
     start = gpu_clock()
     with learner.autocast:  # as micro_step calls it: under FSDP no shared prefix (its calls vary by rank)
         logp, _ = learner.policy(rollout_logprobs, part, learner.tokenizer.pad_token_id,
-                                 temperature=cfg.temperature, checkpoint_layers=cfg.gradient_checkpointing,
+                                 temperature=learner.temperature.value, checkpoint_layers=cfg.gradient_checkpointing,
                                  share_prefix=not learner.world.fsdp)
     (logp.float() * part.mask).sum().backward()
     learner.optimizer.zero_grad(set_to_none=True)

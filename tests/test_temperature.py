@@ -43,6 +43,14 @@ def test_each_step_samples_at_the_temperature_the_step_before_set(tmp_path):
     # the update trains at the temperature the sampler used: its log-probs are the sampler's (an update left at
     # the old temperature would differ by the change of scale, tenths of a nat)
     assert all(row["sampler_logp_diff_max"] < 1e-3 for row in steps), [row["sampler_logp_diff_max"] for row in steps]
+    # the adapted T is the run's state: the configuration stays the resolved --temperature (the trainer used to
+    # write each step's T into it, and the checkpoints' configuration held the last one: 0.68 here)
+    last = math.nan if steps[-1]["entropy"] is None else steps[-1]["entropy"]
+    assert trainer.config.temperature == 1.0
+    assert trainer.temperature.value == pytest.approx(adapted_temperature(steps[-1]["temperature"], last, 1.0))
+    from grpo.checkpoint import latest, read_meta
+
+    assert read_meta(latest(tmp_path / "run"))["config"]["temperature"] == 1.0
 
 
 @pytest.mark.model
@@ -53,4 +61,5 @@ def test_a_resumed_run_samples_at_the_temperature_it_reached(tmp_path):
     resumed = tiny_trainer(steps=4, **kw)
     resumed.train(tmp_path / "split", resume=True)
     assert metrics_lines(tmp_path / "straight") == metrics_lines(tmp_path / "split")
-    assert resumed.config.temperature < 1.0
+    assert resumed.config.temperature == 1.0 and resumed.temperature.value < 1.0  # the state restored, not the config
+    assert resumed.learner.temperature is resumed.sampling.temperature is resumed.temperature
