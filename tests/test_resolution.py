@@ -57,36 +57,68 @@ def test_given_is_recorded_by_the_constructor_and_carried_by_replace():
 
 # ---- every option of `grpo train`, given three ways ----
 
-# A second value for options whose generic one would not mean anything here (a file, a field of a file).
-OTHER = {"model": "smollm2", "data": "examples/subtract.jsonl", "eval_data": "examples/subtract.jsonl",
-         "prompt_template": "{prompt} Answer:", "system_prompt": "Be brief.", "rewards": ("math_answer",),
-         "tools": "none", "env": "", "output": "runs/x", "chat_template": "", "vllm_python": "", "device": "cpu",
-         "prompt_field": "prompt", "answer_field": "answer", "stop": ("\n\n",), "eval_k": (1,), "sampler": "uniform"}
+WORDS = "examples/word-problems"  # a dataset laid out as on the hub: configurations main and socratic
+# For every option of `grpo train`, a second value that is neither its default nor its automatic value (a
+# new option without one here fails test_the_parser_test_covers_every_option), and the options it needs
+# beside it to be read at all (BESIDE: the same three ways).
+SECOND = {
+    "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "task": "countdown", "data": "examples/subtract.jsonl",
+    "eval_data": "examples/subtract.jsonl", "data_config": "socratic", "data_split": "test",
+    "eval_config": "socratic", "eval_split": "train", "prompt_field": "question", "answer_field": "answer",
+    "system_prompt": "Be brief.", "prompt_template": "{question} Answer:", "prompt_format": "chat",
+    "chat_template": "bench/tokenizer/chat_template.jinja", "few_shot": 2, "rewards": ("math_answer",),
+    "reward_style": "trl", "reward_weights": (0.5,), "reward_workers": 1, "reward_timeout": 15.0,
+    "on_error": "raise", "tools": "tests/combo_plugins.py:echo", "env": "tests/combo_plugins.py:Count",
+    "max_turns": 3, "max_episode_tokens": 100, "turn_discount": 0.5, "tool_timeout": 5.0, "env_timeout": 15.0,
+    "sandbox": "weak", "steps": 7, "minutes": 2.5, "seed": 3, "output": "runs/x", "prompts_per_step": 4,
+    "group_size": 4, "batch_size": 16, "max_new_tokens": 20, "mask_truncated": True, "temperature": 0.9,
+    "temperature_target": 0.5, "top_p": 0.9, "stop": ("\n\n",), "top_k": 20, "lr": 2e-5, "warmup_steps": 5,
+    "weight_decay": 0.1, "max_grad_norm": 0.5, "beta": 0.04, "objective": "cispo", "clip_low": 0.1,
+    "clip_high": 0.3, "ratio_cap": 10.0, "sapo_tau_pos": 0.5, "sapo_tau_neg": 0.9,
+    "advantage_estimator": "rloo", "scale": "batch", "ratio_level": "sequence", "aggregate": "fixed",
+    "tis_cap": 4.0, "tis_level": "sequence", "tis_mode": "mask", "tis_low": 0.5, "epochs": 2, "minibatches": 2,
+    "micro_batch_tokens": 2048, "gradient_checkpointing": True, "skip_zero_advantage": False, "async_lag": 1,
+    "filter_groups": False, "max_gen_rounds": 2, "round_prompts": 16, "sampler": "uniform", "explore_frac": 0.5,
+    "sampler_half_life": 10.0, "screen": 4, "screen_by": "probe", "screen_explore": 0.5, "lora_rank": 8,
+    "lora_alpha": 8.0, "eval_size": 64, "eval_every": 3, "eval_subset": 32, "eval_train": 8, "eval_samples": 4,
+    "eval_k": (1,), "eval_batch_size": 64, "sample_every": 5, "log_every": 5, "alarm_window": 8,
+    "early_stop": False, "no_signal_steps": 3, "preflight": "warn", "adapt": False, "preflight_prompts": 8,
+    "wandb": True, "engine": "vllm", "vllm_python": "/usr/bin/python3", "vllm_sleep": False, "vllm_memory": 0.5,
+    "vllm_bucket_mb": 512.0, "device": "cpu", "threads": 2, "heap_release_mb": 4, "save_every": 10,
+    "keep_checkpoints": 3, "max_bad_steps": 2, "fsdp": True, "save_model": False,
+}
+BESIDE = {
+    "data_config": {"data": WORDS}, "data_split": {"data": WORDS, "data_config": "main"},
+    "eval_config": {"data": WORDS, "data_config": "main"}, "eval_split": {"data": WORDS, "data_config": "main"},
+    "prompt_field": {"data": "examples/subtract.jsonl"}, "answer_field": {"data": "examples/subtract.jsonl"},
+    "prompt_template": {"data": "examples/subtract.jsonl"}, "reward_weights": {"rewards": ("math_answer",)},
+    "env": {"tools": "none"}, "ratio_cap": {"objective": "dppo_tv"}, "sapo_tau_pos": {"objective": "sapo"},
+    "sapo_tau_neg": {"objective": "sapo"}, "ratio_level": {"objective": "ppo"}, "tis_low": {"tis_mode": "mask"},
+    "batch_size": {"group_size": 8}, "round_prompts": {"prompts_per_step": 8},
+}
+# Values equal to another objective's recommendation, or to the default, given beside an objective that
+# recommends otherwise: each stands as given (they used to be replaced by the objective's recommendation).
+AT_A_RECOMMENDATION = [
+    ("clip_low", 0.2, {"objective": "gmpo"}), ("clip_high", 0.28, {"objective": "gmpo"}),
+    ("aggregate", "token", {"objective": "gmpo"}), ("aggregate", "token", {"objective": "sapo"}),
+    ("clip_low", 0.2, {"objective": "cispo"}), ("clip_high", 0.28, {"objective": "dppo_tv"}),
+    ("clip_low", 0.4, {"objective": "gmpo"}), ("aggregate", "sequence", {"objective": "ppo"}),
+    ("clip_high", 4.0, {"objective": "cispo"}),
+]
 
 
-def _options() -> list[tuple[str, object]]:
-    """(option, value) for every TrainConfig option `grpo train` takes: its default, and one other value."""
+def _options() -> list[tuple[str, object, dict]]:
+    """(option, value, the options beside it) for every TrainConfig option `grpo train` takes: its default,
+    its second value, and the values at an objective's recommendation."""
     train = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith("train"))
     dests = {a.dest for a in train._actions}
-    hints = typing.get_type_hints(TrainConfig)
     cases = []
     for f in option_fields():
         assert f.name in dests, f"{flag(f.name)} is not an option of grpo train"
-        cases.append((f.name, f.default))
-        cases.append((f.name, OTHER[f.name] if f.name in OTHER else _other(f.default, hints[f.name])))
-    return cases
-
-
-def _other(default: object, kind: object) -> object:
-    if kind is bool:
-        return not default
-    if kind is int:
-        return default + 1 if default else 1
-    if kind is float:
-        return default / 2 if default else 0.5
-    if typing.get_origin(kind) is tuple:
-        return (1.0,)
-    return default  # strings with choices: the default again
+        cases.append((f.name, f.default, {}))
+        if f.name in SECOND:
+            cases.append((f.name, SECOND[f.name], BESIDE.get(f.name, {})))
+    return cases + AT_A_RECOMMENDATION
 
 
 def _cli(name: str, value: object) -> list[str]:
@@ -97,18 +129,19 @@ def _cli(name: str, value: object) -> list[str]:
     return [f"{flag(name)}={value}"]
 
 
-def _resolved(how, name, value, tmp_path, monkeypatch):
+def _resolved(how, name, value, beside, tmp_path, monkeypatch):
     """The resolved config (values) and sources, or the refusal's line."""
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    given = {**beside, name: value}
     try:
         if how == "python":
-            config, origin = TrainConfig(**{name: value}), None
+            config, origin = TrainConfig(**given), None
         else:
             if how == "cli":
-                argv = ["train", *_cli(name, value)]
+                argv = ["train", *(arg for key, v in given.items() for arg in _cli(key, v))]
             else:
                 path = tmp_path / "c.yaml"
-                path.write_text(yaml.safe_dump({name: list(value) if isinstance(value, tuple) else value}))
+                path.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}))
                 argv = ["train", "--config", str(path)]
             if value == () and how == "cli":  # an empty list cannot be written on a command line
                 return None
@@ -120,12 +153,12 @@ def _resolved(how, name, value, tmp_path, monkeypatch):
     return run.config.to_dict(), sources
 
 
-@pytest.mark.parametrize("name, value", _options(), ids=lambda v: str(v)[:24])
-def test_every_option_given_stands_the_same_three_ways(name, value, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, value, beside", _options(), ids=lambda v: str(v)[:24])
+def test_every_option_given_stands_the_same_three_ways(name, value, beside, tmp_path, monkeypatch):
     """Given on the command line, in a config file or to TrainConfig, an option's value resolves to the same
     configuration; the value stands exactly (at its default too), or all three refuse it in one line naming
     it. (A documented "automatic" value, 0 or "", still means automatic.)"""
-    results = [_resolved(how, name, value, tmp_path, monkeypatch) for how in ("cli", "file", "python")]
+    results = [_resolved(how, name, value, beside, tmp_path, monkeypatch) for how in ("cli", "file", "python")]
     results = [r for r in results if r is not None]
     assert all(r == results[0] for r in results), f"{name}={value!r}: {results}"
     outcome = results[0]
@@ -140,7 +173,17 @@ def test_every_option_given_stands_the_same_three_ways(name, value, tmp_path, mo
 
 
 def test_the_parser_test_covers_every_option():
-    assert len({name for name, _ in _options()}) == len(option_fields()) >= 100
+    """Every option has its default and a second value that is neither the default nor automatic: an option
+    added without a second value in SECOND fails here."""
+    names = [f.name for f in option_fields()]
+    assert sorted(SECOND) == sorted(names) and len(names) >= 100
+    hints = typing.get_type_hints(TrainConfig)
+    for f in option_fields():
+        value = SECOND[f.name]
+        assert value != f.default and (isinstance(value, bool) or value not in (0, "")), f.name
+        assert isinstance(value, typing.get_origin(hints[f.name]) or hints[f.name]), f.name
+    cases = _options()
+    assert len(cases) == 2 * len(names) + len(AT_A_RECOMMENDATION)
 
 
 # ---- refused before anything loads ----
