@@ -48,21 +48,53 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_config_options(parser: argparse.ArgumentParser, names: typing.Iterable[str] = ()) -> None:
-    """An option per TrainConfig field (only ``names``, when given), its doc the help; unset: None."""
+# `grpo train --help` by part of the run: each TrainConfig option in exactly one section (tests/test_cli.py)
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("model", "lora_rank", "lora_alpha"),
+    "data": ("task", "data", "eval_data", "data_config", "data_split", "eval_config", "eval_split", "prompt_field",
+             "answer_field", "system_prompt", "prompt_template", "prompt_format", "chat_template", "few_shot"),
+    "rewards": ("rewards", "reward_style", "reward_weights", "reward_timeout", "on_error", "sandbox", "tools", "env",
+                "max_turns", "max_episode_tokens", "turn_discount", "tool_timeout", "env_timeout"),
+    "sampling": ("prompts_per_step", "group_size", "batch_size", "max_new_tokens", "mask_truncated", "temperature",
+                 "temperature_target", "top_p", "top_k", "stop", "filter_groups", "max_gen_rounds", "round_prompts",
+                 "sampler", "explore_frac", "sampler_half_life", "screen", "screen_by", "screen_explore"),
+    "objective": ("objective", "clip_low", "clip_high", "ratio_cap", "sapo_tau_pos", "sapo_tau_neg",
+                  "advantage_estimator", "scale", "ratio_level", "aggregate", "beta", "tis_cap", "tis_level",
+                  "tis_mode", "tis_low"),
+    "schedule": ("steps", "minutes", "seed", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "epochs",
+                 "minibatches", "async_lag", "adapt"),
+    "evaluation": ("eval_size", "eval_every", "eval_subset", "eval_train", "eval_samples", "eval_k",
+                   "eval_batch_size", "preflight", "preflight_prompts"),
+    "alarms": ("alarm_window", "early_stop", "no_signal_steps", "max_bad_steps"),
+    "engine": ("engine", "vllm_python", "vllm_sleep", "vllm_memory", "vllm_bucket_mb", "device", "threads",
+               "micro_batch_tokens", "gradient_checkpointing", "skip_zero_advantage", "heap_release_mb"),
+    "processes": ("fsdp", "reward_workers"),
+    "output": ("output", "save_every", "keep_checkpoints", "save_model", "sample_every", "log_every", "wandb"),
+}
+
+
+def _add_config_options(parser: argparse.ArgumentParser, names: typing.Iterable[str] = ()) -> dict[str, object]:
+    """An option per TrainConfig field (only ``names``, when given), its doc the help; unset: None. Each in
+    its section's argument group (SECTIONS); returns the groups by section."""
     hints = typing.get_type_hints(TrainConfig)
+    names = set(names)
+    section = {name: part for part, members in SECTIONS.items() for name in members}
+    groups = {part: parser.add_argument_group(part) for part in SECTIONS
+              if not names or names & set(SECTIONS[part])}
     for f in option_fields():
         if names and f.name not in names:
             continue
         kind = hints[f.name]
+        group = groups[section[f.name]]
         help_text = f"{f.metadata['help']} (default: {f.default!r})"
         if kind is bool:
-            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            group.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(kind) is tuple:
             inner = typing.get_args(kind)[0]
-            parser.add_argument(flag(f.name), type=inner, nargs="+", default=None, help=help_text, metavar=f.name.upper())
+            group.add_argument(flag(f.name), type=inner, nargs="+", default=None, help=help_text, metavar=f.name.upper())
         else:
-            parser.add_argument(flag(f.name), type=kind, default=None, help=help_text, metavar=kind.__name__.upper())
+            group.add_argument(flag(f.name), type=kind, default=None, help=help_text, metavar=kind.__name__.upper())
+    return groups
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,16 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model with GRPO", description="Train a model with GRPO.")
     train.add_argument("--config", metavar="FILE", help="YAML or TOML file of options; options given here win")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    _add_config_options(train)
-    train.add_argument("--no-preflight", dest="preflight", action="store_const", const="off",
-                       help="skip the pre-flight check (the same as --preflight off)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    groups = _add_config_options(train)
+    groups["evaluation"].add_argument("--no-preflight", dest="preflight", action="store_const", const="off",
+                                      help="skip the pre-flight check (the same as --preflight off)")
+    groups["output"].add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--dry-run", action="store_true",
                        help="print the resolved configuration, each value with where it came from, and what may "
                             "still change it, then exit: nothing loads, nothing is sampled (a refusal: its line, exit 2)")
-    train.add_argument("--nproc", type=int, default=1, metavar="INT",
-                       help="data-parallel processes on this machine, started by grpo itself with torchrun's environment; "
-                            "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
+    groups["processes"].add_argument(
+        "--nproc", type=int, default=1, metavar="INT",
+        help="data-parallel processes on this machine, started by grpo itself with torchrun's environment; "
+             "Ctrl-C reaches grpo, which passes it on to each once (default: 1)")
     _add_eval(sub)
     report = sub.add_parser("report", help="an interactive HTML page and a PNG for a run, or several on one axis",
                          description="Write report.html (charts with hover and zoom, each sampled step's groups, "

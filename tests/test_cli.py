@@ -1,0 +1,41 @@
+"""The command line's shape: `grpo train --help` groups its options by part of the run."""
+
+from __future__ import annotations
+
+from grpo.cli.parser import SECTIONS, build_parser, flag
+from grpo.config import option_fields
+
+PARTS = ["model", "data", "rewards", "sampling", "objective", "schedule", "evaluation", "alarms", "engine",
+         "processes", "output"]
+
+
+def _train_parser():
+    return next(p for p in build_parser()._subparsers._group_actions[0].choices.values() if p.prog.endswith("train"))
+
+
+def test_train_help_shows_every_option_in_exactly_one_section():
+    train = _train_parser()
+    groups = {group.title: {action.dest for action in group._group_actions} for group in train._action_groups}
+    assert [title for title in groups if title in SECTIONS] == list(SECTIONS) == PARTS
+    names = [f.name for f in option_fields()]
+    assert sorted(name for members in SECTIONS.values() for name in members) == sorted(names)  # once each
+    for name in names:
+        assert [part for part in PARTS if name in groups[part]] == [part for part in PARTS if name in SECTIONS[part]]
+        assert not any(name in members for title, members in groups.items() if title not in PARTS), name
+    shown = train.format_help()
+    assert [shown.index(f"\n{part}:\n") for part in PARTS] == sorted(shown.index(f"\n{part}:\n") for part in PARTS)
+    at = lambda option: shown.index(f"  {flag(option)} ")  # noqa: E731  its help entry, not the usage line
+    assert shown.index("\nsampling:\n") < at("temperature") < shown.index("\nobjective:\n") < at("clip_low")
+
+
+def test_set_by_user_is_not_an_option():
+    train = _train_parser()
+    assert "set_by_user" not in {action.dest for action in train._actions}
+    assert "--set-by-user" not in train.format_help() and "--set-by-user" not in train._option_string_actions
+    assert "given" not in {action.dest for action in train._actions}  # the record of what was given, not an option
+
+
+def test_the_subcommands_that_take_some_options_group_them_too():
+    data = next(p for p in build_parser()._subparsers._group_actions[0].choices.values() if p.prog.endswith(" data"))
+    titles = [group.title for group in data._action_groups]
+    assert "data" in titles and "objective" not in titles  # only the sections it has options of
