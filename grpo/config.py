@@ -349,6 +349,14 @@ def option_fields() -> tuple[dataclasses.Field, ...]:
     return tuple(f for f in dataclasses.fields(TrainConfig) if not f.metadata.get("internal"))
 
 
+def with_given(config: TrainConfig, given: typing.Iterable[str]) -> TrainConfig:
+    """``config`` whose record of what the user gave is exactly ``given``: what a resolution filled or an
+    amendment changed is not given (dataclasses.replace counts each value it sets away from its default)."""
+    out = dataclasses.replace(config)
+    object.__setattr__(out, "given", frozenset(given))
+    return out
+
+
 def _plain(value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
@@ -400,7 +408,7 @@ def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, 
     fill("max_episode_tokens", current("max_turns") * (current("max_new_tokens") + 64), "default")
     # the window the run uses (grpo/run_state.py), as config.json shows it
     fill("alarm_window", alarm_window_for(planned_steps(current("steps"), current("minutes"))), "default")
-    return dataclasses.replace(config, **values), sources
+    return with_given(dataclasses.replace(config, **values), config.given), sources
 
 
 def refuse_unread(config: TrainConfig) -> None:

@@ -12,6 +12,10 @@ the terminal's Ctrl-C reaches this process alone, and it passes each SIGINT or S
 worker once: the first stops the run after the step with a checkpoint (grpo/interrupt.py), a second
 stops it at once. The exit status is
 the workers' (rank 0's when it failed): 130 after a SIGINT, 143 after a SIGTERM.
+
+The configuration is resolved once, here, before any worker starts: each worker reads the resolved and
+amended configuration, with each value's source, from the file RESOLVED_ENV names (grpo/cli/train.py),
+so a value the memory check set is the memory check's in every process, not the command line's.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 GRACE_S = 30.0  # after one worker failed, how long the others get to notice it before they are ended
+RESOLVED_ENV = "GRPO_RESOLVED_RUN"  # the file of the launching process's resolved configuration
 
 
 def free_port() -> int:
@@ -47,12 +54,23 @@ def exit_status(codes: list[int | None]) -> int:
     return shell[0] or next((code for code in shell if code), 0)
 
 
-def launch(nproc: int, argv: list[str]) -> int:
-    """Run ``python -m grpo ARGV`` as ranks 0..nproc-1; wait for all; return their exit status."""
+def launch(nproc: int, argv: list[str], *, resolved: str = "") -> int:
+    """Run ``python -m grpo ARGV`` as ranks 0..nproc-1; wait for all; return their exit status. ``resolved``:
+    the configuration as this process resolved it (JSON), which every worker reads instead of resolving."""
+    with tempfile.TemporaryDirectory(prefix="grpo-launch-") as folder:
+        extra = {}
+        if resolved:
+            path = Path(folder) / "resolved.json"
+            path.write_text(resolved, encoding="utf-8")
+            extra[RESOLVED_ENV] = str(path)
+        return _run_workers(nproc, argv, extra)
+
+
+def _run_workers(nproc: int, argv: list[str], extra: dict[str, str]) -> int:
     port = free_port()
     # A session of its own (and so a process group: setsid) for each worker, so the terminal's Ctrl-C
     # reaches this process alone; start_new_session, unlike process_group=, runs on Python 3.10.
-    procs = [subprocess.Popen([sys.executable, "-m", "grpo", *argv], env=worker_env(rank, nproc, port),
+    procs = [subprocess.Popen([sys.executable, "-m", "grpo", *argv], env={**worker_env(rank, nproc, port), **extra},
                               start_new_session=True) for rank in range(nproc)]
 
     def pass_on(signum: int, frame: object) -> None:

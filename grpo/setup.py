@@ -22,7 +22,14 @@ import torch
 from torch import nn
 
 from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
-from grpo.config import DATA_MAX_NEW_TOKENS, USER_SOURCES, ConfigError, TrainConfig, resolve_config
+from grpo.config import (
+    DATA_MAX_NEW_TOKENS,
+    USER_SOURCES,
+    ConfigError,
+    TrainConfig,
+    resolve_config,
+    with_given,
+)
 from grpo.distributed import Policy, World, full_state_dict, shard_policy
 from grpo.episodes import Agent
 from grpo.interrupt import RunStopped
@@ -59,7 +66,7 @@ class RunSetup:
         """The run with ``changes`` (a named amendment: what the memory or pre-flight check fitted) recorded."""
         if not changes:
             return self
-        return replace(self, config=replace(self.config, **changes),
+        return replace(self, config=with_given(replace(self.config, **changes), self.config.given),
                        sources={**self.sources, **{name: source for name in changes}})
 
     def user_gave(self, name: str) -> bool:

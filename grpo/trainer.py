@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from grpo.algorithm import adapted_temperature, group_advantages
 from grpo.batch import Batch, leave_out_errored
-from grpo.config import USER_SOURCES, TrainConfig, settle_config
+from grpo.config import USER_SOURCES, TrainConfig, settle_config, with_given
 from grpo.distributed import World, full_state_dict, init_world, use_device
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
@@ -255,7 +255,7 @@ class GRPOTrainer:
         preflight, changes = (None, {}) if resume or self.draft.preflight == "off" else self._preflight()
         if self.config is None:  # the check could change it: settled now, once, with what it fitted and adapted
             self.sources.update(dict.fromkeys(changes, "preflight"))
-            self._settle(replace(self.draft, **changes))
+            self._settle(with_given(replace(self.draft, **changes), self.draft.given))
         elif changes and self.world.is_main:  # step() ran by hand first, with the config as given: kept
             print(f"pre-flight: {sorted(changes)} not adopted: steps already ran with the config as given", flush=True)
         state = self._resume(run_dir) if resume else RunState.start(self.config,

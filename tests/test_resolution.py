@@ -52,6 +52,8 @@ def test_given_is_recorded_by_the_constructor_and_carried_by_replace():
     assert resolve_config(TrainConfig(), add)[0].max_new_tokens == 12
     calc = get_task("calc")
     assert resolve_config(TrainConfig(), calc)[0].minutes == 10.0
+    # what the resolution filled is not given (replace used to count every value it set away from the default)
+    assert resolve_config(TrainConfig(objective="gmpo"), add)[0].given == {"objective"}
     assert resolve_config(TrainConfig(minutes=0), calc)[0].minutes == 0.0
 
 
@@ -362,12 +364,54 @@ def test_the_docs_resume_example_trains_on_to_its_new_limit_after_a_budget_stop(
     args = build_parser().parse_args(["train", "--resume", str(tmp_path / "run"), "--steps", "4"])
     config, _, sources = _resume_config(args)
     assert (config.steps, config.minutes, sources["steps"]) == (4, 0.0, "resume")
+    # given: what the user gave, at the start (python) and on resume; not every key of the saved config, and
+    # not the time limit --steps lifts
+    assert sources["lr"] == "default" and sources["save_every"] == "python" and sources["minutes"] == "resume"
+    assert config.given == {k for k, v in sources.items() if v in ("python", "resume")} - {"minutes"}
     resumed = run(config, resumed=sources)
     assert resumed["steps"] == 4 and not resumed["out_of_time"]
     args = build_parser().parse_args(["train", "--resume", str(tmp_path / "run"), "--steps", "6", "--minutes", "5"])
     config, _, sources = _resume_config(args)
     last = run(config, resumed=sources)
     assert last["steps"] == 6, {k: last[k] for k in ("out_of_time", "stopped_early", "steps_planned", "minutes")}  # 5 minutes from the resume: room for two tiny steps
+
+
+def test_nproc_resolves_once_and_hands_the_processes_its_configuration_with_sources(tmp_path, monkeypatch):
+    """`grpo train --nproc 2` resolves and amends once, and each process it starts reads that configuration
+    with its sources: a value the memory check set is the memory check's there too (the processes used to
+    get it on their command line and record it as cli). A torchrun started by hand resolves in each process."""
+    from grpo.cli import main
+    from grpo.cli.train import run_from_args
+
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    monkeypatch.setattr("grpo.memory_check.adapt_to_memory",
+                        lambda *a, **k: ({"micro_batch_tokens": 512}, types.SimpleNamespace(host={})))
+    started = []
+
+    class Process:
+        """A process the launcher starts: its run, resolved here in its environment, instead of training."""
+
+        returncode = 0
+
+        def __init__(self, command, env, **kwargs):
+            with monkeypatch.context() as inside:
+                for key, value in env.items():
+                    inside.setenv(key, value)
+                started.append(run_from_args(build_parser().parse_args(command[3:]), int(env["WORLD_SIZE"]))[0])
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr("grpo.launcher.subprocess", types.SimpleNamespace(Popen=Process))
+    assert main(["train", "--nproc", "2", "--steps", "3", "--output", str(tmp_path / "run")]) == 0
+    assert len(started) == 2
+    for run in started:
+        assert run.config.micro_batch_tokens == 512 and run.sources["micro_batch_tokens"] == "memory"
+        assert (run.sources["steps"], run.sources["max_new_tokens"]) == ("cli", "task")
+        assert run.config.given == {"steps", "output"}  # the memory check's value is not the user's
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun by hand: nothing handed over, the command line resolved
+    run, _ = run_from_args(build_parser().parse_args(["train", "--steps", "3"]), 2)
+    assert run.sources["steps"] == "cli" and run.sources["micro_batch_tokens"] == "default"
 
 
 # ---- grpo train --dry-run ----

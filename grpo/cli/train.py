@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.cli.parser import flag
-from grpo.config import ConfigError, TrainConfig, load_config_file, option_fields
+from grpo.config import USER_SOURCES, ConfigError, TrainConfig, load_config_file, option_fields, with_given
 
 if TYPE_CHECKING:
     from grpo.setup import RunSetup
@@ -71,14 +71,18 @@ def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, dict[st
     if fixed:
         allowed = ", ".join(flag(k) for k in RESUMABLE)
         raise ConfigError(f"{flag(fixed[0])} cannot change when resuming (only {allowed} can)")
-    if "steps" in given and "minutes" not in given:  # a run that names its steps runs them all, resumed too
-        given["minutes"] = 0.0
+    # a run that names its steps runs them all, resumed too: --steps alone lifts the time limit (the resume's
+    # rule, recorded with its source, but not a value the user gave)
+    implied = {"minutes": 0.0} if "steps" in given and "minutes" not in given else {}
     saved = read_meta(path)
     kept = {k: v for k, v in saved["config"].items() if k != "set_by_user"}  # a record older runs kept
-    config = TrainConfig.from_dict({**kept, **given})
+    sources = {**saved_sources(run_dir), **dict.fromkeys([*given, *implied], "resume")}
+    # given: what the user gave, when the run started and now (not every key of the saved config)
+    mine = [k for k, v in sources.items() if v in USER_SOURCES and k not in implied]
+    config = with_given(TrainConfig.from_dict({**kept, **given, **implied}), mine)
     if config.steps < saved["step"]:
         raise ConfigError(f"--steps {config.steps} is below the step of the latest checkpoint ({saved['step']})")
-    return config, run_dir, {**saved_sources(run_dir), **dict.fromkeys(given, "resume")}
+    return config, run_dir, sources
 
 
 def saved_sources(run_dir: Path) -> dict[str, str]:
@@ -113,12 +117,22 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def _adapted_argv(run: RunSetup, argv: list[str]) -> list[str]:
-    """The command line with what the memory check adapted, for the processes --nproc starts."""
-    for name in (n for n, source in run.sources.items() if source == "memory"):
-        value = getattr(run.config, name)
-        argv = [*argv, flag(name)] if value is True else [*argv, flag(name), str(value)]
-    return argv
+def resolved_text(run: RunSetup) -> str:
+    """The run's resolved (and amended) configuration, its sources and what the user gave, as JSON: what
+    `grpo train --nproc N` hands the processes it starts (grpo/launcher.py), so that they resolve nothing again."""
+    return json.dumps({"config": run.config.to_dict(), "sources": run.sources, "given": sorted(run.config.given)})
+
+
+def launched_config() -> tuple[TrainConfig, dict[str, str]] | None:
+    """In a process `grpo train --nproc N` started: the configuration the launching process resolved, and
+    where each value came from; None elsewhere (torchrun started by hand: each process resolves its own)."""
+    from grpo.launcher import RESOLVED_ENV
+
+    path = os.environ.get(RESOLVED_ENV)
+    if not path or "WORLD_SIZE" not in os.environ:
+        return None
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    return with_given(TrainConfig.from_dict(saved["config"]), saved["given"]), saved["sources"]
 
 
 def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, Path | None]:
@@ -126,7 +140,10 @@ def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, P
     and through every check `grpo train` makes before a weight loads but the memory check (the one that
     depends on this machine), and the resumed run's directory. tests/test_docs.py runs the docs' train
     lines through it."""
-    if args.resume:
+    launched = launched_config()
+    if launched is not None:  # resolved once, by the command that started this process
+        (config, resumed), origin, run_dir = launched, None, Path(args.resume) if args.resume else None
+    elif args.resume:
         config, run_dir, resumed = _resume_config(args)
         origin = None
     else:
@@ -150,16 +167,16 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     run, run_dir = run_from_args(args, world_size(args.nproc))
     if "WORLD_SIZE" not in os.environ:  # once, where the command starts
         say_data(run.task)
-    # once, where the command starts; the launched processes get what it adapted on their command line
+    # once, where the command starts; the launched processes get the configuration it resolved and amended
     run = check_before_loading(run, args.nproc, resume=bool(args.resume))
-    config, argv = run.config, _adapted_argv(run, argv)
+    config = run.config
     if args.dry_run:
         print("\n".join(dry_run_lines(run)))
         return 0
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from grpo.launcher import launch
 
-        return launch(args.nproc, _without_nproc(argv))
+        return launch(args.nproc, _without_nproc(argv), resolved=resolved_text(run))
     from grpo.distributed import init_world  # torch: slow to import, so after the checks
     from grpo.process import setup_process
     from grpo.trainer import GRPOTrainer, default_run_dir
