@@ -35,7 +35,8 @@ def train(
     # an override is given, even one equal to its default (replace alone records only values that differ)
     config = replace(base, given=base.given | frozenset(overrides), **overrides)
     setup_process(config)
-    run = resolve_run(config, task=task, rewards=rewards, model=model)  # refused here, before anything loads
+    # refused here, before anything loads
+    run = resolve_run(config, task=task, rewards=rewards, model=model, tokenizer=tokenizer)
     if model is None:  # the memory check before loading, as grpo train's (a model given is loaded already)
         run = check_before_loading(run, 1)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=progress, tools=tools, env=env)

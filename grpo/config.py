@@ -379,21 +379,25 @@ def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, 
     nothing); it stands. What was not given comes, in order, from the objective's recommended settings
     (RECOMMENDED), the task's tuned settings (a --data file's: ``data``), then the general defaults. A
     task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
-    Refuses, naming it, a given option that the chosen objective or estimator does not read."""
+    Refuses, naming it, a given option that the chosen objective or estimator does not read. An option
+    ``origin`` names that was not given (TRL's default, which a TRL config file fills) keeps its value and
+    source, and is not refused."""
     refuse_unread(config)
     origin = origin or {}
-    sources = {f.name: origin.get(f.name, "python") if f.name in config.given else "default" for f in option_fields()}
+    # a value a config file filled without giving it (TRL's default for a key the file leaves unset) stands
+    kept = {name for name in origin if name not in config.given}
+    sources = {f.name: origin.get(f.name, "python" if f.name in config.given else "default") for f in option_fields()}
     if "batch_size" in config.given:  # the other way to give prompts_per_step
         sources["prompts_per_step"] = sources["batch_size"]
     values: dict[str, object] = {}
 
     def fill(name: str, value: object, source: str) -> None:
-        if automatic(config, name) and name not in values:
+        if automatic(config, name) and name not in values and name not in kept:
             values[name], sources[name] = value, source
 
     recommended = RECOMMENDED[config.objective]
     for name in ("clip_low", "clip_high", "aggregate"):
-        if name not in config.given:
+        if name not in config.given and name not in kept:
             values[name], sources[name] = getattr(recommended, name), "objective"
     for name, value in task.defaults.items():
         if not (name == "minutes" and not automatic(config, "steps")):

@@ -35,7 +35,7 @@ from grpo.episodes import Agent
 from grpo.interrupt import RunStopped
 from grpo.models import add_lora, check_model, folder_has_chat_template, load_policy, trains_adapter
 from grpo.preflight import PreflightReport, mean_tokens
-from grpo.prompts import config_task, format_task
+from grpo.prompts import config_task, format_task, has_chat_template
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
@@ -76,14 +76,15 @@ class RunSetup:
 
 def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Sequence[RewardFn | str] | None = None,
                 model: nn.Module | None = None, processes: int | None = None, origin: Mapping[str, str] | None = None,
-                resumed: Mapping[str, str] | None = None) -> RunSetup:
+                resumed: Mapping[str, str] | None = None, tokenizer: object | None = None) -> RunSetup:
     """The one setup path of `grpo train`, `grpo preflight` and grpo.train(): the configuration resolved
     once (grpo.config.resolve_config; ``origin``: where each given option came from, cli or file), the task
     and the rewards, and every refusal that depends only on the options, the task, the model's files and the
     number of ``processes`` (torchrun's WORLD_SIZE when not given), each one line (ConfigError,
     RewardError, TaskError) before a model loads or a worker forks. ``model``, when given, stands for the
-    config's (which is then not checked). ``resumed``: a resumed run's saved sources; its config is
-    resolved already and is kept."""
+    config's (which is then not checked); ``tokenizer``, when given, tells whether the prompts can be chat
+    (with or without ``model``). ``resumed``: the saved sources of a configuration resolved already (a
+    resumed run's, or the one `grpo train --nproc` hands its processes), which is kept."""
     processes = world_size() if processes is None else processes
     if model is None:
         check_model(config.model)
@@ -95,7 +96,8 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
         sources = dict(resumed)
     adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
     turns = bool(config.env or config.tools not in ("", "none") or getattr(task, "env", None) or getattr(task, "tools", ()))
-    chat = folder_has_chat_template(config.model) if model is None else None
+    chat = has_chat_template(tokenizer) if tokenizer is not None else \
+        folder_has_chat_template(config.model) if model is None else None
     # the combinations not built (grpo/combinations.py), before the user's files import or the sandbox is probed
     refuse_unbuilt(config, processes, adapter=adapter, turns=turns, chat=chat)
     reward_fns = [resolve_reward(r) for r in (list(rewards) if rewards is not None else list(config.rewards))]
@@ -176,10 +178,11 @@ def build_scorer(config: TrainConfig, task: Task, rewards: Sequence[Callable], e
 
 def load_model(config: TrainConfig, device: torch.device, model: nn.Module | None, tokenizer: object | None
                ) -> tuple[nn.Module, object]:
-    """The model and tokenizer given, or those the config names; the tokenizer pads with EOS if it has no pad."""
+    """The model and tokenizer given, or those the config names (a tokenizer given without a model stands:
+    resolve_run settled the prompt format with it); the tokenizer pads with EOS if it has no pad."""
     if model is None:
         loaded = load_policy(config.model, device=device)
-        model, tokenizer = loaded.model, loaded.tokenizer
+        model, tokenizer = loaded.model, tokenizer if tokenizer is not None else loaded.tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

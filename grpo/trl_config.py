@@ -302,8 +302,7 @@ def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
     if both:
         raise ConfigError(f"config gives both {both[0][0]!r} (TRL) and {both[0][1]!r} (grpo): give one")
     out: dict[str, object] = dict(TRL_DEFAULTS)
-    out.update({key: value for key, value in values.items() if key in _GRPO_KEYS and key not in CONVERTED})
-    out.update(_renamed(values))
+    out.update(_own(values))
     if "epsilon_high" not in values and "clip_high" not in values:
         out["clip_high"] = out["clip_low"]  # TRL: epsilon_high defaults to epsilon
     out.update(_converted(values))
@@ -316,6 +315,25 @@ def from_trl(values: Mapping) -> tuple[dict[str, object], list[str]]:
             f"multiple of num_generations ({out['group_size']})"
         )
     return out, _ignored(values)
+
+
+def _own(values: Mapping) -> dict[str, object]:
+    """The grpo options a TRL config's own keys name (grpo's, and TRL's renamed), before its conversions."""
+    return {**{key: value for key, value in values.items() if key in _GRPO_KEYS and key not in CONVERTED},
+            **_renamed(values)}
+
+
+def trl_implied(values: Mapping) -> set[str]:
+    """The options a config file's translation takes from TRL's defaults, not from a key of its own: the
+    file fills them, but they are not given (an objective or estimator that does not read one does not
+    refuse it). Empty for a file in grpo's vocabulary."""
+    if not is_trl_config(values):
+        return set()
+    values = {k: v for k, v in values.items() if v is not None}
+    own = set(_own(values)) | set(_converted(values))
+    if "clip_low" in own and "epsilon_high" not in values:
+        own.add("clip_high")  # TRL's epsilon_high is the file's epsilon
+    return set(from_trl(values)[0]) - own
 
 
 def _per_generation(out: dict[str, object]) -> None:

@@ -39,3 +39,14 @@ def test_the_subcommands_that_take_some_options_group_them_too():
     data = next(p for p in build_parser()._subparsers._group_actions[0].choices.values() if p.prog.endswith(" data"))
     titles = [group.title for group in data._action_groups]
     assert "data" in titles and "objective" not in titles  # only the sections it has options of
+
+
+def test_the_end_line_says_no_model_was_saved_under_no_save_model():
+    from pathlib import Path
+
+    from grpo.cli.train import end_lines
+
+    summary = {"steps": 2, "heldout_accuracy_start": 0.1, "heldout_accuracy_end": 0.2, "wall_seconds": 3.0}
+    assert end_lines(summary, Path("runs/x"))[0].endswith("; model: runs/x/model")
+    saved_none = end_lines(summary, Path("runs/x"), saved=False)[0]
+    assert saved_none.endswith("; no model saved (--no-save-model)") and "runs/x/model" not in saved_none

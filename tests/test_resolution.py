@@ -452,3 +452,63 @@ def test_grpo_train_keyword_overrides_are_given_even_at_a_default():
 
     with pytest.raises(ConfigError, match="ratio_cap is read by objective"):
         grpo.train(TrainConfig(objective="ppo"), ratio_cap=TrainConfig.ratio_cap)
+
+
+# ---- a previous audit's smaller cases ----
+
+def test_a_trl_file_gives_only_its_own_keys(tmp_path, monkeypatch):
+    """TRL's defaults fill what a GRPOConfig file leaves unset, with the source file, but are not given: a file
+    with only learning_rate beside --advantage-estimator rloo used to be refused over TRL's scale."""
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    path = tmp_path / "trl.yaml"
+    path.write_text("learning_rate: 2.0e-6\n")
+    config, origin = _config_from_args(build_parser().parse_args(
+        ["train", "--config", str(path), "--advantage-estimator", "rloo"]))
+    assert config.given == {"lr", "advantage_estimator"}
+    run = resolve_run(config, origin=origin, processes=1)
+    assert (run.config.lr, run.sources["lr"], run.config.advantage_estimator) == (2e-6, "file", "rloo")
+    assert (run.config.max_new_tokens, run.sources["max_new_tokens"]) == (256, "file")  # TRL's, not the task's 12
+    assert (run.sources["scale"], run.config.clip_high, run.sources["clip_high"]) == ("file", 0.2, "file")
+    path.write_text("learning_rate: 2.0e-6\nscale_rewards: none\n")  # the file's own key: given, so refused
+    config, origin = _config_from_args(build_parser().parse_args(
+        ["train", "--config", str(path), "--advantage-estimator", "rloo"]))
+    with pytest.raises(ConfigError, match="^scale is read by the grpo and passk estimators only"):
+        resolve_run(config, origin=origin, processes=1)
+
+
+def test_dry_run_refuses_an_output_that_holds_a_run(tmp_path, capsys, monkeypatch, nothing_loads):
+    """The refusal a run makes of a used --output, made before anything loads: --dry-run used to print the
+    configuration and exit 0 for it."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    code, out = _dry_run(["--output", str(tmp_path / "run")], capsys, monkeypatch)
+    assert code == 2 and out.out == "" and out.err.count("\n") == 1 and "already holds a run" in out.err
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["tokenizer only", "model and tokenizer"])
+def test_a_tokenizer_given_settles_the_prompt_format(with_model, tmp_path, nothing_loads):
+    """grpo.train(tokenizer=...) is refused over the tokenizer it is given, with or without model= (the
+    tokenizer used to be read only with a model, and without one the config's model folder answered)."""
+    from conftest import make_model, make_tokenizer
+
+    import grpo
+
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = None
+    model = make_model(len(tokenizer)) if with_model else None
+    with pytest.raises(ConfigError, match="^prompt_format chat: the model's tokenizer has no chat template"):
+        grpo.train(TrainConfig(prompt_format="chat", device="cpu"), model=model, tokenizer=tokenizer,
+                   run_dir=tmp_path / "run", progress=False)
+
+
+def test_a_tokenizer_given_without_a_model_is_the_one_the_run_uses(monkeypatch):
+    import torch
+    from conftest import make_tokenizer
+
+    from grpo.setup import load_model
+
+    mine, loaded = make_tokenizer(), make_tokenizer()
+    monkeypatch.setattr("grpo.setup.load_policy",
+                        lambda name, device: types.SimpleNamespace(model="the model", tokenizer=loaded))
+    assert load_model(TrainConfig(), torch.device("cpu"), None, mine) == ("the model", mine)
+    assert load_model(TrainConfig(), torch.device("cpu"), None, None) == ("the model", loaded)

@@ -36,15 +36,18 @@ def _given_options(args: argparse.Namespace) -> dict:
 def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
     """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
     given on the command line; and where each given option came from (cli or file)."""
-    from grpo.trl_config import is_trl_config, translate
+    from grpo.trl_config import is_trl_config, translate, trl_implied
 
     given = _given_options(args)
-    values, ignored = translate(load_config_file(args.config)) if args.config else ({}, [])
+    raw = load_config_file(args.config) if args.config else {}
+    values, ignored = translate(raw) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    config = TrainConfig.from_dict({**values, **given})
+    # a TRL file gives its own keys; TRL's defaults fill the rest (source file) without being given
+    implied = trl_implied(raw) - set(given)
+    config = with_given(TrainConfig.from_dict({**values, **given}), (set(values) - implied) | set(given))
     origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(given, "cli")}
-    if args.config and is_trl_config(load_config_file(args.config)):
+    if args.config and is_trl_config(raw):
         print(f"grpo train: {args.config} is read as a TRL GRPOConfig: keys it leaves unset take TRL's defaults",
               file=sys.stderr)
     if ignored:
@@ -156,7 +159,15 @@ def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, P
     run = resolve_run(config, processes=processes, origin=origin, resumed=resumed)
     if config.output and run_dir is None:
         check_run_dir(Path(config.output))
+        if "WORLD_SIZE" not in os.environ:  # (a launched process checks with its world, once it has one)
+            refuse_used(Path(config.output))
     return run, run_dir
+
+
+def refuse_used(run_dir: Path) -> None:
+    """A new run's directory must not hold a run already (--dry-run refuses it too)."""
+    if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -185,8 +196,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         if run_dir is None:
             run_dir = Path(str(world.broadcast_object(str(default_run_dir(config)))))  # rank 0's clock
-            if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
-                raise ConfigError(f"output {run_dir} already holds a run; continue it with --resume {run_dir} or choose another --output")
+            refuse_used(run_dir)
         setup_process(config)
         trainer = GRPOTrainer(run, progress=not args.no_progress, world=world)  # data read once
         if world.is_main:
@@ -199,7 +209,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         world.close()
     if world.is_main:
-        print("\n".join(end_lines(summary, run_dir)))
+        print("\n".join(end_lines(summary, run_dir, saved=config.save_model)))
     return 0
 
 
@@ -226,12 +236,13 @@ def dry_run_lines(run: RunSetup) -> list[str]:
     return lines
 
 
-def end_lines(summary: dict, run_dir: Path) -> list[str]:
-    """What a run's end says: held-out accuracy before and after, why it stopped early, and (when no alarm
-    said so) that it trained on next to nothing."""
+def end_lines(summary: dict, run_dir: Path, *, saved: bool = True) -> list[str]:
+    """What a run's end says: held-out accuracy before and after, where the model is (``saved``: it was
+    written), why it stopped early, and (when no alarm said so) that it trained on next to nothing."""
     steps = summary["steps"]
+    model = f"model: {run_dir / 'model'}" if saved else "no model saved (--no-save-model)"
     lines = [f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
-             f"over {steps} step{'s' if steps != 1 else ''} in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"]
+             f"over {steps} step{'s' if steps != 1 else ''} in {summary['wall_seconds']:.0f} s; {model}"]
     if summary.get("stopped_early"):
         lines.append(f"stopped early after step {steps} of {summary['steps_planned']}: {summary['stopped_early']}")
     if summary.get("little_signal"):
