@@ -280,7 +280,7 @@ class GRPOTrainer:
             "minutes": self.config.minutes, "out_of_time": out_of_time, "stopped_early": stopped,
             "train_seconds": round(train_seconds, 2), "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"), "alarms": log.raised, "alarm_messages": log.messages,
-            "little_signal": log.little_signal(),
+            "notes": log.notes, "little_signal": log.little_signal(),
             "eval_every": state.eval_every, "alarm_window": state.alarm_window,
             "preflight": preflight_summary(preflight), "generation": self.totals.summary(),
             "data": dict(self.task.data) or None,  # a data source's splits as read, the overlap removed
