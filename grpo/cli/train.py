@@ -15,7 +15,6 @@ from grpo.config import ConfigError, TrainConfig, load_config_file, option_field
 
 if TYPE_CHECKING:
     from grpo.setup import RunSetup
-    from grpo.tasks import Task
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths. --steps N trains on
@@ -146,6 +145,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     from grpo.combinations import world_size
     from grpo.setup import check_before_loading
+    from grpo.tasks import say_data
 
     run, run_dir = run_from_args(args, world_size(args.nproc))
     if "WORLD_SIZE" not in os.environ:  # once, where the command starts
@@ -186,14 +186,6 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def say_data(task: Task) -> None:
-    """A data source's splits as read and the overlap removed, before anything loads."""
-    from grpo.tasks import describe_data
-
-    if task.data:
-        print("\n".join(describe_data(task.data)), flush=True)
-
-
 def dry_run_lines(run: RunSetup) -> list[str]:
     """`grpo train --dry-run`: every option's resolved value and its source, then what may still change it
     once the model loads (grpo.setup.pending_amendments)."""
@@ -225,6 +217,7 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
     from grpo.setup import check_before_loading, resolve_run
+    from grpo.tasks import say_data
 
     config, origin = _config_from_args(args)
     run = resolve_run(config, origin=origin)  # the configuration, the task, the rewards and the refusals, as grpo train's
