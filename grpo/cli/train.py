@@ -202,8 +202,8 @@ def dry_run_lines(run: RunSetup) -> list[str]:
 
 
 def end_lines(summary: dict, run_dir: Path) -> list[str]:
-    """What a run's end says: held-out accuracy before and after, why it stopped early, and (when no alarm
-    said so) that it trained on next to nothing."""
+    """What a run's end says: held-out accuracy before and after, why it stopped early, (when no alarm said
+    so) that it trained on next to nothing, and the options that repeat it where a measurement chose them."""
     steps = summary["steps"]
     lines = [f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
              f"over {steps} step{'s' if steps != 1 else ''} in {summary['wall_seconds']:.0f} s; model: {run_dir / 'model'}"]
@@ -211,6 +211,10 @@ def end_lines(summary: dict, run_dir: Path) -> list[str]:
         lines.append(f"stopped early after step {steps} of {summary['steps_planned']}: {summary['stopped_early']}")
     if summary.get("little_signal"):
         lines.append(summary["little_signal"])
+    if summary.get("repeat"):  # what a measurement chose, as options (grpo/repeat.py)
+        from grpo.repeat import as_options
+
+        lines.append(f"repeat it step for step: {as_options(summary['repeat'])}")
     return lines
 
 
