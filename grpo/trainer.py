@@ -312,7 +312,8 @@ class GRPOTrainer:
                 say_measured_memory(self, step)
             due = state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps
             # the time budget, read before the step's evaluation (grpo.run_state.TimeBudget; rank 0's binds all)
-            out_of_time = step < cfg.steps and world.broadcast_object(budget.spent(step - first_step, due))
+            out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
+                budget.spent(step - first_step, due))
             if due and not out_of_time:
                 self.batches.drain()  # the evaluation uses the checker, tools and engine that sampling ahead uses
                 began = time.perf_counter()
