@@ -69,8 +69,8 @@ def test_two_processes_of_one_command_give_the_same_run(tmp_path, tiny_model, da
 
 def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tmp_path, tiny_model, data, capsys):
     # a --data run with no --steps has a time budget: the pre-flight's pace sets the step budget's amendments
-    # (here the group size and rounds: 0.05 minutes fit few steps) and the clock the last step
-    assert main(command(tiny_model, data, tmp_path / "timed", "--minutes", "0.05")) == 0
+    # (here the group size and rounds: 0.02 minutes fit few steps) and the clock the last step
+    assert main(command(tiny_model, data, tmp_path / "timed", "--minutes", "0.02")) == 0
     out = capsys.readouterr().out
     summary = json.loads((tmp_path / "timed" / "summary.json").read_text())
     repeat = summary["repeat"]
@@ -78,9 +78,9 @@ def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tm
     assert "group_size" in repeat and (repeat["eval_every"], repeat["alarm_window"]) == (
         summary["eval_every"], summary["alarm_window"])
     measured = [line for line in out.splitlines() if line.startswith("measured on this machine: ")]
-    assert len(measured) == 1 and "the clock ends the run (0.05 minutes)" in measured[0]
+    assert len(measured) == 1 and "the clock ends the run (0.02 minutes)" in measured[0]
     options = next(line for line in out.splitlines() if line.startswith("repeat it step for step: "))
-    assert main(command(tiny_model, data, tmp_path / "again", "--minutes", "0.05",
+    assert main(command(tiny_model, data, tmp_path / "again", "--minutes", "0.02",
                         *options.removeprefix("repeat it step for step: ").split())) == 0
     same_run(tmp_path / "timed", tmp_path / "again")
 
@@ -88,7 +88,7 @@ def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tm
 def test_a_clock_stopped_run_equals_steps_of_its_length(tmp_path):
     # evaluated every step, so the clock stops it at a step whose evaluation is scheduled: that evaluation
     # must not run (a --steps run of that length ends there with its final evaluation alone)
-    timed = tiny_trainer(steps=50, minutes=0.01, eval_every=1)
+    timed = tiny_trainer(steps=200, minutes=0.01, eval_every=1)
     summary = timed.train(tmp_path / "timed")
     assert summary["out_of_time"] and summary["steps"] >= 1
     plain = tiny_trainer(steps=summary["steps"], eval_every=1)
