@@ -70,7 +70,8 @@ class RunState:
 @dataclass
 class TimeBudget:
     """--minutes, read before a step's scheduled evaluation: the run stops there when this step's evaluation
-    (as long as the latest one took; before any, the start's, which scores the whole held-out set) and one
+    (as long as the latest one took; before any, the start's, which scores the whole held-out set; a
+    resumed run's start is read from its checkpoint, so it counts none until it evaluates) and one
     more step (at the mean pace of the steps so far, evaluations left out) would end past the budget. A step
     the clock stops runs no evaluation of its own, so that the run equals --steps of its length (the final
     evaluation follows either way), and no evaluation runs that the budget has no room for."""
