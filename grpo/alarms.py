@@ -23,7 +23,8 @@ evaluations; slow learners that gain 10 to 15 points; fast learners that
 plateau); bench/README.md states the error rates it measures.
 
 ``STOPPING`` alarms end the run early when ``early_stop`` is on: they say
-that further steps will not raise held-out accuracy.
+that further steps will not raise held-out accuracy. ``NOTES`` (slow progress) are said as the verdicts
+are, but are no alarm: no flag, no stop.
 """
 
 from __future__ import annotations
@@ -34,21 +35,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo.alarm_noise import OVERDISPERSION, Series, accuracy_change, fitted_change, reward_change
+
 ALARMS = ("no_signal", "checker_suspected", "stall", "memorising", "length_without_reward",
           "repetition_rising", "entropy_collapse")
 STOPPING = ("no_signal", "checker_suspected", "stall", "memorising")
 TRENDS = ("checker_suspected", "stall", "memorising")  # verdicts on learning, taken at held-out evaluations
+NOTES = ("slow_progress",)  # said as the trend verdicts are, but no alarm: never a flag, never a stop
 MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: a hint of memorising
 MEMORISE_REPEATS = 0.2  # memorising needs repeats: the recent steps' mean share of groups at a prompt drawn before
 WARN_AFTER = 2  # a trend verdict is raised once some trend verdict held at this many evaluations in a row
 CONFIRM = 2  # ... and stops the run once one has held at this many
 MIN_EVALUATIONS = 5  # verdicts on learning need the start and four evaluations after it
-# Greedy accuracy on a fixed prompt set moves between evaluations by more than its binomial noise: the
-# model itself swings (the default run's 128-prompt subset read 57%, 71%, 54%, 68% while it learned).
-# Variance p(1-p)(1/n + OVERDISPERSION): at 50% a swing of sd 5 points on top of the binomial's.
-OVERDISPERSION = 0.01
-
-Series = Sequence[tuple[int, float]]  # (step, accuracy) measurements, the start (step 0) first
 
 
 @dataclass(frozen=True)
@@ -77,47 +75,6 @@ class AlarmConfig:
     sampler: str = "frontier"  # the run's prompt sampler: the advice on memorising names the other one
 
 
-def fitted_change(values: Sequence[float], steps: Sequence[float] | None = None) -> float:
-    """Change across the series of its least-squares line (NaNs dropped); 0 for fewer than 2 points.
-    ``steps``: where each value was measured (default 0, 1, 2, ...)."""
-    y = np.asarray(values, dtype=float)
-    x = np.arange(len(y), dtype=float) if steps is None else np.asarray(steps, dtype=float)
-    keep = np.isfinite(y)
-    x, y = x[keep], y[keep]
-    if len(y) < 2 or x[-1] == x[0]:
-        return 0.0
-    slope = np.polyfit(x, y, 1)[0]
-    return float(slope * (x[-1] - x[0]))
-
-
-def change_sd(steps: Sequence[float], sd: float) -> float:
-    """Standard deviation of the fitted change across ``steps`` of values with independent noise ``sd``."""
-    x = np.asarray(steps, dtype=float)
-    sxx = float(((x - x.mean()) ** 2).sum())
-    return sd * float(x[-1] - x[0]) / math.sqrt(sxx) if sxx > 0 else math.inf
-
-
-def accuracy_change(series: Series, n: int) -> tuple[float, float]:
-    """An accuracy series' fitted change across the steps it was measured at, and that change's sd
-    under the noise model (binomial on n prompts, overdispersed; at the series' mean level)."""
-    steps, values = [s for s, _ in series], [a for _, a in series]
-    p = min(max(float(np.mean(values)), 0.02), 0.98)
-    return fitted_change(values, steps), change_sd(steps, math.sqrt(p * (1 - p) * (1 / n + OVERDISPERSION)))
-
-
-def reward_change(values: Sequence[float]) -> tuple[float, float]:
-    """The reward's fitted change over the run and its sd, from the residuals around its line."""
-    y = np.asarray(values, dtype=float)
-    y = y[np.isfinite(y)]
-    n = len(y)
-    if n < 3:
-        return fitted_change(y), math.inf
-    x = np.arange(n, dtype=float)
-    residuals = y - np.polyval(np.polyfit(x, y, 1), x)
-    sigma = float(np.sqrt((residuals**2).sum() / (n - 2)))
-    return fitted_change(y), max(change_sd(x, sigma), 1e-6)
-
-
 def _measured(series: Series) -> list[tuple[int, float]]:
     return [(s, a) for s, a in series if math.isfinite(a)]
 
@@ -140,8 +97,33 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series
     subset's line, or from the start to the final evaluation of the whole held-out set, ``full``) is
     learning: a sampled reward says less than that (the frontier sampler moves to harder prompts as the
     model learns and holds the reward of its draws flat). Held-out accuracy that rose by
-    ``heldout_noise_z`` sds but not ``heldout_rise_z`` is not called a stall: the message says
-    "slow progress" and what it saw."""
+    ``heldout_noise_z`` sds, if not by ``heldout_rise_z``, is no stall either: ``slow_progress`` says so."""
+    seen = _flat(reward, adv_nonzero, heldout, train, cfg, full)
+    if seen is None or seen[0] >= cfg.heldout_noise_z:
+        return None
+    return "stall: " + _what_was_seen(reward, heldout, train, (), seen[1]) + _memorised_hint(reward, first_try, cfg)
+
+
+def slow_progress(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series, train: Series,
+                  cfg: AlarmConfig, full: Series = ()) -> str | None:
+    """A note, never a stop: the stall rule's sum under ``stall_z``, but held-out accuracy risen beyond its
+    noise (``heldout_noise_z`` sds, on the subset's line or the whole set's ends), if not by the
+    ``heldout_rise_z`` that counts as learning on its own. Issue 52, item 15: 15 steps on short-answer
+    questions warned "stall" with held-out accuracy 0.0% -> 5.2% in its own message."""
+    seen = _flat(reward, adv_nonzero, heldout, train, cfg, full)
+    if seen is None or seen[0] < cfg.heldout_noise_z:
+        return None
+    held_z, signal = seen
+    return (f"slow progress: held-out accuracy rose by {math.floor(held_z * 100) / 100:.2f} sd of its noise, "
+            f"under the {cfg.heldout_rise_z:g} that would count as learning on its own; "
+            + _what_was_seen(reward, heldout, train, full, signal))
+
+
+def _flat(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series, train: Series,
+          cfg: AlarmConfig, full: Series) -> tuple[float, float] | None:
+    """Where the run's changes over their noise sum to under ``stall_z`` while advantages are non-zero and
+    held-out accuracy alone did not rise by ``heldout_rise_z``: held-out accuracy's z (the larger of the
+    subset's line and the whole set's ends) and the share of non-zero advantages; else None."""
     heldout, train = _measured(heldout), _measured(train)
     if len(reward) < cfg.window or len(heldout) < MIN_EVALUATIONS:
         return None
@@ -157,20 +139,22 @@ def stall(reward: Sequence[float], adv_nonzero: Sequence[float], heldout: Series
     if len(train) >= MIN_EVALUATIONS:
         d_train, sd_train = accuracy_change(train, cfg.train_n)
         z += d_train / sd_train
-    if z >= cfg.stall_z:
-        return None
+    return (held_z, signal) if z < cfg.stall_z else None
+
+
+def _what_was_seen(reward: Sequence[float], heldout: Series, train: Series, full: Series, signal: float) -> str:
+    heldout, train, full = _measured(heldout), _measured(train), _measured(full)
+    trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
+    whole = f", {_describe('whole held-out set', full)}" if len(full) >= 2 else ""
+    return (f"raw reward changed {reward_change(reward)[0]:+.3f} over {len(reward)} steps, "
+            f"{_describe('held-out accuracy', heldout)}{whole}{trained}, while {signal:.0%} of advantages are "
+            "non-zero")
+
+
+def _memorised_hint(reward: Sequence[float], first_try: Sequence[float], cfg: AlarmConfig) -> str:
     tried = [x for x in first_try if math.isfinite(x)]
     memorised = len(tried) >= 3 and float(np.nanmean(reward)) - float(np.mean(tried)) > MEMORISED_GAP
-    trained = f", {_describe('training sample', train)}" if len(train) >= 2 else ""
-    # held-out accuracy that rose beyond its noise, if not by enough to call it learning, is no stall: the
-    # warning says what it saw (the rule still cannot tell it from one, and may stop the run)
-    seen = ("stall" if held_z < cfg.heldout_noise_z else
-            f"slow progress: held-out accuracy rose by {math.floor(held_z * 100) / 100:.2f} sd of its noise, "
-            f"under the {cfg.heldout_rise_z:g} that would count as learning")
-    whole = f", {_describe('whole held-out set', _measured(full))}" if seen != "stall" and len(full) >= 2 else ""
-    return (f"{seen}: raw reward changed {d_reward:+.3f} over {len(reward)} steps, "
-            f"{_describe('held-out accuracy', heldout)}{whole}{trained}, while {signal:.0%} of advantages are "
-            "non-zero" + (f". {_divergence_cause(reward, tried, cfg)}" if memorised else ""))
+    return f". {_divergence_cause(reward, tried, cfg)}" if memorised else ""
 
 
 def _whole_set_z(full: Series, heldout: Series, cfg: AlarmConfig) -> float:
@@ -401,10 +385,14 @@ class AlarmMonitor:
         self.messages: dict[str, str] = {}
         self.verdicts: dict[str, str | None] = {}  # the trend alarms' verdicts at the latest evaluation
         self.trend_held = 0  # held-out evaluations in a row at which some trend verdict was on
+        self.note: str | None = None  # slow_progress's verdict at the latest evaluation
+        self.note_held = 0  # held-out evaluations in a row at which it was on
+        self.noted = False  # said already (once a run)
 
     def observe(self, step: int, metrics: dict[str, float], *, final: bool = False
                 ) -> tuple[dict[str, float], dict[str, str]]:
-        """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings.
+        """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings, a
+        note among them by its name (NOTES: no flag of its own, no part of a stop).
         ``final``: the run's last evaluation, whose verdicts are raised without waiting for another."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
                     "signal_frac", "reward_first_try", "accuracy", "repeat_frac"):
@@ -430,13 +418,26 @@ class AlarmMonitor:
         warnings = {name: msg for name, msg in messages.items() if msg and not self.active[name]}
         self.messages = {name: msg for name, msg in messages.items() if msg}
         self.active = {name: msg is not None for name, msg in messages.items()}
-        return {f"alarm/{name}": float(on) for name, on in self.active.items()}, warnings
+        return {f"alarm/{name}": float(on) for name, on in self.active.items()}, {**warnings, **self._notes(new, final)}
+
+    def _notes(self, new: bool, final: bool) -> dict[str, str]:
+        """slow_progress, taken at each held-out evaluation (``new``) and said once, as the trend verdicts
+        are raised: once on at WARN_AFTER evaluations in a row, or at the final one."""
+        if new:
+            self.note = slow_progress(self.series.get("reward_mean", []), self.series.get("adv_nonzero_frac", []),
+                                      self.heldout, self.train, self.config, self.full)
+            self.note_held = self.note_held + 1 if self.note else 0
+        if self.note is None or self.noted or (self.note_held < WARN_AFTER and not final):
+            return {}
+        self.noted = True
+        return {"slow_progress": self.note}
 
     def state(self) -> dict:
         """What a checkpoint keeps, so that a resumed run's alarms see the steps before it."""
         return {"series": self.series, "heldout": self.heldout, "train": self.train, "full": self.full,
                 "active": self.active,
-                "verdicts": self.verdicts, "trend_held": self.trend_held}
+                "verdicts": self.verdicts, "trend_held": self.trend_held,
+                "note": self.note, "note_held": self.note_held, "noted": self.noted}
 
     def load_state(self, state: dict | None) -> None:
         if state:
@@ -447,6 +448,8 @@ class AlarmMonitor:
             self.active.update({k: v for k, v in state["active"].items() if k in self.active})
             self.verdicts = dict(state.get("verdicts", {}))  # absent from older checkpoints
             self.trend_held = int(state.get("trend_held", 0))
+            self.note, self.note_held = state.get("note"), int(state.get("note_held", 0))  # absent from older ones
+            self.noted = bool(state.get("noted", False))
 
     def stopping(self) -> str | None:
         """The message of the first active alarm that means the run will not learn, if any.

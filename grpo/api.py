@@ -3,6 +3,7 @@ every refusal made before anything loads (grpo.setup.resolve_run), the memory ch
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from torch import nn
 from grpo.config import TrainConfig
 from grpo.process import setup_process
 from grpo.setup import RewardFn, check_before_loading, resolve_run
-from grpo.tasks import Task
+from grpo.tasks import Task, say_data
 from grpo.trainer import GRPOTrainer
 
 
@@ -37,6 +38,8 @@ def train(
     setup_process(config)
     # refused here, before anything loads
     run = resolve_run(config, task=task, rewards=rewards, model=model, tokenizer=tokenizer)
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun, as grpo train says it once
+        say_data(run.task)
     if model is None:  # the memory check before loading, as grpo train's (a model given is loaded already)
         run = check_before_loading(run, 1)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=progress, tools=tools, env=env)

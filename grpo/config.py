@@ -104,7 +104,7 @@ class TrainConfig:
     env_timeout: float = field(**_doc("seconds an environment's reset or step may take; past it the episode ends as an errored row (the call is left behind in its thread)", default=30.0))
     sandbox: str = field(**_doc("how code rewards run untrusted code: strict (bubblewrap: own namespaces, read-only system, no network, no parent's files) or weak (an in-process guard the code can defeat; for machines without bubblewrap, with a warning)", default="strict"))
     steps: int = field(**_doc("number of GRPO steps, one batch of prompts each (0: the task's setting, see `grpo tasks`; 20 for a task without one)", default=0))
-    minutes: float = field(**_doc("end training before a step that would end past this many minutes of training; the final evaluation still runs (0: no limit; for --data without --steps, the data's setting: 10)", default=0.0))
+    minutes: float = field(**_doc("end training before a step (with the evaluation due after it) that would end past this many minutes of training; the final evaluation still runs (0: no limit; for --data without --steps, the data's setting: 10)", default=0.0))
     seed: int = field(**_doc("seed for prompt order, sampling and initialisation", default=0))
     output: str = field(**_doc("run directory; empty: a new timestamped folder under runs/", default=""))
     prompts_per_step: int = field(**_doc("B: distinct prompts per step", default=8))

@@ -150,13 +150,15 @@ class StepProgress:
         else:
             print(text, flush=True)
 
-    def warn(self, step: int, text: str) -> None:
-        line = f"warning (step {step}): {text}"
+    def warn(self, step: int, text: str, *, kind: str = "warning") -> None:
+        """An alarm's line in yellow; ``kind="note"``: a note's (no alarm), unstyled."""
+        line = f"{kind} (step {step}): {text}"
         if self.silent:
             return
         if self._progress is not None:
             from rich.markup import escape
 
-            self._progress.console.print(f"[bold yellow]{escape(line)}[/]", highlight=False)
+            style = "bold yellow" if kind == "warning" else "default"
+            self._progress.console.print(f"[{style}]{escape(line)}[/]", highlight=False)
         else:
             print(line, flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,37 @@ class RunState:
         return {"history": self.history, "bad_in_a_row": self.bad_in_a_row, "alarms": monitor.state(),
                 "train_seconds": train_seconds, "temperature": self.temperature,
                 "schedule": {"eval_every": self.eval_every, "alarm_window": self.alarm_window}}
+
+
+@dataclass
+class TimeBudget:
+    """--minutes, read before a step's scheduled evaluation: the run stops there when this step's evaluation
+    (as long as the latest one took; before any, the start's, which scores the whole held-out set; a
+    resumed run's start is read from its checkpoint, so it counts none until it evaluates) and one
+    more step (at the mean pace of the steps so far, evaluations left out) would end past the budget. A step
+    the clock stops runs no evaluation of its own, so that the run equals --steps of its length (the final
+    evaluation follows either way), and no evaluation runs that the budget has no room for."""
+
+    seconds: float  # 60 * minutes; 0: no budget
+    trained_before: float  # seconds trained before this process took over (a resumed run's)
+    evaluation: float = 0.0  # the latest evaluation's seconds
+    evaluating: float = 0.0  # seconds of this process's evaluations during the steps
+    start: float = field(default_factory=time.perf_counter)
+
+    def trained(self) -> float:
+        return self.trained_before + time.perf_counter() - self.start
+
+    def spent(self, steps_done: int, evaluates: bool) -> bool:
+        """Whether to stop after this step, the ``steps_done``-th of this process (``evaluates``: it is due
+        an evaluation)."""
+        if not self.seconds:
+            return False
+        now = self.trained()
+        pace = (now - self.trained_before - self.evaluating) / steps_done
+        return now + pace + (self.evaluation if evaluates else 0.0) > self.seconds
+
+    def evaluated(self, seconds: float) -> None:
+        self.evaluation, self.evaluating = seconds, self.evaluating + seconds
 
 
 def planned_schedule(steps: int, minutes: float) -> tuple[int, int]:

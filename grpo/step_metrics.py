@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from grpo.alarms import AlarmConfig, AlarmMonitor, little_signal
+from grpo.alarms import NOTES, AlarmConfig, AlarmMonitor, little_signal
 from grpo.algorithm import group_varies
 from grpo.batch import ERROR_CAUSES, Batch
 from grpo.distributed import World
@@ -278,6 +278,7 @@ class RunLog:
     explain: dict[str, Callable[[], str]] = field(default_factory=dict)  # alarm -> what to show with it
     raised: dict[str, int] = field(default_factory=dict)  # alarm -> first step it was on
     messages: dict[str, str] = field(default_factory=dict)  # alarm -> its first warning
+    notes: dict[str, str] = field(default_factory=dict)  # note (grpo.alarms.NOTES) -> what it said
 
     def record(self, step: int, metrics: dict[str, float], *, final: bool = False) -> None:
         """``final``: the run's last evaluation (its alarms' verdicts need no later one to confirm them)."""
@@ -288,8 +289,8 @@ class RunLog:
                 self.raised.setdefault(name.removeprefix("alarm/"), step)
         for name, text in warnings.items():
             text += self.explain[name]() if name in self.explain else ""
-            self.messages.setdefault(name, text)
-            self.bar.warn(step, text)
+            (self.notes if name in NOTES else self.messages).setdefault(name, text)
+            self.bar.warn(step, text, kind="note" if name in NOTES else "warning")
         if self.logger is not None:
             self.logger.log(step, metrics)
 

@@ -54,7 +54,8 @@ from grpo.models import save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import gpu_autocast, pick_device
 from grpo.prompts import format_task, run_prompts, settle_format
-from grpo.run_state import RunState, Saving, checkpoint_or_stop, restore
+from grpo.repeat import environment, measured_line, repeat_options
+from grpo.run_state import RunState, Saving, TimeBudget, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler, make_sampler
 from grpo.screen import Screen, make_screen
 from grpo.setup import (
@@ -258,6 +259,8 @@ class GRPOTrainer:
             self._settle(with_given(replace(self.draft, **changes), self.draft.given))
         elif changes and self.world.is_main:  # step() ran by hand first, with the config as given: kept
             print(f"pre-flight: {sorted(changes)} not adopted: steps already ran with the config as given", flush=True)
+        if self.world.is_main and (measured := measured_line(self.config, self.sources)):
+            print(measured, flush=True)  # what may differ on another machine (grpo/repeat.py)
         state = self._resume(run_dir) if resume else RunState.start(self.config,
                                                                     auto_alarm_window=self.auto_alarm_window)
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
@@ -265,10 +268,11 @@ class GRPOTrainer:
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
+                began = time.perf_counter()
                 first = self._first_evaluation(log, state)
-                train_start = time.perf_counter()
-                metrics, stopped, out_of_time = self._run_steps(log, state, stop)
-                train_seconds = time.perf_counter() - train_start
+                budget = TimeBudget(60 * self.config.minutes, state.train_seconds, time.perf_counter() - began)
+                metrics, stopped, out_of_time = self._run_steps(log, state, stop, budget)
+                train_seconds = time.perf_counter() - budget.start
                 last, record = full_evaluation(self.sampling, log.bar)
                 log.record(state.step, record, final=True)
                 log.bar.print(f"step {state.step} held-out: {last.describe()}")
@@ -282,23 +286,23 @@ class GRPOTrainer:
             "minutes": self.config.minutes, "out_of_time": out_of_time, "stopped_early": stopped,
             "train_seconds": round(train_seconds, 2), "wall_seconds": round(time.perf_counter() - start, 2),
             "reward_mean_last": metrics.get("reward_mean"), "alarms": log.raised, "alarm_messages": log.messages,
-            "little_signal": log.little_signal(),
+            "notes": log.notes, "little_signal": log.little_signal(),
             "eval_every": state.eval_every, "alarm_window": state.alarm_window,
             "preflight": preflight_summary(preflight), "generation": self.totals.summary(),
             "data": dict(self.task.data) or None,  # a data source's splits as read, the overlap removed
+            "repeat": repeat_options(self.config, self.sources, steps=state.step, eval_every=state.eval_every,
+                                     alarm_window=state.alarm_window), "environment": environment(),
         }
         self._save_final(run_dir, summary)
         return summary
 
-    def _run_steps(self, log: RunLog, state: RunState, stop: StopRequests | None
+    def _run_steps(self, log: RunLog, state: RunState, stop: StopRequests | None, budget: TimeBudget
                    ) -> tuple[dict[str, float], str | None, bool]:
         """The steps, each recorded, evaluated on schedule and checkpointed, until the last one, a stopping
         alarm or the time budget; the last step's metrics, why it stopped early, whether out of time."""
         cfg, world = self.config, self.world
         metrics: dict[str, float] = {}
         stopped, out_of_time, first_step = None, False, state.step
-        train_start, trained_before = time.perf_counter(), state.train_seconds
-        trained = lambda: trained_before + time.perf_counter() - train_start  # noqa: E731
         for step in range(first_step + 1, cfg.steps + 1):
             metrics = self.step(step)
             self.totals.add(metrics)
@@ -307,24 +311,27 @@ class GRPOTrainer:
                     self.temperature.value, metrics["entropy"], cfg.temperature_target)
             if step == first_step + 1:
                 say_measured_memory(self, step)
-            if state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps:
+            due = state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps
+            # the time budget, read before the step's evaluation (grpo.run_state.TimeBudget; rank 0's binds all)
+            out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
+                budget.spent(step - first_step, due))
+            if due and not out_of_time:
                 self.batches.drain()  # the evaluation uses the checker, tools and engine that sampling ahead uses
+                began = time.perf_counter()
                 metrics.update(interim_evaluation(self.sampling, log.bar))
+                budget.evaluated(time.perf_counter() - began)
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
             state.step, state.bad_in_a_row = step, state.bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
             metrics["bad_steps_in_a_row"] = state.bad_in_a_row
             log.step(step, metrics, steps=cfg.steps, log_every=cfg.log_every)
             # rank 0's verdict binds all, so that no rank leaves the loop alone
             stopped = world.broadcast_object(log.monitor.stopping() if cfg.early_stop else None)
-            # the time budget: stop where the next step, at the mean pace so far, would end past it
-            out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
-                trained() + (trained() - trained_before) / (step - first_step) > 60 * cfg.minutes)
             if stopped or out_of_time:  # no batch is sampled that no step trains on
                 self.batches.close()
             # a signal to any rank stops every rank after this step (the ranks' MAX, like the verdicts above)
             requested = stop.agreed(world.max) if stop is not None else None
             checkpoint_or_stop(Saving(self.learner, self.checkpoint_parts(), self.run_dir, self.saving), step,
-                               state.extra(log.monitor, trained()), requested, final=stopped is not None or out_of_time)
+                               state.extra(log.monitor, budget.trained()), requested, final=stopped is not None or out_of_time)
             if stopped or out_of_time:
                 log.bar.print(f"stopping early after step {step} of {cfg.steps} (early_stop): {stopped}" if stopped
                               else f"time budget of {cfg.minutes:g} minutes of training reached after step {step} "

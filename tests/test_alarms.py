@@ -136,17 +136,20 @@ def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch
 # Of 40 simulated runs of each kind (seed 0): learners, runs warned by any alarm and runs stopped;
 # failures, runs caught by their alarm and runs stopped. bench/README.md states these numbers.
 # The reported shapes (sharpening, frontier) are counted as learners are, held to no target.
-RATES = {"slow": (0, 0), "fast": (0, 0), "slow_budget": (1, 0), "sharpening": (15, 13), "frontier": (27, 26),
-         "stall": (36, 0), "checker": (36, 0), "no_signal": (40, 40), "memorising": (36, 0)}
+RATES = {"slow": (0, 0), "fast": (0, 0), "slow_budget": (1, 0), "sharpening": (15, 13), "frontier": (14, 13),
+         "stall": (31, 0), "checker": (36, 0), "no_signal": (40, 40), "memorising": (36, 0)}
 TARGET = {"warned": 2, "stopped": 1, "caught": 36}  # of 40: learners at most, failures at least
+NOTED_STALLS = 5  # stalled runs not caught whose subset rose 1 sd by chance: said "slow progress" instead
 
 
 def test_the_simulated_error_rates_are_those_readme_states():
     assert sim.rates(seed=0) == RATES
+    stalled, names = sim.FAILURES["stall"]
+    assert sum(m.noted and not m.raised & set(names) for m in sim.runs(stalled)) == NOTED_STALLS
     for kind in sim.LEARNERS:  # the targets hold on this seed (over 200 runs they do not all: bench/README.md)
         assert RATES[kind][0] <= TARGET["warned"] and RATES[kind][1] <= TARGET["stopped"]
-    for kind in sim.FAILURES:
-        assert RATES[kind][0] >= TARGET["caught"]
+    for kind in sim.FAILURES:  # a stalled run is caught by stall, or said to progress slowly (item 15's price)
+        assert RATES[kind][0] + (NOTED_STALLS if kind == "stall" else 0) >= TARGET["caught"]
 
 
 @pytest.mark.parametrize(("rule", "failure"), [("stall", "stall"), ("checker_suspected", "checker"),
@@ -229,35 +232,106 @@ def test_a_subtraction_run_at_the_frontier_whose_held_out_rose_is_no_stall():
     train = {s: n / 32 for s, n in zip(steps, [2, 1, 3, 2, 2, 3, 2, 3], strict=True)}
     whole = {0: 14 / 256, 26: 44 / 256}
     assert replay(26, reward, heldout, train, whole=whole, heldout_n=96, full_n=256) == {}
-    # the rule it still is: the same subset, with the whole set as flat as the subset's line says, stalls
+    # the same subset, with the whole set as flat as the subset's line says: the subset alone rose beyond its
+    # noise (1 sd), not by the 2 that count as learning: slow progress, a note, no stall (issue 52, item 15)
     flat = {0: 14 / 256, 26: 24 / 256}
-    assert replay(26, reward, heldout, train, whole=flat, heldout_n=96, full_n=256) == {"stall": 26}
+    assert replay(26, reward, heldout, train, whole=flat, heldout_n=96, full_n=256) == {"slow_progress": 26}
 
 
-def test_held_out_accuracy_that_rose_beyond_its_noise_is_slow_progress_not_a_stall():
+ISSUE_52_REWARD = [0.098, 0.126, 0.105, 0.027, 0.141, 0.122, 0.077, 0.137, 0.13, 0.13, 0.121, 0.151, 0.09, 0.123,
+                   0.111]  # made up to match: +0.025 over 15 steps under the batch's noise
+
+
+def test_held_out_accuracy_that_rose_beyond_its_noise_is_no_stall_but_a_slow_progress_note():
     # issue 52, item 15: a file of short-answer questions, no options, 15 steps: the whole held-out set 0.4%
     # -> 2.3% (256 prompts), and at step 15 "stall: raw reward changed +0.025 over 15 steps, held-out
     # accuracy 0.0% -> 5.2%, training sample 0.0% -> 0.0%". Measured: those ends. Made up to match: the
-    # subset's (96) steps between its ends, evaluations every 3 steps, and the reward's steps (+0.025 under
-    # the batch's noise), chosen so that the old rule warns as it did
-    reward = [0.098, 0.126, 0.105, 0.027, 0.141, 0.122, 0.077, 0.137, 0.13, 0.13, 0.121, 0.151, 0.09, 0.123,
-              0.111]
+    # subset's (96) steps between its ends, evaluations every 3 steps, and the reward's steps, chosen so
+    # that the old rule warns as it did
     steps = [0, 3, 6, 9, 12, 15]
     heldout = {s: n / 96 for s, n in zip(steps, [0, 1, 1, 2, 3, 5], strict=True)}
     train = dict.fromkeys(steps, 0.0)
     messages: dict[str, str] = {}
-    raised = replay(15, reward, heldout, train, window=15, whole={0: 1 / 256, 15: 6 / 256}, messages=messages,
-                    heldout_n=96, full_n=256)
-    assert raised == {"stall": 15}  # the rule still cannot tell it from a stall at this size ...
-    assert messages["stall"].startswith("slow progress: held-out accuracy rose by 1.95 sd of its noise")
-    assert "held-out accuracy 0.0% -> 5.2%, whole held-out set 0.4% -> 2.3%" in messages["stall"]
-    assert "stall" not in messages["stall"]  # ... but does not call it one
+    raised = replay(15, ISSUE_52_REWARD, heldout, train, window=15, whole={0: 1 / 256, 15: 6 / 256},
+                    messages=messages, heldout_n=96, full_n=256)
+    assert raised == {"slow_progress": 15}  # no stall: a note
+    said = messages["slow_progress"]
+    assert said.startswith("slow progress: held-out accuracy rose by 1.95 sd of its noise, under the 2")
+    assert ("raw reward changed +0.025 over 15 steps, held-out accuracy 0.0% -> 5.2%, whole held-out set "
+            "0.4% -> 2.3%, training sample 0.0% -> 0.0%") in said
     # the subset as flat as its noise, and the whole set too: that is a stall, and says so
     flat = {s: n / 96 for s, n in zip(steps, [0, 1, 0, 0, 1, 0], strict=True)}
     messages.clear()
-    replay(15, reward, flat, train, window=15, whole={0: 1 / 256, 15: 1 / 256}, messages=messages, heldout_n=96,
-           full_n=256)
+    assert replay(15, ISSUE_52_REWARD, flat, train, window=15, whole={0: 1 / 256, 15: 1 / 256}, messages=messages,
+                  heldout_n=96, full_n=256) == {"stall": 15}
     assert messages["stall"].startswith("stall: raw reward changed +0.025 over 15 steps, held-out accuracy 0.0%")
+
+
+def test_a_run_says_the_note_apart_from_its_alarms_and_keeps_it_apart(capsys):
+    # the issue's series through the run's log: said as a note, kept as summary.json's `notes`, no alarm
+    from grpo.progress import StepProgress
+    from grpo.step_metrics import RunLog
+
+    log = RunLog(AlarmMonitor(15, AlarmConfig(window=15, heldout_n=96, full_n=256)), None,
+                 StepProgress(15, enabled=False))
+    heldout = {s: n / 96 for s, n in zip([0, 3, 6, 9, 12, 15], [0, 1, 1, 2, 3, 5], strict=True)}
+    whole = {0: 1 / 256, 15: 6 / 256}
+
+    def evaluation(step: int) -> dict:
+        return {"heldout_subset_accuracy": heldout[step], "train_sample_accuracy": 0.0,
+                **({"heldout_accuracy": whole[step]} if step in whole else {})}
+
+    log.record(0, evaluation(0))
+    for step in range(1, 16):
+        log.record(step, {"reward_mean": ISSUE_52_REWARD[step - 1], "adv_nonzero_frac": 0.4, "signal_frac": 0.6,
+                          **(evaluation(step) if step in heldout and step < 15 else {})})
+    log.record(15, evaluation(15), final=True)
+    assert list(log.notes) == ["slow_progress"] and log.messages == {} and log.raised == {}
+    assert "note (step 15): slow progress: held-out accuracy rose by 1.95 sd" in capsys.readouterr().out
+
+
+def stopped_at(steps: int, heldout: dict[int, float], window: int = 10) -> tuple[int | None, dict[str, str]]:
+    """Issue 52's reward (repeated) and ``heldout`` (the subset; the training sample at 0%) fed as the
+    trainer does with --early-stop: the step the monitor stopped the run at (None: ran to the end) and
+    what it said (alarms and notes)."""
+    monitor = AlarmMonitor(steps, AlarmConfig(window=window))
+    said: dict[str, str] = {}
+    monitor.observe(0, {"heldout_subset_accuracy": heldout[0], "train_sample_accuracy": 0.0})
+    for step in range(1, steps + 1):
+        m = {"reward_mean": ISSUE_52_REWARD[(step - 1) % 15], "adv_nonzero_frac": 0.4, "signal_frac": 0.6}
+        if step in heldout:
+            m.update(heldout_subset_accuracy=heldout[step], train_sample_accuracy=0.0)
+        said.update(monitor.observe(step, m, final=step == steps)[1])
+        if monitor.stopping():
+            return step, said
+    return None, said
+
+
+def test_a_flat_held_out_series_stalls_and_stops_the_run_a_slowly_rising_one_is_noted_and_runs_on():
+    every_3 = range(0, 31, 3)
+    flat = {s: n / 96 for s, n in zip(every_3, [1, 0, 2, 1, 0, 1, 2, 0, 1, 1, 0], strict=True)}
+    step, said = stopped_at(30, flat)
+    assert step is not None and set(said) == {"stall"}
+    rising = {s: n / 96 for s, n in zip(every_3, [0, 1, 1, 2, 2, 3, 3, 3, 4, 4, 5], strict=True)}
+    step, said = stopped_at(30, rising)
+    assert step is None and set(said) == {"slow_progress"}
+
+
+def test_the_slow_progress_note_never_counts_towards_a_stop(monkeypatch):
+    from grpo.alarms import ALARMS
+
+    monitor = AlarmMonitor(40, AlarmConfig(window=6))
+    monkeypatch.setattr(alarms, "slow_progress", lambda *args, **kw: "slow progress: x")
+    turns = iter([{"stall": "stall: a"}, {}, {}, {}, {"stall": "stall: b"}])
+    monkeypatch.setattr(monitor, "_check", lambda step: {**dict.fromkeys(ALARMS), **next(turns)})
+    flags, said = monitor.observe(1, {"heldout_subset_accuracy": 0.2})
+    assert monitor.stopping() is None and "slow_progress" not in said
+    for step in (2, 3, 4):  # the note on at every evaluation: said once, no flag, no stop
+        flags, said = monitor.observe(step, {"heldout_subset_accuracy": 0.2})
+        assert monitor.stopping() is None and monitor.trend_held == 0
+        assert set(said) == ({"slow_progress"} if step == 2 else set()) and not any(flags.values())
+    monitor.observe(5, {"heldout_subset_accuracy": 0.2})  # a stall after notes: held at one evaluation
+    assert monitor.trend_held == 1 and monitor.stopping() is None
 
 
 def test_a_times_table_run_that_sharpens_is_not_a_suspected_checker():

@@ -179,6 +179,27 @@ def test_a_run_says_and_records_the_splits_and_the_overlap_removed(tmp_path, tin
 
 
 @pytest.mark.model
+def test_grpo_train_in_python_says_the_same_data_lines_as_the_command(tmp_path, tiny_model, capsys):
+    # issue 54: grpo.train(TrainConfig(data=...)) read the splits and removed the overlap without a word
+    import grpo
+    from grpo.config import TrainConfig
+
+    folder = tmp_path / "data"
+    write_jsonl(folder / "train.jsonl", rows("What is", 30))
+    write_jsonl(folder / "test.jsonl", [*rows("How much is", 9), {"question": "WHAT  is 4 + 1?", "answer": "5"}])
+    assert main(["train", "--data", str(folder), "--model", str(tiny_model), "--output", str(tmp_path / "cli"),
+                 "--eval-size", "4", *QUICK]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("data: ")]
+    grpo.train(TrainConfig(data=str(folder), model=str(tiny_model), eval_size=4, steps=1, eval_subset=0,
+                           prompts_per_step=2, group_size=2, max_gen_rounds=1, preflight_prompts=2, preflight="warn",
+                           max_new_tokens=4, reward_workers=0, threads=1, device="cpu", save_model=False),
+               run_dir=tmp_path / "api", progress=False)
+    said = [said, [line for line in capsys.readouterr().out.splitlines() if line.startswith("data: ")]]
+    assert said[0] == said[1] and len(said[0]) == 2
+    assert said[1][0] == f"data: {folder} split train, 30 rows; held out: {folder} split test, first 4 rows"
+
+
+@pytest.mark.model
 def test_a_run_on_a_file_with_copies_of_held_out_prompts_counts_them(tmp_path, tiny_model, capsys):
     """One file, 20 distinct prompts, 2 of the 10 held out written twice more (case and spacing changed): the
     copies leave training, summary.json counts them, the run says so."""

@@ -12,7 +12,8 @@ from grpo.cli import main
 
 def test_a_run_too_short_for_the_no_signal_alarm_ends_saying_it_trained_on_nothing(tmp_path, capsys):
     # 4 steps with no group varying (a reward that never pays): no_signal needs 5 in a row; the end says so
-    # in one line, and not again where the alarm fired (--no-signal-steps 3)
+    # in one line, and not again where the alarm fired (--no-signal-steps 3); --threads 1: nothing measured, so
+    # no line of options that repeat the run (grpo/repeat.py)
     tokenizer = make_tokenizer()
     model = tmp_path / "tiny"
     make_model(len(tokenizer), seed=3).save_pretrained(model)
@@ -27,7 +28,7 @@ def test_a_run_too_short_for_the_no_signal_alarm_ends_saying_it_trained_on_nothi
         assert main(["train", "--model", str(model), "--data", str(data), "--rewards", f"{reward}:never",
                      "--steps", "4", "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "6",
                      "--eval-size", "8", "--preflight", "off", "--no-filter-groups", "--device", "cpu",
-                     "--no-progress", "--no-save-model", "--reward-workers", "0", "--output", str(tmp_path / name),
+                     "--no-progress", "--no-save-model", "--reward-workers", "0", "--threads", "1", "--output", str(tmp_path / name),
                      *extra]) == 0
         out = capsys.readouterr().out.splitlines()
         start = next(i for i, line in enumerate(out) if line.startswith("held-out accuracy"))

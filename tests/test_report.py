@@ -54,6 +54,28 @@ def test_an_in_progress_run_reports_with_its_partial_last_line_skipped(tmp_path)
     assert "pass@4 (" in text and "held-out greedy pass@1" in text
 
 
+def test_a_slow_progress_note_is_shown_apart_and_never_as_an_alarm(tmp_path):
+    # issue 52, item 15: slow progress is a note (summary.json's `notes`), no alarm: none in the alarm rows
+    path = make_run(tmp_path / "slow", steps=20, finished=True)
+    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    (path / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "alarm/stall"}) + "\n"
+                                                for r in records))
+    note = "slow progress: held-out accuracy rose by 1.95 sd of its noise"
+    summary = json.loads((path / "summary.json").read_text())
+    (path / "summary.json").write_text(json.dumps({**summary, "alarms": {}, "alarm_messages": {},
+                                                   "notes": {"slow_progress": note}}))
+    run = load_run(path)
+    assert run.alarms() == {}
+    import re
+
+    from grpo.report.page import headline
+
+    rows = {cells[0]: cells[1] for row in headline([run]).split("<tr>")
+            if len(cells := re.findall(r"<td>(.*?)</td>", row)) == 2}
+    assert rows["alarms (first step on)"] == "none" and rows["alarm messages"] == "-"
+    assert rows["notes (no alarm)"] == note
+
+
 def test_two_runs_side_by_side_mark_config_differences(tmp_path):
     a = make_run(tmp_path / "a", finished=True, steps=20)
     b = make_run(tmp_path / "b", steps=8, reward_slope=0.0)

@@ -15,7 +15,6 @@ from grpo.config import USER_SOURCES, ConfigError, TrainConfig, load_config_file
 
 if TYPE_CHECKING:
     from grpo.setup import RunSetup
-    from grpo.tasks import Task
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths. --steps N trains on
@@ -174,6 +173,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
     from grpo.combinations import world_size
     from grpo.setup import check_before_loading
+    from grpo.tasks import say_data
 
     run, run_dir = run_from_args(args, world_size(args.nproc))
     if "WORLD_SIZE" not in os.environ:  # once, where the command starts
@@ -213,14 +213,6 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def say_data(task: Task) -> None:
-    """A data source's splits as read and the overlap removed, before anything loads."""
-    from grpo.tasks import describe_data
-
-    if task.data:
-        print("\n".join(describe_data(task.data)), flush=True)
-
-
 def dry_run_lines(run: RunSetup) -> list[str]:
     """`grpo train --dry-run`: every option's resolved value and its source, then what may still change it
     once the model loads (grpo.setup.pending_amendments)."""
@@ -238,7 +230,8 @@ def dry_run_lines(run: RunSetup) -> list[str]:
 
 def end_lines(summary: dict, run_dir: Path, *, saved: bool = True) -> list[str]:
     """What a run's end says: held-out accuracy before and after, where the model is (``saved``: it was
-    written), why it stopped early, and (when no alarm said so) that it trained on next to nothing."""
+    written), why it stopped early, (when no alarm said so) that it trained on next to nothing, and the options
+    that repeat it where a measurement chose them."""
     steps = summary["steps"]
     model = f"model: {run_dir / 'model'}" if saved else "no model saved (--no-save-model)"
     lines = [f"held-out accuracy {summary['heldout_accuracy_start']:.1%} -> {summary['heldout_accuracy_end']:.1%} "
@@ -247,12 +240,17 @@ def end_lines(summary: dict, run_dir: Path, *, saved: bool = True) -> list[str]:
         lines.append(f"stopped early after step {steps} of {summary['steps_planned']}: {summary['stopped_early']}")
     if summary.get("little_signal"):
         lines.append(summary["little_signal"])
+    if summary.get("repeat"):  # what a measurement chose, as options (grpo/repeat.py)
+        from grpo.repeat import as_options
+
+        lines.append(f"repeat it step for step: {as_options(summary['repeat'])}")
     return lines
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
     from grpo.setup import check_before_loading, resolve_run
+    from grpo.tasks import say_data
 
     config, origin = _config_from_args(args)
     run = resolve_run(config, origin=origin)  # the configuration, the task, the rewards and the refusals, as grpo train's

@@ -58,7 +58,7 @@ def _change(run: Run, key: str, spec: str) -> str:
 
 
 def headline(runs: Sequence[Run]) -> str:
-    """Held-out scores and raw reward, first and latest; the alarms that went off."""
+    """Held-out scores and raw reward, first and latest; the alarms that went off; the notes, apart."""
     sampled = {k for r in runs for p in ("heldout_pass@*", "heldout_maj@*") for k in r.keys(p)}
     keys = ["heldout_accuracy", *sorted(sampled, key=lambda k: ("maj@" in k, int(k.split("@")[1])))]
     rows = [["status", *(status(r) for r in runs)]]
@@ -69,6 +69,8 @@ def headline(runs: Sequence[Run]) -> str:
                  *(", ".join(f"{n} @ {s}" for n, s in r.alarms().items()) or "none" for r in runs)])
     rows.append(["alarm messages",
                  *(" | ".join((r.summary or {}).get("alarm_messages", {}).values()) or "-" for r in runs)])
+    rows.append(["notes (no alarm)",  # slow progress: said, never a stop (docs/alarms.md)
+                 *(" | ".join((r.summary or {}).get("notes", {}).values()) or "-" for r in runs)])
     return _table(["", *(r.name for r in runs)], rows)
 
 

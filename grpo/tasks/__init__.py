@@ -10,6 +10,7 @@ from grpo.tasks.data import (
     describe_data,
     heldout_rows,
     load_rows,
+    say_data,
     split_rows,
 )
 
@@ -56,4 +57,5 @@ def load_task(
 
 
 __all__ = ["DataError", "Task", "all_answered", "TaskError", "data_splits", "dataset_task", "describe_data",
-           "describe_tasks", "get_task", "heldout_rows", "list_tasks", "load_rows", "load_task", "split_rows"]
+           "describe_tasks", "get_task", "heldout_rows", "list_tasks", "load_rows", "load_task", "say_data",
+           "split_rows"]

@@ -246,6 +246,13 @@ def describe_data(read: Mapping) -> list[str]:
     return [f"{train}; {held}", overlap]
 
 
+def say_data(task: Task) -> None:
+    """Print a data source's splits as read and the overlap removed (``describe_data``), where a run starts:
+    ``grpo train``, ``grpo preflight`` and ``grpo.train`` say the same lines. Nothing for a built-in task."""
+    if task.data:
+        print("\n".join(describe_data(task.data)), flush=True)
+
+
 def heldout_rows(source: str, heldout_size: int, *, config: str = "", split: str = "", **fields: object) -> list[dict]:
     """The first ``heldout_size`` rows of a separate evaluation source's ``split`` (default: test, else
     validation, else its train split), read like the training data."""
