@@ -66,3 +66,4 @@ class Learner:
     tokenizer: object  # its pad id pads the micro-batches
     autocast: AbstractContextManager
     order_rng: random.Random  # the minibatches' order (the prompt sampler's RNG, unless sampling runs ahead)
+    teacher: nn.Module | None = None  # the frozen teacher of on-policy distillation (grpo/teacher/); None: none

@@ -61,7 +61,8 @@ def test_given_is_recorded_by_the_constructor_and_carried_by_replace():
 OTHER = {"model": "smollm2", "data": "examples/subtract.jsonl", "eval_data": "examples/subtract.jsonl",
          "prompt_template": "{prompt} Answer:", "system_prompt": "Be brief.", "rewards": ("math_answer",),
          "tools": "none", "env": "", "output": "runs/x", "chat_template": "", "vllm_python": "", "device": "cpu",
-         "prompt_field": "prompt", "answer_field": "answer", "stop": ("\n\n",), "eval_k": (1,), "sampler": "uniform"}
+         "prompt_field": "prompt", "answer_field": "answer", "stop": ("\n\n",), "eval_k": (1,), "sampler": "uniform",
+         "teacher": "smollm2", "teacher_loss": "full"}
 
 
 def _options() -> list[tuple[str, object]]:

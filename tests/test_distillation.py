@@ -1,0 +1,136 @@
+"""On-policy distillation on tiny models (grpo/teacher/): the teacher's term trains a run with no reward,
+adds to GRPO's surrogate beside rewards, keeps every group, and the options a run cannot use are refused in
+one line before anything loads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+from tiny_run import tiny_config, tiny_task
+
+from grpo.cli import main
+from grpo.process import setup_process
+from grpo.setup import resolve_run
+from grpo.trainer import GRPOTrainer
+
+
+def first_char_parity(completion, example):
+    """1 for a completion whose first character's code is odd: random completions' groups vary."""
+    return float(ord(completion[0]) % 2) if completion else 0.0
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    """A tiny model unlike the student (another seed), with the student's tokenizer."""
+    folder = tmp_path_factory.mktemp("teacher") / "model"
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=7).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def distiller(teacher, reward=first_char_parity, **kw) -> GRPOTrainer:
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    config = tiny_config(teacher=str(teacher), **kw)
+    setup_process(config)
+    return GRPOTrainer(resolve_run(config, task=tiny_task(reward), model=model), model=model, tokenizer=tokenizer,
+                       progress=False)
+
+
+@pytest.mark.parametrize("form", ["sampled", "full"])
+def test_pure_distillation_brings_the_student_towards_a_different_teacher(teacher_folder, form):
+    trainer = distiller(teacher_folder, rewards=("none",), teacher_loss=form, steps=8, lr=3e-3, seed=1)
+    try:
+        steps = [trainer.step(i) for i in range(1, 9)]
+    finally:
+        trainer.close()
+    kl = [m["teacher_kl"] for m in steps]
+    assert all(m["reward_mean"] == 0.0 for m in steps)  # no reward: the teacher is the only signal
+    assert all(m["optimizer_steps"] == 1 and m["signal_frac"] == 1.0 for m in steps)  # every group trained
+    assert all(0.0 <= m["teacher_disagree_frac"] <= 1.0 for m in steps)
+    assert sum(kl[-3:]) / 3 < 0.7 * sum(kl[:3]) / 3, kl
+
+
+def _gradient(teacher, **kw):
+    trainer = distiller(teacher, seed=5, max_grad_norm=0.0, **kw)
+    seen, step = [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append(torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
+                               for p in trainer.model.parameters()]))
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    try:
+        trainer.step(1)
+    finally:
+        trainer.close()
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_with_rewards_the_teachers_term_adds_to_the_surrogate(teacher_folder, tmp_path):
+    """The gradient of GRPO plus the teacher is GRPO's (the teacher named as the model: its term is 0 at the
+    first step, where the student is the teacher) plus the teacher's alone (--rewards none), on the same
+    samples."""
+    both = _gradient(teacher_folder, teacher_coef=0.5)
+    teacher_alone = _gradient(teacher_folder, teacher_coef=0.5, rewards=("none",))
+    rewards_alone = _gradient("smollm2", model="smollm2")  # the policy's own weights as its teacher: term 0
+    assert teacher_alone.norm() > 0 and rewards_alone.norm() > 0
+    assert torch.allclose(both, rewards_alone + teacher_alone, atol=1e-6, rtol=1e-4)
+
+
+def test_without_a_reward_the_groups_are_kept_under_filter_groups_and_the_check(teacher_folder):
+    trainer = distiller(teacher_folder, rewards=("none",), filter_groups=True, max_gen_rounds=3,
+                        preflight="on", preflight_prompts=2)
+    try:
+        summary = trainer.train()
+        metrics = trainer.step(summary["steps"] + 1)
+    finally:
+        trainer.close()
+    assert summary["steps"] == 4 and not summary["stopped_early"] and not summary["little_signal"]
+    assert metrics["gen_rounds"] == 1 and metrics["trained_groups"] == 4 and math.isfinite(metrics["teacher_kl"])
+
+
+# ---- refused through the command line, one line, exit 2, before anything loads ----
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, teacher_folder):
+    """The student's folder (the teacher's tokenizer) and a teacher whose tokenizer has one more token."""
+    place = tmp_path_factory.mktemp("refusals")
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=3).save_pretrained(place / "student")
+    tokenizer.save_pretrained(place / "student")
+    other = make_tokenizer()
+    other.add_tokens(["<extra>"])
+    make_model(len(other), seed=4).save_pretrained(place / "other")
+    other.save_pretrained(place / "other")
+    return {"student": place / "student", "teacher": teacher_folder, "other": place / "other", "place": place}
+
+
+REFUSED = [
+    (["--rewards", "none"], "rewards none leaves the run no signal: give --teacher MODEL"),
+    (["--teacher", "{other}"], "its tokenizer differs from the model's (104 tokens against 103"),
+    (["--teacher-coef", "0.5"], "teacher_coef is read with --teacher only"),
+    (["--teacher", "{teacher}", "--teacher-beta", "0.5"], "teacher_beta is read by teacher_loss full only"),
+    (["--teacher", "{teacher}", "--teacher-loss", "full", "--teacher-beta", "2"], "teacher_beta must be in [0, 1]"),
+    (["--teacher", "{teacher}", "--rewards", "none", "math_answer"], "rewards none means no reward at all"),
+    (["--teacher", "{teacher}", "--nproc", "2"], "teacher with several processes (--nproc, torchrun) is not built"),
+    (["--teacher", "{teacher}", "--async-lag", "1"], "teacher with --async-lag is not built"),
+    (["--teacher", "{teacher}", "--lora-rank", "4"], "teacher with LoRA"),
+    (["--teacher", "{place}/missing"], "model path not found"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), REFUSED, ids=[" ".join(a)[:40] for a, _ in REFUSED])
+def test_a_teacher_the_run_cannot_use_is_refused_in_one_line(folders, args, message, capsys):
+    argv = [a.format(**{k: str(v) for k, v in folders.items()}) for a in args]
+    out = folders["place"] / "run"
+    code = main(["train", "--model", str(folders["student"]), *argv, "--output", str(out), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
