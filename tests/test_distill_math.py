@@ -62,6 +62,15 @@ def test_the_generalised_jsd_by_hand(beta, value):
     assert math.isclose(HALF, 0.033822, abs_tol=1e-6)  # the hand value itself
 
 
+def test_the_generalised_jsd_is_its_definition_at_an_uneven_beta():
+    """beta KL(q || m) + (1 - beta) KL(p || m), m = beta q + (1 - beta) p, written out in probabilities."""
+    p, q, beta = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.1, 0.6, 0.3]), 0.25
+    m = beta * q + (1 - beta) * p
+    want = beta * (q * (q / m).log()).sum() + (1 - beta) * (p * (p / m).log()).sum()
+    got = generalized_jsd(p.log().unsqueeze(0), q.log().unsqueeze(0), beta)
+    assert math.isclose(float(got), float(want), rel_tol=1e-5)
+
+
 def test_the_full_forms_gradients_by_hand():
     # reverse KL: d/dz_k KL(p || q) = p_k (ln p_k - ln q_k - KL) = 1/2 (ln(2/3) - KL, ln 2 - KL)
     z = torch.tensor([STUDENT], requires_grad=True)
