@@ -134,3 +134,18 @@ def test_a_teacher_the_run_cannot_use_is_refused_in_one_line(folders, args, mess
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_the_memory_model_counts_the_teacher_unless_it_is_the_reference(teacher_folder):
+    from grpo.config import TrainConfig
+    from grpo.memory import Device, ModelShape, RunShape, predict
+    from grpo.memory_check import read_model_config, with_teacher
+
+    shape = ModelShape.from_config(read_model_config(str(teacher_folder)))
+    run = RunShape(group_size=4, prompts_per_step=4, max_new_tokens=8, prompt_tokens=16, micro_batch_tokens=256)
+    config = TrainConfig(model=str(teacher_folder), teacher=str(teacher_folder))
+    plain, taught = predict(shape, run, Device()), predict(shape, with_teacher(run, config), Device())
+    assert "teacher" not in plain.terms and taught.terms["teacher"] == 4 * shape.params
+    assert taught.peak - plain.peak == 4 * shape.params
+    shared = TrainConfig(model=str(teacher_folder), teacher=str(teacher_folder), beta=0.04)  # the reference's
+    assert with_teacher(run, shared).teacher_params == 0
