@@ -149,3 +149,25 @@ def test_the_memory_model_counts_the_teacher_unless_it_is_the_reference(teacher_
     assert taught.peak - plain.peak == 4 * shape.params
     shared = TrainConfig(model=str(teacher_folder), teacher=str(teacher_folder), beta=0.04)  # the reference's
     assert with_teacher(run, shared).teacher_params == 0
+
+
+def test_a_trl_distillation_config_is_read_with_its_own_beta(tmp_path, teacher_folder, capsys):
+    import yaml
+
+    from grpo.cli.parser import build_parser
+    from grpo.cli.train import _config_from_args
+
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump({"teacher_model_name_or_path": str(teacher_folder), "beta": 0.5, "lmbda": 1.0,
+                                    "learning_rate": 2e-5, "max_completion_length": 64, "temperature": 0.9}))
+    config, origin = _config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+    assert (config.teacher, config.teacher_loss, config.teacher_beta) == (str(teacher_folder), "full", 0.5)
+    assert config.beta == 0.0 and config.rewards == ("none",)  # beta is the divergence's, not a KL coefficient
+    assert (config.lr, config.max_new_tokens, config.temperature) == (2e-5, 64, 0.9) and origin["teacher"] == "file"
+    assert "read as a TRL DistillationConfig" in capsys.readouterr().err
+    for extra, message in (({"lmbda": 0.5}, "lmbda 0.5: grpo distils on the student's own samples only"),
+                           ({"lmbda": 1.0, "loss_top_k": 8}, "loss_top_k (the divergence over the teacher's top k")):
+        path.write_text(yaml.safe_dump({"teacher_model_name_or_path": str(teacher_folder), **extra}))
+        assert main(["train", "--config", str(path), "--output", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
