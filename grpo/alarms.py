@@ -34,8 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo.teacher.alarm import divergence_rising
+
 ALARMS = ("no_signal", "checker_suspected", "stall", "memorising", "length_without_reward",
-          "repetition_rising", "entropy_collapse")
+          "repetition_rising", "entropy_collapse", "divergence_rising")
 STOPPING = ("no_signal", "checker_suspected", "stall", "memorising")
 TRENDS = ("checker_suspected", "stall", "memorising")  # verdicts on learning, taken at held-out evaluations
 MEMORISED_GAP = 0.1  # mean reward above the first tries' by more than this: a hint of memorising
@@ -407,7 +409,7 @@ class AlarmMonitor:
         """Record a step's metrics; return the ``alarm/<name>`` flags (1.0 on) and newly raised warnings.
         ``final``: the run's last evaluation, whose verdicts are raised without waiting for another."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
-                    "signal_frac", "reward_first_try", "accuracy", "repeat_frac"):
+                    "signal_frac", "reward_first_try", "accuracy", "repeat_frac", "teacher_kl"):
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
@@ -480,4 +482,5 @@ class AlarmMonitor:
             "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),
+            "divergence_rising": divergence_rising(series.get("teacher_kl", []), cfg.window),
         }

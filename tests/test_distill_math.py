@@ -136,3 +136,19 @@ def test_the_teacher_loss_is_its_coefficient_times_the_aggregated_term(aggregate
     full = torch.tensor([[0.5, 0.5], [1.0, 9.0], [9.0, 9.0]], requires_grad=True)  # the full form's per-token jsd
     loss, _ = teacher_loss(config, logp.detach(), scores, full, mask, total_tokens=3.0, total_sequences=2.0)
     assert math.isclose(float(loss), 2.0 * (2 / 3 if aggregate == "token" else (0.5 + 1.0) / 2), rel_tol=1e-6)
+
+
+def test_the_divergence_alarm_warns_on_a_rise_only():
+    from grpo.alarms import AlarmConfig, AlarmMonitor
+    from grpo.teacher.alarm import divergence_rising
+
+    rising = [0.2 + 0.02 * i for i in range(6)]  # 0.2 -> 0.3: +50% of its start
+    assert "divergence rising: teacher_kl 0.200 -> 0.300" in divergence_rising(rising, 6)
+    assert divergence_rising(rising[::-1], 6) is None  # falling: the student learning
+    assert divergence_rising([0.2, 0.21, 0.2, 0.22, 0.21, 0.22], 6) is None  # +10%: noise
+    assert divergence_rising(rising[:5], 6) is None and divergence_rising([], 6) is None  # too few; no teacher
+    assert divergence_rising([0.001 * i for i in range(6)], 6) is None  # under the 0.01 nats floor
+    monitor = AlarmMonitor(10, AlarmConfig(window=6))
+    flags = [monitor.observe(step, {"teacher_kl": kl})[0] for step, kl in enumerate(rising, 1)]
+    assert [f["alarm/divergence_rising"] for f in flags] == [0.0] * 5 + [1.0]
+    assert monitor.stopping() is None  # a warning, not a verdict that ends the run
