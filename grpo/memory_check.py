@@ -166,8 +166,12 @@ def model_shape(raw: object) -> ModelShape | None:
 
 def with_teacher(run: RunShape, config: object) -> RunShape:
     """The run with its distillation teacher's parameters (read from its config, no weights): none without
-    a teacher, or where the teacher is the reference's module (named as the model, with beta > 0)."""
-    if not config.teacher or (config.teacher == config.model and config.beta > 0):
+    a teacher, or where the teacher is the reference's module (named as the model, with beta > 0 and no LoRA,
+    whose reference is the base itself)."""
+    from grpo.models import is_adapter_folder
+
+    full = not config.lora_rank and not is_adapter_folder(str(config.model))
+    if not config.teacher or (config.teacher == config.model and config.beta > 0 and full):
         return run
     shape = model_shape(read_model_config(config.teacher))
     return dataclasses.replace(run, teacher_params=shape.params if shape else 0)

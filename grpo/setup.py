@@ -92,7 +92,7 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
     chat = folder_has_chat_template(config.model) if model is None else None
     # the combinations not built (grpo/combinations.py), before the user's files import or the sandbox is probed
     refuse_unbuilt(config, processes, adapter=adapter, turns=turns, chat=chat)
-    check_teacher(config, processes, adapter=adapter, resumed=resumed is not None)
+    check_teacher(config, processes, resumed=resumed is not None)
     if config.teacher and config.teacher != config.model:
         check_model(config.teacher)
         if model is None:  # a model given as an object: the trainer compares its tokenizer

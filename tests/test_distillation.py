@@ -121,7 +121,6 @@ REFUSED = [
     (["--teacher", "{teacher}", "--rewards", "none", "math_answer"], "rewards none means no reward at all"),
     (["--teacher", "{teacher}", "--nproc", "2"], "teacher with several processes (--nproc, torchrun) is not built"),
     (["--teacher", "{teacher}", "--async-lag", "1"], "teacher with --async-lag is not built"),
-    (["--teacher", "{teacher}", "--lora-rank", "4"], "teacher with LoRA"),
     (["--teacher", "{place}/missing"], "model path not found"),
 ]
 
@@ -171,3 +170,15 @@ def test_a_trl_distillation_config_is_read_with_its_own_beta(tmp_path, teacher_f
         assert main(["train", "--config", str(path), "--output", str(tmp_path / "run")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_a_lora_student_distils_its_adapter_alone(teacher_folder):
+    trainer = distiller(teacher_folder, rewards=("none",), lora_rank=4, teacher_loss="full")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    try:
+        steps = [trainer.step(i) for i in (1, 2)]
+    finally:
+        trainer.close()
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved)  # the adapter trained, the base frozen
+    assert all(math.isfinite(m["teacher_kl"]) and m["optimizer_steps"] == 1 for m in steps)

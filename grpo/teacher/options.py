@@ -18,7 +18,7 @@ TEACHER_OPTIONS = ("teacher_coef", "teacher_loss", "teacher_beta")
 NOT_BUILT = "teacher with {what} is not built: {instead}"
 
 
-def check_teacher(config: TrainConfig, processes: int, *, adapter: bool, resumed: bool = False) -> None:
+def check_teacher(config: TrainConfig, processes: int, *, resumed: bool = False) -> None:
     """Raise ConfigError, one line naming the option, for a teacher setting a run cannot use. A teacher's
     option given without a teacher is refused, as grpo.config.refuse_unread refuses the others, unless the
     run is ``resumed`` (its saved config names every option)."""
@@ -41,8 +41,7 @@ def check_teacher(config: TrainConfig, processes: int, *, adapter: bool, resumed
         raise ConfigError(f"teacher_coef must be positive with a teacher, got {config.teacher_coef}")
     unbuilt = {"several processes (--nproc, torchrun)": (processes > 1, "distil with one process"),
                "--engine vllm": (config.engine == "vllm", "use the own engine"),
-               "--async-lag": (config.async_lag > 0, "drop --async-lag"),
-               "LoRA (--lora-rank, or an adapter folder as --model)": (adapter, "train the full model")}
+               "--async-lag": (config.async_lag > 0, "drop --async-lag")}
     for what, (refused, instead) in unbuilt.items():
         if refused:
             raise ConfigError(NOT_BUILT.format(what=what, instead=instead))
