@@ -182,3 +182,19 @@ def test_a_lora_student_distils_its_adapter_alone(teacher_folder):
     moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all("lora_" in n for n in moved)  # the adapter trained, the base frozen
     assert all(math.isfinite(m["teacher_kl"]) and m["optimizer_steps"] == 1 for m in steps)
+
+
+def test_the_report_draws_teacher_kl_beside_the_reference_kl(tmp_path):
+    import json
+
+    from grpo.report import PANELS, figure, load_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"steps": 3, "teacher": "t"}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.0, "kl": 0.0,
+                                                           "teacher_kl": 0.5 / s}) + "\n" for s in (1, 2, 3)))
+    fig = figure([load_run(run)])
+    panel = fig.axes[[title for title, _, _ in PANELS].index("KL to the reference and to the teacher")]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()}
+    assert any("teacher_kl" in name and values == [0.5, 0.25, 0.5 / 3] for name, values in drawn.items()), drawn
