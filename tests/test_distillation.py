@@ -198,3 +198,22 @@ def test_the_report_draws_teacher_kl_beside_the_reference_kl(tmp_path):
     panel = fig.axes[[title for title, _, _ in PANELS].index("KL to the reference and to the teacher")]
     drawn = {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()}
     assert any("teacher_kl" in name and values == [0.5, 0.25, 0.5 / 3] for name, values in drawn.items()), drawn
+
+
+@pytest.mark.parametrize("form", ["sampled", "full"])
+def test_the_teachers_pass_micro_batched_gives_the_update_of_one_batch(teacher_folder, form, monkeypatch):
+    """Within --micro-batch-tokens (1: a completion per micro-batch, the teacher's pass the same) the step's
+    gradient is the one of a single micro-batch; the teacher never runs more rows at once than the budget."""
+    import grpo.teacher.scoring as scoring
+
+    seen = []
+    hidden = scoring.rollout_hidden
+    monkeypatch.setattr(scoring, "rollout_hidden",
+                        lambda model, rollout, *a, **kw: seen.append(rollout.completion_ids.shape[0])
+                        or hidden(model, rollout, *a, **kw))
+    whole = _gradient(teacher_folder, rewards=("none",), teacher_loss=form, micro_batch_tokens=100_000)
+    assert max(seen) == 16  # B x G rows at once
+    seen.clear()
+    split = _gradient(teacher_folder, rewards=("none",), teacher_loss=form, micro_batch_tokens=1)
+    assert max(seen) == 1
+    assert whole.norm() > 0 and torch.allclose(whole, split, atol=1e-6, rtol=1e-4)
