@@ -217,3 +217,22 @@ def test_the_teachers_pass_micro_batched_gives_the_update_of_one_batch(teacher_f
     split = _gradient(teacher_folder, rewards=("none",), teacher_loss=form, micro_batch_tokens=1)
     assert max(seen) == 1
     assert whole.norm() > 0 and torch.allclose(whole, split, atol=1e-6, rtol=1e-4)
+
+
+def test_a_distillation_run_resumed_is_the_unbroken_one(teacher_folder, tmp_path):
+    from tiny_run import metrics_lines
+
+    kw = dict(rewards=("none",), teacher_loss="full", teacher_beta=0.5)
+    straight = distiller(teacher_folder, steps=3, **kw)
+    straight.train(tmp_path / "straight")
+    straight.close()
+    first = distiller(teacher_folder, steps=1, **kw)
+    first.train(tmp_path / "split")
+    first.close()
+    resumed = distiller(teacher_folder, steps=3, **kw)
+    resumed.train(tmp_path / "split", resume=True)
+    resumed.close()
+    assert metrics_lines(tmp_path / "straight") == metrics_lines(tmp_path / "split")
+    assert any("teacher_kl" in row for row in metrics_lines(tmp_path / "split"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
