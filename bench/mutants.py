@@ -1,7 +1,7 @@
 """`make mutants`: hand-chosen mutations of the GRPO math, run against the unit and equivalence tests.
 
 Each mutant is one small edit a plausible bug would make (a sign, a bound, a
-normaliser, a mask, a stop-gradient) in grpo/algorithm.py and grpo/objectives.py, the sampler's draw,
+normaliser, a mask, a stop-gradient) in grpo/algorithm.py, grpo/objectives.py and grpo/teacher/, the sampler's draw,
 the advantage normalisation and its estimators, the objectives, the loss aggregation and its normalisers,
 and the way the objective and estimator options reach the loss. The repository is
 copied to a temporary folder, each mutant applied there alone, and the tests of
@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # tests that bear on the mutated code first, so that most mutants die in seconds
 FIRST = ["tests/test_algorithm.py", "tests/test_objectives.py", "tests/test_async_correction.py", "tests/test_sampler.py", "tests/test_errored_rows.py", "tests/test_rollout.py", "tests/test_streams.py",
-         "tests/test_device_contract.py", "tests/test_trainer.py",
+         "tests/test_device_contract.py", "tests/test_trainer.py", "tests/test_distill_math.py",
+         "tests/test_distillation.py",
          # the one kind of test that sees a process's share of the batch (its first group's index): minutes
          # (a torchrun launch), so after the quick ones; later in the suite, a 900 s timeout came first
          "tests/test_distributed.py"]
@@ -39,6 +40,7 @@ MENU = ["tests/test_objectives_training.py"]
 A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
 P = "grpo/objectives.py"  # the policy objectives
 T = "grpo/trainer.py"
+D = "grpo/teacher/divergence.py"  # the teacher term's math
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
      "advantages centred on the batch mean, not the group's"),
@@ -153,6 +155,22 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "an environment that raised taken for a verdict"),
     (S, "        v = np.ones_like(r) if valid is None else valid.detach().cpu().numpy().astype(np.float64)  # (B, G)",
      "        v = np.ones_like(r)  # (B, G)", "the frontier sampler counts errored rows as failures"),
+    # on-policy distillation (grpo/teacher/): each form's sign or direction, the detachments, the signal
+    (D, "    d = (logp - teacher_logp).detach() * mask  # (N, T)", "    d = (teacher_logp - logp).detach() * mask  # (N, T)",
+     "the sampled form's sign: away from the teacher"),
+    (D, "    d = (logp - teacher_logp).detach() * mask  # (N, T)", "    d = (logp - teacher_logp) * mask  # (N, T)",
+     "the sampled form's difference not detached: grad log p added to the score function"),
+    (D, "        return (s.exp() * (s - t)).sum(dim=-1)", "        return (s.exp() * (t - s)).sum(dim=-1)",
+     "the full form's reverse KL with its sign flipped"),
+    (D, "        return (t.exp() * (t - s)).sum(dim=-1)", "        return (s.exp() * (s - t)).sum(dim=-1)",
+     "the full form's beta 0 taken as the reverse KL"),
+    (D, "    m = torch.logsumexp(torch.stack([s + math.log(1.0 - beta), t + math.log(beta)]), dim=0)  # log m, (M, V)",
+     "    m = torch.logsumexp(torch.stack([s + math.log(beta), t + math.log(1.0 - beta)]), dim=0)  # log m, (M, V)",
+     "the JSD's mixture weights swapped"),
+    (D, "    t = F.log_softmax(teacher_logits.detach().float(), dim=-1)", "    t = F.log_softmax(teacher_logits.float(), dim=-1)",
+     "the teacher not detached in the full form"),
+    (U, "    skip = cfg.skip_zero_advantage and cfg.beta == 0.0 and learner.teacher is None",
+     "    skip = cfg.skip_zero_advantage and cfg.beta == 0.0", "a teacher's groups skipped when their rewards are equal"),
 ]
 
 

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo.alarm_noise import OVERDISPERSION, Series, accuracy_change, fitted_change, reward_change
+from grpo.teacher.alarm import divergence_rising
 
 ALARMS = ("no_signal", "checker_suspected", "stall", "memorising", "length_without_reward",
-          "repetition_rising", "entropy_collapse")
+          "repetition_rising", "entropy_collapse", "divergence_rising")
 STOPPING = ("no_signal", "checker_suspected", "stall", "memorising")
 TRENDS = ("checker_suspected", "stall", "memorising")  # verdicts on learning, taken at held-out evaluations
 NOTES = ("slow_progress",)  # said as the trend verdicts are, but no alarm: never a flag, never a stop
@@ -395,7 +396,7 @@ class AlarmMonitor:
         note among them by its name (NOTES: no flag of its own, no part of a stop).
         ``final``: the run's last evaluation, whose verdicts are raised without waiting for another."""
         for key in ("reward_mean", "adv_nonzero_frac", "completion_len", "repeat_ngram_frac", "entropy",
-                    "signal_frac", "reward_first_try", "accuracy", "repeat_frac"):
+                    "signal_frac", "reward_first_try", "accuracy", "repeat_frac", "teacher_kl"):
             if key in metrics:
                 value = metrics[key]
                 self.series.setdefault(key, []).append(float("nan") if value is None else float(value))
@@ -483,4 +484,5 @@ class AlarmMonitor:
             "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),
+            "divergence_rising": divergence_rising(series.get("teacher_kl", []), cfg.window),
         }

@@ -182,7 +182,7 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
         if sampling.screen is not None:
             sampling.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid(),
                                     rounds[-1].varies())
-        if not cfg.filter_groups:
+        if not cfg.filter_groups or cfg.teacher:  # with a teacher every group carries its signal: all kept
             last = rounds[-1]
             return Batch(rounds, last.rows, last.rollout, last.rewards, last.lengths, last.truncated, last.errors)
         have = sum(int(r.varies().sum()) for r in rounds)

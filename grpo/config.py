@@ -122,6 +122,10 @@ class TrainConfig:
     weight_decay: float = field(**_doc("AdamW weight decay", default=0.0))
     max_grad_norm: float = field(**_doc("clip the gradient's global norm to this (0: off)", default=1.0))
     beta: float = field(**_doc("KL penalty weight towards the frozen reference (0: no reference model is loaded)", default=0.0))
+    teacher: str = field(**_doc("on-policy distillation: a teacher model (anything --model takes) scores every token the policy samples, and its term joins the loss (docs/distillation.md); its tokenizer must be the model's; empty: none", default=""))
+    teacher_coef: float = field(**_doc("the teacher term's weight in the loss (per token, beside the policy's surrogate)", default=1.0))
+    teacher_loss: str = field(**_doc("the teacher term: sampled (the reverse KL's estimate log p - log p_teacher at each sampled token, a score-function gradient) or full (the generalised JSD over the whole vocabulary at each position, chunked)", default="sampled"))
+    teacher_beta: float = field(**_doc("teacher_loss full: the generalised JSD's beta, TRL's meaning (the mixture beta p_teacher + (1 - beta) p): 1.0 reverse KL(p || p_teacher), 0.0 forward KL(p_teacher || p), 0.5 symmetric", default=1.0))
     objective: str = field(**_doc("the policy loss: ppo (clipped ratio), cispo (clipped stop-gradient weight on log pi), sapo (soft sigmoid gate), gmpo (geometric mean of the token ratios), dppo_tv or dppo_kl (tokens leave the loss past a divergence threshold); see docs/objectives.md", default="ppo"))
     clip_low: float = field(**_doc("epsilon_low, read by each objective its own way: ppo and cispo bound the ratio below at 1 - clip_low, gmpo bounds log rho at -clip_low, dppo_tv/dppo_kl take it as the divergence threshold for A < 0 (unset: the objective's recommended value; ppo's 0.2)", default=0.2))
     clip_high: float = field(**_doc("epsilon_high: ppo and cispo bound the ratio above at 1 + clip_high (> clip_low is DAPO's clip-higher), gmpo bounds log rho at clip_high, dppo_tv/dppo_kl take it as the threshold for A > 0 (unset: the objective's recommended value; ppo's 0.28)", default=0.28))
@@ -211,7 +215,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         non_negative = ("steps", "minutes", "lr", "top_k", "warmup_steps", "weight_decay", "max_grad_norm", "beta", "clip_low",
-                        "clip_high", "lora_rank", "lora_alpha", "eval_size", "temperature_target", "max_new_tokens", "alarm_window", "eval_subset", "eval_train", "screen",
+                        "clip_high", "teacher_coef", "lora_rank", "lora_alpha", "eval_size", "temperature_target", "max_new_tokens", "alarm_window", "eval_subset", "eval_train", "screen",
                         "sample_every", "threads", "heap_release_mb", "temperature", "batch_size", "eval_samples", "log_every",
                         "reward_workers", "max_turns", "max_episode_tokens", "few_shot", "async_lag", "round_prompts")
         for name in non_negative:
@@ -234,7 +238,7 @@ class TrainConfig:
                    "sampler": ("", "uniform", "frontier"), "screen_by": ("state", "probe"), "preflight": ("on", "warn", "strict", "off"),
                    "sandbox": ("strict", "weak"), "reward_style": ("auto", "grpo", "trl", "verl"),
                    "engine": ("own", "vllm"), "tis_level": ("token", "sequence", "sequence_ratio"),
-                   "tis_mode": ("truncate", "mask"),
+                   "tis_mode": ("truncate", "mask"), "teacher_loss": ("sampled", "full"),
                    "objective": tuple(RECOMMENDED),
                    "advantage_estimator": ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "passk"),
                    "prompt_format": PROMPT_FORMATS}

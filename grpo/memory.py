@@ -254,6 +254,7 @@ class RunShape:
     # the longest completion assumed in sampling and in the update's micro-batches (0: max_new_tokens, the
     # worst case the check before loading must assume); pre-flight's measured lengths set it
     completion_tokens: int = 0
+    teacher_params: int = 0  # a distillation teacher's parameters, held beside the policy (0: none, or the reference)
 
     @property
     def completion(self) -> int:
@@ -296,6 +297,8 @@ def lasting_terms(model: ModelShape, run: RunShape, device: Device) -> dict[str,
              "optimizer": int(8 * trained / shard)}
     if run.beta > 0 and not run.lora_rank:
         terms["reference"] = int(4 * model.params / shard)
+    if run.teacher_params:  # the frozen teacher, fp32 as loaded (grpo/teacher/scoring.py)
+        terms["teacher"] = 4 * run.teacher_params
     if run.async_lag:
         own = run.engine == "own"
         terms["async_copy"] = 4 * (weights if own else 0) + 4 * (trained if own else model.params)

@@ -30,6 +30,7 @@ SHRINKS = {
     "flat_gradients": "--lora-rank or --fsdp (the all-reduce's copies of the gradients)",
     "reference": "--beta 0 (no reference copy) or --lora-rank (the base is the reference)",
     "async_copy": "--async-lag 0",
+    "teacher": "a smaller --teacher",
     "kv_cache": "--prompts-per-step, --group-size or --max-new-tokens",
     "sampling_logits": "--prompts-per-step or --group-size",
     "reordered_weights": "GRPO_REORDERED_WEIGHTS=0 (sampling then runs on the weights as they are, slower)",
@@ -163,6 +164,19 @@ def model_shape(raw: object) -> ModelShape | None:
         return None
 
 
+def with_teacher(run: RunShape, config: object) -> RunShape:
+    """The run with its distillation teacher's parameters (read from its config, no weights): none without
+    a teacher, or where the teacher is the reference's module (named as the model, with beta > 0 and no LoRA,
+    whose reference is the base itself)."""
+    from grpo.models import is_adapter_folder
+
+    full = not config.lora_rank and not is_adapter_folder(str(config.model))
+    if not config.teacher or (config.teacher == config.model and config.beta > 0 and full):
+        return run
+    shape = model_shape(read_model_config(config.teacher))
+    return dataclasses.replace(run, teacher_params=shape.params if shape else 0)
+
+
 def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, device: Device,
                     adaptable: Collection[str], say: Callable[[str], None] = print) -> tuple[dict, Prediction]:
     """The changes that bring the predicted need under device.available, in order and only to
@@ -175,7 +189,7 @@ def adapt_to_memory(model: ModelShape, config: object, prompt_tokens: int, devic
 
     def now(trial: dict | None = None) -> Prediction:
         settled = dataclasses.replace(config, **(changes if trial is None else trial))
-        return predict(model, RunShape.from_config(settled, prompt_tokens), device)
+        return predict(model, with_teacher(RunShape.from_config(settled, prompt_tokens), settled), device)
 
     pred = now()
     fits = lambda p: device.available is None or p.needed <= device.available  # noqa: E731
@@ -279,7 +293,8 @@ def trainer_prediction(sampling: object, lengths: Sequence[int] = (),
 
         device = Device("cpu", sampling.world.size, share, mem_total(), packs_here())
     pool = getattr(getattr(sampling, "toolbox", None), "pool", None)
-    run = RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0)
+    run = with_teacher(RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0),
+                       config)
     model = model_shape(raw)
     if model is None:
         return None, device.available

@@ -415,7 +415,7 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
         for first in range(0, len(order), cfg.preflight_prompts):  # the rounds share one reordering
             _sample_round(sampling, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
             grouped, valid = samples.grouped(g)
-            if group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
+            if cfg.teacher or group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
                 break
     names = sampling.score.names
     report = _summary(samples, grouped, valid, cfg, names)
@@ -425,6 +425,8 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
                                                        answer_lengths=samples.answer_lengths)
     constant = [k for k in names if all(m.get(f"reward/{k}_std", 1.0) == 0.0 for m in samples.metrics)]
     report.problems = find_problems(report, names, constant, tuned_limit=tuned_limit)
+    if cfg.teacher:  # every group has the teacher's signal, whatever its rewards
+        report.problems = [p for p in report.problems if p.kind not in ("no signal", "few groups vary")]
     report.seconds = time.perf_counter() - start
     report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
                                                 dynamic=cfg.filter_groups)

@@ -35,6 +35,8 @@ def summary_line(step: int, total: int, metrics: dict[str, float]) -> str:
         f"{_fmt(m, 'tokens_per_second', '.0f')} tok/s",
         f"{_fmt(m, 'time_step', '.1f')} s",
     ]
+    if "teacher_kl" in m:  # on-policy distillation (grpo/teacher/)
+        parts.insert(7, f"teacher_kl {m['teacher_kl']:.4f} (disagree {_fmt(m, 'teacher_disagree_frac', '.2f')})")
     if "heldout_accuracy" in m:
         parts.append(f"held-out {m['heldout_accuracy']:.1%}")
     elif "heldout_subset_accuracy" in m:

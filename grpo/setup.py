@@ -40,6 +40,7 @@ from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
 from grpo.tasks import Task
+from grpo.teacher.options import check_teacher, check_vocabulary, vocabulary
 from grpo.tools import load_functions
 from grpo.vllm_engine import VLLMEngine, cpu_share
 
@@ -100,6 +101,11 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
         folder_has_chat_template(config.model) if model is None else None
     # the combinations not built (grpo/combinations.py), before the user's files import or the sandbox is probed
     refuse_unbuilt(config, processes, adapter=adapter, turns=turns, chat=chat)
+    check_teacher(config, processes, resumed=resumed is not None)
+    if config.teacher and config.teacher != config.model:
+        check_model(config.teacher)
+        if model is None:  # a model given as an object: the trainer compares its tokenizer
+            check_vocabulary(config.teacher, vocabulary(config.model))
     reward_fns = [resolve_reward(r) for r in (list(rewards) if rewards is not None else list(config.rewards))]
     tools, env = check_user_code(config, task, reward_fns)
     if config.engine == "vllm":

@@ -78,3 +78,4 @@ class Learner:
     autocast: AbstractContextManager
     order_rng: random.Random  # the minibatches' order (the prompt sampler's RNG, unless sampling runs ahead)
     temperature: Temperature  # the sampler's (the same object as Sampling's)
+    teacher: nn.Module | None = None  # the frozen teacher of on-policy distillation (grpo/teacher/); None: none

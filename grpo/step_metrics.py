@@ -61,7 +61,7 @@ def step_record(sampling: Sampling, step: int, batch: Batch, advantages: Tensor,
         "truncated_frac": torch.cat([r.truncated for r in batch.rounds]).float().mean().item(),
         "repeat_ngram_frac": repeated_ngram_frac(batch.rollout.completion_ids, batch.rollout.mask),
         **step_episode_metrics(sampling, batch),
-        **{k: v for k, v in vars(stats).items()},
+        **{k: v for k, v in vars(stats).items() if v is not None},  # None: not measured (no teacher)
         "lr": learning_rate(sampling.config, step),
         **({"temperature": sampling.temperature.value} if sampling.config.temperature_target else {}),
         "time_generate": t_gen,
@@ -114,7 +114,7 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
     # the update skips the groups whose advantages are all zero (grpo/update.py trained_groups), which under
     # reinforce_pp_baseline are not its zero-variance groups: those get the batch's shift and train
-    skip = cfg.skip_zero_advantage and cfg.beta == 0.0
+    skip = cfg.skip_zero_advantage and cfg.beta == 0.0 and not cfg.teacher  # a teacher's term trains every group
     skipped = (advantages.view(-1, g) == 0).all(dim=1).cpu() if skip else torch.zeros(len(trained), dtype=torch.bool)
     drawn = sum(len(r.prompts) for r in batch.rounds)
     out = {
@@ -141,7 +141,8 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
         "tokens_surplus": float(tokens[~zero_var][cfg.prompts_per_step:].sum()) if cfg.filter_groups else 0.0,
         "shortfall": cfg.prompts_per_step - len(trained),
         # the share of the B groups a step asks for that it trained with rewards that vary
-        "signal_frac": float((~trained_zero_var).sum()) / cfg.prompts_per_step,
+        # (with a teacher every group trained has the teacher's signal)
+        "signal_frac": float(len(trained) if cfg.teacher else (~trained_zero_var).sum()) / cfg.prompts_per_step,
     }
     if cfg.sampler != "uniform":
         out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn

@@ -79,6 +79,7 @@ from grpo.step_metrics import (
     step_record,
     write_samples,
 )
+from grpo.teacher.scoring import load_teacher
 from grpo.update import StepStats, learning_rate, reference_logprobs, update
 
 __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config"]
@@ -130,6 +131,8 @@ class GRPOTrainer:
         self.agent, self.toolbox = make_agent(config, self.task, self.tokenizer, tools=tools, env=env)
         use_device(self.device)  # the run's first CUDA call, after every worker pool has forked
         self.model, self.policy, self.reference, self.optimizer = build_policy(config, self.world, self.device, model)
+        self.teacher = load_teacher(config, self.model, self.reference and self.reference.model, self.tokenizer,
+                                    self.device)  # None: no distillation (grpo/teacher/)
         self.totals = RunTotals()  # summary.json's generation totals
         self.train_prompts = run_prompts(self.tokenizer, self.task, config, self.task.train)
         self.heldout_prompts = run_prompts(self.tokenizer, self.task, config, self.task.heldout)
@@ -170,7 +173,7 @@ class GRPOTrainer:
                          self.autocast, self.train_prompts, self.heldout_prompts, sampler, draws, screen, self.score,
                          self.checker, self.reward_fns, self.agent, self.toolbox, self.engine, self.temperature),
                 Learner(config, self.world, self.model, self.policy, self.reference, self.optimizer, self.tokenizer,
-                        self.autocast, order_rng, self.temperature))
+                        self.autocast, order_rng, self.temperature, self.teacher))
 
     def checkpoint_parts(self) -> dict[str, object]:
         """The run's state besides the weights and the optimiser's, by name, as a checkpoint holds it

@@ -33,12 +33,14 @@ from grpo.distributed import Policy, World, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
 from grpo.rollout import Rollout, group_rows
 from grpo.sides import Learner
+from grpo.teacher.scoring import TeacherScores, full_form_pass, micro_batched_scores, teacher_loss
 
 if TYPE_CHECKING:
     from grpo.vllm_engine import VLLMEngine
 
 TIS_KEYS = ("sampler_logp_diff", "sampler_kl", "tis_capped_frac", "tis_masked_tokens")  # the mismatch, per step
 MEAN_KEYS = ("ratio_mean", "clip_frac_low", "clip_frac_high", "kl", "entropy", *TIS_KEYS)  # token-weighted
+TEACHER_KEYS = ("teacher_kl", "teacher_disagree_frac")  # token-weighted, in a run with a teacher only
 
 
 @dataclass
@@ -61,6 +63,8 @@ class StepStats:
     tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
     tis_masked_tokens: float = 0.0  # share of tokens whose weight a mask set to 0 (tis_mode mask, sequence level)
     tis_masked_sequences: float = 0.0  # share of the completions trained with a masked token
+    teacher_kl: float | None = None  # mean log p - log p_teacher at the tokens trained (None: no teacher)
+    teacher_disagree_frac: float | None = None  # share of them whose teacher's most likely token differs
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,9 @@ def update(learner: Learner, rollout: Rollout, advantages: Tensor, ref_logp: Ten
     cfg, g = learner.config, learner.config.group_size
     n_groups = advantages.numel() // g
     first = learner.world.split(n_groups).start  # global index of this process's first group
-    skip = cfg.skip_zero_advantage and cfg.beta == 0.0
+    # a group whose advantages are 0 still learns from the teacher's term or the KL term
+    skip = cfg.skip_zero_advantage and cfg.beta == 0.0 and learner.teacher is None
+    teacher = teacher_scores(learner, rollout)  # the sampled form's, before the first optimiser step
     stats, sums = StepStats(), {"weight": 0.0}
     # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
     old_all = trainer_logprobs(learner, rollout) if cfg.tis_cap and not on_policy(cfg) else None
@@ -132,8 +138,8 @@ def update(learner: Learner, rollout: Rollout, advantages: Tensor, ref_logp: Ten
             own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
             # lengths are 0 for completions masked whole (mask_truncated): they leave both normalisers
             part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))
-            minibatch_step(learner, rollout, part, advantages, ref_logp, old_all, stats, sums)
-    return whole_batch_stats(learner.world, stats, sums)
+            minibatch_step(learner, rollout, part, advantages, (ref_logp, teacher), old_all, stats, sums)
+    return whole_batch_stats(learner.world, stats, sums, teacher=learner.teacher is not None)
 
 
 def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, skip_zero: bool) -> Tensor:
@@ -146,9 +152,11 @@ def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, sk
 
 
 def minibatch_step(learner: Learner, rollout: Rollout, part: Minibatch, advantages: Tensor,
-                   ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> None:
+                   frozen: tuple[Tensor | None, TeacherScores | None], old_all: Tensor | None, stats: StepStats,
+                   sums: dict) -> None:
     """Accumulate the minibatch's gradient over its micro-batches, sync it, clip it and step (or skip
-    a non-finite step, on every process alike)."""
+    a non-finite step, on every process alike). ``frozen``: the reference's log-probs and the teacher's
+    scores of the rollout, each None when not used."""
     cfg = learner.config
     learner.optimizer.zero_grad(set_to_none=True)
     minibatch_loss = 0.0
@@ -156,7 +164,7 @@ def minibatch_step(learner: Learner, rollout: Rollout, part: Minibatch, advantag
         if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
             learner.policy(zero_loss).backward()
             continue
-        minibatch_loss += micro_step(learner, rollout, micro, part, advantages, ref_logp, old_all, stats, sums)
+        minibatch_loss += micro_step(learner, rollout, micro, part, advantages, frozen, old_all, stats, sums)
     params = [p for p in learner.model.parameters() if p.requires_grad]
     learner.world.sync_gradients(params)
     if cfg.max_grad_norm > 0:
@@ -175,18 +183,13 @@ def minibatch_step(learner: Learner, rollout: Rollout, part: Minibatch, advantag
 
 
 def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch, advantages: Tensor,
-               ref_logp: Tensor | None, old_all: Tensor | None, stats: StepStats, sums: dict) -> float:
+               frozen: tuple[Tensor | None, TeacherScores | None], old_all: Tensor | None, stats: StepStats,
+               sums: dict) -> float:
     """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
     cfg, g = learner.config, learner.config.group_size
     sub, sub_rows = micro.select(rollout), micro.rows(g)
-    with learner.autocast:
-        # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
-        # as often (the shared-prefix pass makes a data-dependent number of calls)
-        logp, entropy = learner.policy(
-            rollout_logprobs, sub, learner.tokenizer.pad_token_id,
-            temperature=learner.temperature.value, with_entropy=True, share_prefix=not learner.world.fsdp,
-            checkpoint_layers=cfg.gradient_checkpointing,
-        )
+    ref_logp, teacher = frozen
+    logp, entropy, jsd, scores = training_pass(learner, sub, sub_rows, teacher)
     old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, sub_rows, old_all)
     loss, m = policy_loss(
         logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,
@@ -197,6 +200,11 @@ def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch
         max_tokens=cfg.max_new_tokens, total_tokens=part.total_tokens,
         total_sequences=part.total_sequences, tis_weight=tis_weight,
     )
+    if scores is not None:  # the teacher's term, its own term of the loss, per token
+        term, teacher_m = teacher_loss(cfg, logp.float(), scores, jsd, sub.mask, total_tokens=part.total_tokens,
+                                       total_sequences=part.total_sequences)
+        loss = loss + term
+        m.update(teacher_m)
     peak = tis.pop("sampler_logp_diff_max", None)  # a maximum, not a token-weighted mean
     if peak is not None:
         sums["logp_diff_max"] = max(sums.get("logp_diff_max", 0.0), float(peak))
@@ -217,9 +225,9 @@ def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch
     return loss.item()
 
 
-def whole_batch_stats(world: World, stats: StepStats, sums: dict) -> StepStats:
-    """The step's token-weighted means over every process's micro-batches."""
-    keys = ("loss", *MEAN_KEYS, "sequences", "masked_sequences")
+def whole_batch_stats(world: World, stats: StepStats, sums: dict, *, teacher: bool = False) -> StepStats:
+    """The step's token-weighted means over every process's micro-batches (``teacher``: the teacher's too)."""
+    keys = ("loss", *MEAN_KEYS, *TEACHER_KEYS, "sequences", "masked_sequences")
     totals = world.sum(torch.tensor(
         [sums["weight"], stats.trained_sequences, *(sums.get(k, 0.0) for k in keys)], dtype=torch.float64))
     weight, stats.trained_sequences = float(totals[0]), int(totals[1])
@@ -227,7 +235,7 @@ def whole_batch_stats(world: World, stats: StepStats, sums: dict) -> StepStats:
     summed = dict(zip(keys, totals[2:].tolist(), strict=True))  # whole-batch sums over processes
     if weight > 0:
         stats.loss = summed["loss"] / max(stats.optimizer_steps, 1)
-        for key in MEAN_KEYS:
+        for key in (*MEAN_KEYS, *(TEACHER_KEYS if teacher else ())):
             setattr(stats, key, summed[key] / weight)
         stats.tis_masked_sequences = summed["masked_sequences"] / max(summed["sequences"], 1.0)
     return stats
@@ -252,6 +260,35 @@ def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, rows: Tensor, old_a
     weight, metrics = tis_weights(old, sub.logprobs, sub.mask, cap=cfg.tis_cap, level=cfg.tis_level,
                                   mode=cfg.tis_mode, low=cfg.tis_low)
     return old, weight, metrics
+
+
+def training_pass(learner: Learner, sub: Rollout, rows: Tensor, teacher: TeacherScores | None
+                  ) -> tuple[Tensor, Tensor, Tensor | None, TeacherScores | None]:
+    """The policy's log-probs and entropy of a micro-batch's tokens (N', T), with grad, and the teacher's
+    term's inputs: the full form's divergence per token (else None), computed here beside the student's
+    pass, and the teacher's scores of the micro-batch's rows (None without a teacher)."""
+    cfg, pad_id = learner.config, learner.tokenizer.pad_token_id
+    # under FSDP one decoder call per micro-batch, so that every rank gathers each layer
+    # as often (the shared-prefix pass makes a data-dependent number of calls)
+    passes = dict(temperature=learner.temperature.value, share_prefix=not learner.world.fsdp,
+                  checkpoint_layers=cfg.gradient_checkpointing)
+    with learner.autocast:
+        if learner.teacher is not None and cfg.teacher_loss == "full":
+            return learner.policy(full_form_pass, sub, learner.teacher, pad_id, beta=cfg.teacher_beta, **passes)
+        logp, entropy = learner.policy(rollout_logprobs, sub, pad_id, with_entropy=True, **passes)
+    return logp, entropy, None, None if teacher is None else teacher.rows(rows, sub.mask.shape[1])
+
+
+@torch.no_grad()
+def teacher_scores(learner: Learner, rollout: Rollout) -> TeacherScores | None:
+    """The teacher's scores of the rollout's sampled tokens, (N, T), for the sampled form (the full form
+    scores inside each micro-step); None without a teacher. Micro-batched as the reference's log-probs."""
+    if learner.teacher is None or learner.config.teacher_loss == "full" or not rollout.prompt_ids:
+        return None
+    parts = micro_batches(learner.config, rollout, torch.arange(len(rollout.prompt_ids)))
+    with learner.autocast:
+        return micro_batched_scores(learner.teacher, rollout, parts, learner.tokenizer.pad_token_id,
+                                    temperature=learner.temperature.value)
 
 
 @torch.no_grad()

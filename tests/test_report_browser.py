@@ -118,7 +118,7 @@ def test_the_page_of_a_real_run_draws_its_charts_offline_with_hover(runs, browse
     series = browser.open(page_path)
     assert browser.errors == [] and browser.off_machine == []
     drawn = {s["chart"]: s for s in series if s["points"]}
-    assert {"raw reward (mean over the batch)", "held-out accuracy", "KL to the reference",
+    assert {"raw reward (mean over the batch)", "held-out accuracy", "KL to the reference and to the teacher",
             "completion length (tokens)"} <= set(drawn)
     assert drawn["raw reward (mean over the batch)"]["points"] == 4  # one per step
     shot = browser.page.locator("#charts").screenshot()

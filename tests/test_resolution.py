@@ -88,6 +88,7 @@ SECOND = {
     "wandb": True, "engine": "vllm", "vllm_python": "/usr/bin/python3", "vllm_sleep": False, "vllm_memory": 0.5,
     "vllm_bucket_mb": 512.0, "device": "cpu", "threads": 2, "heap_release_mb": 4, "save_every": 10,
     "keep_checkpoints": 3, "max_bad_steps": 2, "fsdp": True, "save_model": False,
+    "teacher": "smollm2", "teacher_coef": 0.5, "teacher_loss": "full", "teacher_beta": 0.5,
 }
 BESIDE = {
     "data_config": {"data": WORDS}, "data_split": {"data": WORDS, "data_config": "main"},
@@ -97,6 +98,8 @@ BESIDE = {
     "env": {"tools": "none"}, "ratio_cap": {"objective": "dppo_tv"}, "sapo_tau_pos": {"objective": "sapo"},
     "sapo_tau_neg": {"objective": "sapo"}, "ratio_level": {"objective": "ppo"}, "tis_low": {"tis_mode": "mask"},
     "batch_size": {"group_size": 8}, "round_prompts": {"prompts_per_step": 8},
+    "teacher_coef": {"teacher": "smollm2"}, "teacher_loss": {"teacher": "smollm2"},
+    "teacher_beta": {"teacher": "smollm2", "teacher_loss": "full"},
 }
 # Values equal to another objective's recommendation, or to the default, given beside an objective that
 # recommends otherwise: each stands as given (they used to be replaced by the objective's recommendation).

@@ -61,6 +61,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "objective": ("objective", "clip_low", "clip_high", "ratio_cap", "sapo_tau_pos", "sapo_tau_neg",
                   "advantage_estimator", "scale", "ratio_level", "aggregate", "beta", "tis_cap", "tis_level",
                   "tis_mode", "tis_low"),
+    "teacher": ("teacher", "teacher_coef", "teacher_loss", "teacher_beta"),
     "schedule": ("steps", "minutes", "seed", "lr", "warmup_steps", "weight_decay", "max_grad_norm", "epochs",
                  "minibatches", "async_lag", "adapt"),
     "evaluation": ("eval_size", "eval_every", "eval_subset", "eval_train", "eval_samples", "eval_k",

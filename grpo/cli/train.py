@@ -35,19 +35,21 @@ def _given_options(args: argparse.Namespace) -> dict:
 def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
     """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
     given on the command line; and where each given option came from (cli or file)."""
-    from grpo.trl_config import is_trl_config, translate, trl_implied
+    from grpo.teacher.trl import is_distillation_config, translate_config
+    from grpo.trl_config import is_trl_config, trl_implied
 
     given = _given_options(args)
     raw = load_config_file(args.config) if args.config else {}
-    values, ignored = translate(raw) if args.config else ({}, [])
+    values, ignored = translate_config(raw) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
     # a TRL file gives its own keys; TRL's defaults fill the rest (source file) without being given
     implied = trl_implied(raw) - set(given)
     config = with_given(TrainConfig.from_dict({**values, **given}), (set(values) - implied) | set(given))
     origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(given, "cli")}
-    if args.config and is_trl_config(raw):
-        print(f"grpo train: {args.config} is read as a TRL GRPOConfig: keys it leaves unset take TRL's defaults",
+    if args.config and (is_trl_config(raw) or is_distillation_config(raw)):
+        kind = "DistillationConfig" if is_distillation_config(raw) else "GRPOConfig"
+        print(f"grpo train: {args.config} is read as a TRL {kind}: keys it leaves unset take TRL's defaults",
               file=sys.stderr)
     if ignored:
         print(f"grpo train: warning: {args.config}: TRL keys with no meaning in grpo, ignored: {', '.join(ignored)}",

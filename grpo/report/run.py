@@ -22,14 +22,14 @@ PANELS = (
      (-0.02, 1.02)),
     ("fraction of zero-variance groups", ("zero_var_frac",), (-0.02, 1.02)),
     ("completion length (tokens)", ("completion_len", "completion_len_max"), None),
-    ("KL to the reference", ("kl",), None),
+    ("KL to the reference and to the teacher", ("kl", "teacher_kl"), None),  # teacher_kl: grpo/teacher/
     ("policy entropy (nats/token)", ("entropy",), None),
     ("generation wasted on zero-variance groups", ("generate_wasted_frac", "zero_var_tokens_frac"), (-0.02, 1.02)),
     ("screen calibration: share of groups that vary", ("screen_predicted_mixed", "screen_observed_mixed"),
      (-0.02, 1.02)),
 )
 LABELS = {"heldout_accuracy": "greedy pass@1", "heldout_subset_accuracy": "subset (alarms)", "reward_mean": "raw reward", "zero_var_frac": "zero-variance",
-          "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "entropy": "entropy",
+          "completion_len": "mean", "completion_len_max": "max", "kl": "kl", "teacher_kl": "teacher_kl", "entropy": "entropy",
           "generate_wasted_frac": "seconds (screening skipped included)", "zero_var_tokens_frac": "tokens",
           "screen_predicted_mixed": "predicted", "screen_observed_mixed": "observed"}
 # One colour per run (matplotlib's tab10, which Bokeh calls Category10), cycled past ten runs; within a run,

@@ -23,6 +23,12 @@ def was_truncated(example: Mapping) -> bool:
     return bool(example.get("truncated", False))
 
 
+def no_reward(completion: str, example: Mapping) -> float:
+    """--rewards none: 0 for every completion. A run with it learns from its teacher alone (pure on-policy
+    distillation, grpo/teacher/), which it needs."""
+    return 0.0
+
+
 def exact_match(completion: str, example: Mapping) -> float:
     """1.0 when the completion, whitespace-trimmed, equals str(example['answer'])."""
     if was_truncated(example):

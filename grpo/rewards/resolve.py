@@ -10,6 +10,7 @@ from grpo.rewards.basic import (
     exact_match,
     final_number,
     multiple_choice,
+    no_reward,
     overlong_penalty,
     r1_zero_format,
     regex_match,
@@ -22,7 +23,7 @@ from grpo.user_code import import_user_module
 # the rewards named without a module (--rewards math_answer), and the functions they are
 _BUILTINS: dict[str, RewardFn] = {
     "answer_only": answer_only, "code_tests": code_tests, "code_tests_all": code_tests_all, "exact_match": exact_match,
-    "final_number": final_number, "math_answer": math_answer, "multiple_choice": multiple_choice,
+    "final_number": final_number, "math_answer": math_answer, "multiple_choice": multiple_choice, "none": no_reward,
     "overlong_penalty": overlong_penalty, "r1_zero_format": r1_zero_format, "regex_match": regex_match,
     "think_format": think_format,
 }

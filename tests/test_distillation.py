@@ -1,0 +1,238 @@
+"""On-policy distillation on tiny models (grpo/teacher/): the teacher's term trains a run with no reward,
+adds to GRPO's surrogate beside rewards, keeps every group, and the options a run cannot use are refused in
+one line before anything loads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_model, make_tokenizer
+from tiny_run import tiny_config, tiny_task
+
+from grpo.cli import main
+from grpo.process import setup_process
+from grpo.setup import resolve_run
+from grpo.trainer import GRPOTrainer
+
+
+def first_char_parity(completion, example):
+    """1 for a completion whose first character's code is odd: random completions' groups vary."""
+    return float(ord(completion[0]) % 2) if completion else 0.0
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    """A tiny model unlike the student (another seed), with the student's tokenizer."""
+    folder = tmp_path_factory.mktemp("teacher") / "model"
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=7).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def distiller(teacher, reward=first_char_parity, **kw) -> GRPOTrainer:
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    config = tiny_config(teacher=str(teacher), **kw)
+    setup_process(config)
+    return GRPOTrainer(resolve_run(config, task=tiny_task(reward), model=model), model=model, tokenizer=tokenizer,
+                       progress=False)
+
+
+@pytest.mark.parametrize("form", ["sampled", "full"])
+def test_pure_distillation_brings_the_student_towards_a_different_teacher(teacher_folder, form):
+    trainer = distiller(teacher_folder, rewards=("none",), teacher_loss=form, steps=8, lr=3e-3, seed=1)
+    try:
+        steps = [trainer.step(i) for i in range(1, 9)]
+    finally:
+        trainer.close()
+    kl = [m["teacher_kl"] for m in steps]
+    assert all(m["reward_mean"] == 0.0 for m in steps)  # no reward: the teacher is the only signal
+    assert all(m["optimizer_steps"] == 1 and m["signal_frac"] == 1.0 for m in steps)  # every group trained
+    assert all(0.0 <= m["teacher_disagree_frac"] <= 1.0 for m in steps)
+    assert sum(kl[-3:]) / 3 < 0.7 * sum(kl[:3]) / 3, kl
+
+
+def _gradient(teacher, **kw):
+    trainer = distiller(teacher, seed=5, max_grad_norm=0.0, **kw)
+    seen, step = [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append(torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
+                               for p in trainer.model.parameters()]))
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    try:
+        trainer.step(1)
+    finally:
+        trainer.close()
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_with_rewards_the_teachers_term_adds_to_the_surrogate(teacher_folder, tmp_path):
+    """The gradient of GRPO plus the teacher is GRPO's (the teacher named as the model: its term is 0 at the
+    first step, where the student is the teacher) plus the teacher's alone (--rewards none), on the same
+    samples."""
+    both = _gradient(teacher_folder, teacher_coef=0.5)
+    teacher_alone = _gradient(teacher_folder, teacher_coef=0.5, rewards=("none",))
+    rewards_alone = _gradient("smollm2", model="smollm2")  # the policy's own weights as its teacher: term 0
+    assert teacher_alone.norm() > 0 and rewards_alone.norm() > 0
+    assert torch.allclose(both, rewards_alone + teacher_alone, atol=1e-6, rtol=1e-4)
+
+
+def test_without_a_reward_the_groups_are_kept_under_filter_groups_and_the_check(teacher_folder):
+    trainer = distiller(teacher_folder, rewards=("none",), filter_groups=True, max_gen_rounds=3,
+                        preflight="on", preflight_prompts=2)
+    try:
+        summary = trainer.train()
+        metrics = trainer.step(summary["steps"] + 1)
+    finally:
+        trainer.close()
+    assert summary["steps"] == 4 and not summary["stopped_early"] and not summary["little_signal"]
+    assert metrics["gen_rounds"] == 1 and metrics["trained_groups"] == 4 and math.isfinite(metrics["teacher_kl"])
+
+
+# ---- refused through the command line, one line, exit 2, before anything loads ----
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, teacher_folder):
+    """The student's folder (the teacher's tokenizer) and a teacher whose tokenizer has one more token."""
+    place = tmp_path_factory.mktemp("refusals")
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=3).save_pretrained(place / "student")
+    tokenizer.save_pretrained(place / "student")
+    other = make_tokenizer()
+    other.add_tokens(["<extra>"])
+    make_model(len(other), seed=4).save_pretrained(place / "other")
+    other.save_pretrained(place / "other")
+    return {"student": place / "student", "teacher": teacher_folder, "other": place / "other", "place": place}
+
+
+REFUSED = [
+    (["--rewards", "none"], "rewards none leaves the run no signal: give --teacher MODEL"),
+    (["--teacher", "{other}"], "its tokenizer differs from the model's (104 tokens against 103"),
+    (["--teacher-coef", "0.5"], "teacher_coef is read with --teacher only"),
+    (["--teacher", "{teacher}", "--teacher-beta", "0.5"], "teacher_beta is read by teacher_loss full only"),
+    (["--teacher", "{teacher}", "--teacher-loss", "full", "--teacher-beta", "2"], "teacher_beta must be in [0, 1]"),
+    (["--teacher", "{teacher}", "--rewards", "none", "math_answer"], "rewards none means no reward at all"),
+    (["--teacher", "{teacher}", "--nproc", "2"], "teacher with several processes (--nproc, torchrun) is not built"),
+    (["--teacher", "{teacher}", "--async-lag", "1"], "teacher with --async-lag is not built"),
+    (["--teacher", "{place}/missing"], "model path not found"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), REFUSED, ids=[" ".join(a)[:40] for a, _ in REFUSED])
+def test_a_teacher_the_run_cannot_use_is_refused_in_one_line(folders, args, message, capsys):
+    argv = [a.format(**{k: str(v) for k, v in folders.items()}) for a in args]
+    out = folders["place"] / "run"
+    code = main(["train", "--model", str(folders["student"]), *argv, "--output", str(out), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_the_memory_model_counts_the_teacher_unless_it_is_the_reference(teacher_folder):
+    from grpo.config import TrainConfig
+    from grpo.memory import Device, ModelShape, RunShape, predict
+    from grpo.memory_check import read_model_config, with_teacher
+
+    shape = ModelShape.from_config(read_model_config(str(teacher_folder)))
+    run = RunShape(group_size=4, prompts_per_step=4, max_new_tokens=8, prompt_tokens=16, micro_batch_tokens=256)
+    config = TrainConfig(model=str(teacher_folder), teacher=str(teacher_folder))
+    plain, taught = predict(shape, run, Device()), predict(shape, with_teacher(run, config), Device())
+    assert "teacher" not in plain.terms and taught.terms["teacher"] == 4 * shape.params
+    assert taught.peak - plain.peak == 4 * shape.params
+    shared = TrainConfig(model=str(teacher_folder), teacher=str(teacher_folder), beta=0.04)  # the reference's
+    assert with_teacher(run, shared).teacher_params == 0
+
+
+def test_a_trl_distillation_config_is_read_with_its_own_beta(tmp_path, teacher_folder, capsys):
+    import yaml
+
+    from grpo.cli.parser import build_parser
+    from grpo.cli.train import _config_from_args
+
+    path = tmp_path / "distill.yaml"
+    path.write_text(yaml.safe_dump({"teacher_model_name_or_path": str(teacher_folder), "beta": 0.5, "lmbda": 1.0,
+                                    "learning_rate": 2e-5, "max_completion_length": 64, "temperature": 0.9}))
+    config, origin = _config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+    assert (config.teacher, config.teacher_loss, config.teacher_beta) == (str(teacher_folder), "full", 0.5)
+    assert config.beta == 0.0 and config.rewards == ("none",)  # beta is the divergence's, not a KL coefficient
+    assert (config.lr, config.max_new_tokens, config.temperature) == (2e-5, 64, 0.9) and origin["teacher"] == "file"
+    assert "read as a TRL DistillationConfig" in capsys.readouterr().err
+    for extra, message in (({"lmbda": 0.5}, "lmbda 0.5: grpo distils on the student's own samples only"),
+                           ({"lmbda": 1.0, "loss_top_k": 8}, "loss_top_k (the divergence over the teacher's top k")):
+        path.write_text(yaml.safe_dump({"teacher_model_name_or_path": str(teacher_folder), **extra}))
+        assert main(["train", "--config", str(path), "--output", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
+def test_a_lora_student_distils_its_adapter_alone(teacher_folder):
+    trainer = distiller(teacher_folder, rewards=("none",), lora_rank=4, teacher_loss="full")
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    try:
+        steps = [trainer.step(i) for i in (1, 2)]
+    finally:
+        trainer.close()
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved)  # the adapter trained, the base frozen
+    assert all(math.isfinite(m["teacher_kl"]) and m["optimizer_steps"] == 1 for m in steps)
+
+
+def test_the_report_draws_teacher_kl_beside_the_reference_kl(tmp_path):
+    import json
+
+    from grpo.report import PANELS, figure, load_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"steps": 3, "teacher": "t"}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.0, "kl": 0.0,
+                                                           "teacher_kl": 0.5 / s}) + "\n" for s in (1, 2, 3)))
+    fig = figure([load_run(run)])
+    panel = fig.axes[[title for title, _, _ in PANELS].index("KL to the reference and to the teacher")]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in panel.get_lines()}
+    assert any("teacher_kl" in name and values == [0.5, 0.25, 0.5 / 3] for name, values in drawn.items()), drawn
+
+
+@pytest.mark.parametrize("form", ["sampled", "full"])
+def test_the_teachers_pass_micro_batched_gives_the_update_of_one_batch(teacher_folder, form, monkeypatch):
+    """Within --micro-batch-tokens (1: a completion per micro-batch, the teacher's pass the same) the step's
+    gradient is the one of a single micro-batch; the teacher never runs more rows at once than the budget."""
+    import grpo.teacher.scoring as scoring
+
+    seen = []
+    hidden = scoring.rollout_hidden
+    monkeypatch.setattr(scoring, "rollout_hidden",
+                        lambda model, rollout, *a, **kw: seen.append(rollout.completion_ids.shape[0])
+                        or hidden(model, rollout, *a, **kw))
+    whole = _gradient(teacher_folder, rewards=("none",), teacher_loss=form, micro_batch_tokens=100_000)
+    assert max(seen) == 16  # B x G rows at once
+    seen.clear()
+    split = _gradient(teacher_folder, rewards=("none",), teacher_loss=form, micro_batch_tokens=1)
+    assert max(seen) == 1
+    assert whole.norm() > 0 and torch.allclose(whole, split, atol=1e-6, rtol=1e-4)
+
+
+def test_a_distillation_run_resumed_is_the_unbroken_one(teacher_folder, tmp_path):
+    from tiny_run import metrics_lines
+
+    kw = dict(rewards=("none",), teacher_loss="full", teacher_beta=0.5)
+    straight = distiller(teacher_folder, steps=3, **kw)
+    straight.train(tmp_path / "straight")
+    straight.close()
+    first = distiller(teacher_folder, steps=1, **kw)
+    first.train(tmp_path / "split")
+    first.close()
+    resumed = distiller(teacher_folder, steps=3, **kw)
+    resumed.train(tmp_path / "split", resume=True)
+    resumed.close()
+    assert metrics_lines(tmp_path / "straight") == metrics_lines(tmp_path / "split")
+    assert any("teacher_kl" in row for row in metrics_lines(tmp_path / "split"))
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
