@@ -5,7 +5,7 @@ from __future__ import annotations
 from grpo.cli.parser import SECTIONS, build_parser, flag
 from grpo.config import option_fields
 
-PARTS = ["model", "data", "rewards", "sampling", "objective", "schedule", "evaluation", "alarms", "engine",
+PARTS = ["model", "data", "rewards", "sampling", "objective", "teacher", "schedule", "evaluation", "alarms", "engine",
          "processes", "output"]
 
 

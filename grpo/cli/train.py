@@ -35,7 +35,7 @@ def _given_options(args: argparse.Namespace) -> dict:
 def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
     """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
     given on the command line; and where each given option came from (cli or file)."""
-    from grpo.teacher.trl import is_distillation_config, translate_config
+    from grpo.teacher.trl import grpo_config_part, is_distillation_config, translate_config
     from grpo.trl_config import is_trl_config, trl_implied
 
     given = _given_options(args)
@@ -44,7 +44,7 @@ def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, 
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
     # a TRL file gives its own keys; TRL's defaults fill the rest (source file) without being given
-    implied = trl_implied(raw) - set(given)
+    implied = trl_implied(grpo_config_part(raw)) - set(given)
     config = with_given(TrainConfig.from_dict({**values, **given}), (set(values) - implied) | set(given))
     origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(given, "cli")}
     if args.config and (is_trl_config(raw) or is_distillation_config(raw)):

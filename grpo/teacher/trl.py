@@ -17,8 +17,19 @@ TEACHER_KEY = "teacher_model_name_or_path"
 IGNORED = ("teacher_model_init_kwargs",)  # how TRL loads the teacher: grpo loads it as --model loads a model
 
 
+OWN = (TEACHER_KEY, "beta", "lmbda", "seq_kd", "loss_top_k", "rewards", *IGNORED)  # not a GRPOConfig's meaning
+
+
 def is_distillation_config(values: Mapping) -> bool:
     return TEACHER_KEY in values
+
+
+def grpo_config_part(values: Mapping) -> dict[str, object]:
+    """The keys a config file shares with a TRL GRPOConfig, read with its meanings: a DistillationConfig's
+    own keys left out (the whole file for any other)."""
+    if not is_distillation_config(values):
+        return dict(values)
+    return {k: v for k, v in values.items() if k not in OWN}
 
 
 def translate_config(values: Mapping) -> tuple[dict[str, object], list[str]]:
