@@ -246,14 +246,11 @@ class TrainConfig:
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 
     def _record_given(self) -> None:
-        """``given``: the options named to the constructor; through dataclasses.replace (which names every
-        option and passes ``given`` on), those given before and those the replace set away from the default
-        (a value equal to the default given through replace is not told apart: construct the config instead)."""
+        """``given``: the options named to the constructor. dataclasses.replace names every option and
+        passes ``given`` on unchanged: what a replace sets (a resolution, an amendment, the prompt format)
+        is not given; a caller that gives options through replace says so (``given=config.given | {...}``)."""
         passed = self.__dict__.pop("_passed", frozenset())
-        if self.given is None:
-            given = passed - {"given"}
-        else:
-            given = frozenset(self.given) | {f.name for f in option_fields() if getattr(self, f.name) != f.default}
+        given = passed - {"given"} if self.given is None else self.given
         object.__setattr__(self, "given", frozenset(given))
 
     def _check_objective(self) -> None:
@@ -350,11 +347,8 @@ def option_fields() -> tuple[dataclasses.Field, ...]:
 
 
 def with_given(config: TrainConfig, given: typing.Iterable[str]) -> TrainConfig:
-    """``config`` whose record of what the user gave is exactly ``given``: what a resolution filled or an
-    amendment changed is not given (dataclasses.replace counts each value it sets away from its default)."""
-    out = dataclasses.replace(config)
-    object.__setattr__(out, "given", frozenset(given))
-    return out
+    """``config`` whose record of what the user gave is exactly ``given``."""
+    return dataclasses.replace(config, given=frozenset(given))
 
 
 def _plain(value: object) -> object:

@@ -44,7 +44,10 @@ def test_given_is_recorded_by_the_constructor_and_carried_by_replace():
 
     config = TrainConfig(objective="gmpo", clip_low=0.2)
     assert config.given == {"objective", "clip_low"}
-    assert dataclasses.replace(config, steps=3).given == {"objective", "clip_low", "steps"}
+    # replace sets values without giving them (a resolution, an amendment, the prompt format): given stands,
+    # unless the caller names it
+    assert dataclasses.replace(config, steps=3, lr=1e-4).given == {"objective", "clip_low"}
+    assert dataclasses.replace(config, steps=3, given=config.given | {"steps"}).given == {"objective", "clip_low", "steps"}
     assert TrainConfig().given == frozenset() and "given" not in config.to_dict()
     # a task's and the general defaults fill only what was not given; minutes' 0 (no limit) is a value
     add = get_task("add")
@@ -334,6 +337,29 @@ def test_config_json_says_where_each_value_came_from(tmp_path, monkeypatch):
                         monkeypatch=monkeypatch)
     assert adapted["micro_batch_tokens"] == 512 and adapted["sources"]["micro_batch_tokens"] == "memory"
     assert adapted["sources"]["eval_batch_size"] == "default"
+
+
+@pytest.mark.model
+def test_the_trainer_keeps_what_was_given():
+    """The trainer settles the prompt format (and the pre-flight check's changes) through replace: what
+    the user gave stays what they gave (replace used to add every value away from its default: aggregate,
+    clip_low, lr, sampler, prompt_format, ...)."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    run = resolve_run(TrainConfig(**{**TINY, "objective": "gmpo", "steps": 2}, preflight="off"), model=model,
+                      processes=1)
+    assert run.config.given == set(TINY) | {"objective", "preflight"}
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    try:
+        assert trainer.draft.given == run.config.given
+        trainer.train()
+        assert trainer.config.given == run.config.given
+    finally:
+        trainer.close()
 
 
 @pytest.mark.model
