@@ -59,7 +59,9 @@ SCALED = ("grpo", "passk")  # the estimators that read scale
 # Where a resolved value came from (config.json's "sources"): what the user gave (resume: on the command
 # line that resumed the run), then what filled the rest.
 USER_SOURCES = ("cli", "file", "python", "resume")
-SOURCES = (*USER_SOURCES, "task", "data", "objective", "preflight", "memory", "default")
+# trl: TRL's default for a key a TRL config file leaves unset; it stands (nothing fills or amends it) but is not given
+STANDING = (*USER_SOURCES, "trl")
+SOURCES = (*STANDING, "task", "data", "objective", "preflight", "memory", "default")
 
 
 class ConfigError(ValueError):
@@ -374,14 +376,14 @@ def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, 
     (RECOMMENDED), the task's tuned settings (a --data file's: ``data``), then the general defaults. A
     task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
     Refuses, naming it, a given option that the chosen objective or estimator does not read. An option
-    ``origin`` names that was not given (TRL's default, which a TRL config file fills) keeps its value and
-    source, and is not refused."""
+    ``origin`` names that was not given (TRL's default, which a TRL config file fills: source trl) keeps its
+    value and source, and is not refused."""
     refuse_unread(config)
     origin = origin or {}
     # a value a config file filled without giving it (TRL's default for a key the file leaves unset) stands
     kept = {name for name in origin if name not in config.given}
     sources = {f.name: origin.get(f.name, "python" if f.name in config.given else "default") for f in option_fields()}
-    if "batch_size" in config.given:  # the other way to give prompts_per_step
+    if "batch_size" in config.given or "batch_size" in kept:  # the other way to give prompts_per_step
         sources["prompts_per_step"] = sources["batch_size"]
     values: dict[str, object] = {}
 
