@@ -59,7 +59,9 @@ SCALED = ("grpo", "passk")  # the estimators that read scale
 # Where a resolved value came from (config.json's "sources"): what the user gave (resume: on the command
 # line that resumed the run), then what filled the rest.
 USER_SOURCES = ("cli", "file", "python", "resume")
-SOURCES = (*USER_SOURCES, "task", "data", "objective", "preflight", "memory", "default")
+# trl: TRL's default for a key a TRL config file leaves unset; it stands (nothing fills or amends it) but is not given
+STANDING = (*USER_SOURCES, "trl")
+SOURCES = (*STANDING, "task", "data", "objective", "preflight", "memory", "default")
 
 
 class ConfigError(ValueError):
@@ -250,14 +252,11 @@ class TrainConfig:
             raise ConfigError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
 
     def _record_given(self) -> None:
-        """``given``: the options named to the constructor; through dataclasses.replace (which names every
-        option and passes ``given`` on), those given before and those the replace set away from the default
-        (a value equal to the default given through replace is not told apart: construct the config instead)."""
+        """``given``: the options named to the constructor. dataclasses.replace names every option and
+        passes ``given`` on unchanged: what a replace sets (a resolution, an amendment, the prompt format)
+        is not given; a caller that gives options through replace says so (``given=config.given | {...}``)."""
         passed = self.__dict__.pop("_passed", frozenset())
-        if self.given is None:
-            given = passed - {"given"}
-        else:
-            given = frozenset(self.given) | {f.name for f in option_fields() if getattr(self, f.name) != f.default}
+        given = passed - {"given"} if self.given is None else self.given
         object.__setattr__(self, "given", frozenset(given))
 
     def _check_objective(self) -> None:
@@ -354,11 +353,8 @@ def option_fields() -> tuple[dataclasses.Field, ...]:
 
 
 def with_given(config: TrainConfig, given: typing.Iterable[str]) -> TrainConfig:
-    """``config`` whose record of what the user gave is exactly ``given``: what a resolution filled or an
-    amendment changed is not given (dataclasses.replace counts each value it sets away from its default)."""
-    out = dataclasses.replace(config)
-    object.__setattr__(out, "given", frozenset(given))
-    return out
+    """``config`` whose record of what the user gave is exactly ``given``."""
+    return dataclasses.replace(config, given=frozenset(given))
 
 
 def _plain(value: object) -> object:
@@ -384,14 +380,14 @@ def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, 
     (RECOMMENDED), the task's tuned settings (a --data file's: ``data``), then the general defaults. A
     task's time budget (``minutes``) belongs with its step count: a run that names its steps runs them all.
     Refuses, naming it, a given option that the chosen objective or estimator does not read. An option
-    ``origin`` names that was not given (TRL's default, which a TRL config file fills) keeps its value and
-    source, and is not refused."""
+    ``origin`` names that was not given (TRL's default, which a TRL config file fills: source trl) keeps its
+    value and source, and is not refused."""
     refuse_unread(config)
     origin = origin or {}
     # a value a config file filled without giving it (TRL's default for a key the file leaves unset) stands
     kept = {name for name in origin if name not in config.given}
     sources = {f.name: origin.get(f.name, "python" if f.name in config.given else "default") for f in option_fields()}
-    if "batch_size" in config.given:  # the other way to give prompts_per_step
+    if "batch_size" in config.given or "batch_size" in kept:  # the other way to give prompts_per_step
         sources["prompts_per_step"] = sources["batch_size"]
     values: dict[str, object] = {}
 

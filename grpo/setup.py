@@ -24,7 +24,7 @@ from torch import nn
 from grpo.combinations import config_trains_adapter, refuse_unbuilt, world_size
 from grpo.config import (
     DATA_MAX_NEW_TOKENS,
-    USER_SOURCES,
+    STANDING,
     ConfigError,
     TrainConfig,
     resolve_config,
@@ -71,8 +71,9 @@ class RunSetup:
                        sources={**self.sources, **{name: source for name in changes}})
 
     def user_gave(self, name: str) -> bool:
-        """Whether the user gave ``name`` (amendments leave those alone)."""
-        return self.sources.get(name) in USER_SOURCES
+        """Whether the user gave ``name``, or a TRL config file filled it with TRL's default (amendments
+        leave those alone)."""
+        return self.sources.get(name) in STANDING
 
 
 def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Sequence[RewardFn | str] | None = None,

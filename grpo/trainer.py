@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from grpo.algorithm import adapted_temperature, group_advantages
 from grpo.batch import Batch, leave_out_errored
-from grpo.config import USER_SOURCES, TrainConfig, settle_config, with_given
+from grpo.config import STANDING, TrainConfig, settle_config, with_given
 from grpo.distributed import World, full_state_dict, init_world, use_device
 from grpo.episodes import make_agent
 from grpo.evaluate import EvalResult
@@ -369,7 +369,7 @@ class GRPOTrainer:
                                tuned_limit=self.tuned_token_limit)
         report.data = dict(self.task.data)  # preflight.json says which rows were checked
         self.memory = report.memory
-        adaptable = [name for name in ("max_gen_rounds", "group_size") if self.sources.get(name) not in USER_SOURCES]
+        adaptable = [name for name in ("max_gen_rounds", "group_size") if self.sources.get(name) not in STANDING]
         return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit,
                                          adaptable=adaptable)
 

@@ -50,3 +50,35 @@ def test_the_end_line_says_no_model_was_saved_under_no_save_model():
     assert end_lines(summary, Path("runs/x"))[0].endswith("; model: runs/x/model")
     saved_none = end_lines(summary, Path("runs/x"), saved=False)[0]
     assert saved_none.endswith("; no model saved (--no-save-model)") and "runs/x/model" not in saved_none
+
+
+def test_grpo_train_says_no_model_was_saved_under_no_save_model(tmp_path, monkeypatch, capsys):
+    """cmd_train tells end_lines whether the run wrote its model: through the command line, with a stand-in
+    for the run (nothing loads, nothing trains)."""
+    import types
+    from pathlib import Path
+
+    from grpo.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    summary = {"steps": 1, "heldout_accuracy_start": 0.0, "heldout_accuracy_end": 0.5, "wall_seconds": 1.0}
+
+    class Trainer:
+        def __init__(self, run, **kwargs):
+            pass
+
+        def train(self, run_dir, resume=False):
+            return summary
+
+        def close(self):
+            pass
+
+    world = types.SimpleNamespace(is_main=True, size=1, close=lambda: None, broadcast_object=lambda value: value)
+    monkeypatch.setattr("grpo.setup.check_before_loading", lambda run, *args, **kwargs: run)
+    monkeypatch.setattr("grpo.distributed.init_world", lambda *args, **kwargs: world)
+    monkeypatch.setattr("grpo.process.setup_process", lambda config: None)
+    monkeypatch.setattr("grpo.trainer.GRPOTrainer", Trainer)
+    for extra, end in (["--no-save-model"], "; no model saved (--no-save-model)"), ([], f"; model: {tmp_path / 'a'}/model"):
+        run_dir = tmp_path / ("b" if extra else "a")
+        assert main(["train", "--steps", "1", "--output", str(run_dir), *extra]) == 0
+        assert capsys.readouterr().out.strip().splitlines()[-1].endswith(end)

@@ -44,7 +44,10 @@ def test_given_is_recorded_by_the_constructor_and_carried_by_replace():
 
     config = TrainConfig(objective="gmpo", clip_low=0.2)
     assert config.given == {"objective", "clip_low"}
-    assert dataclasses.replace(config, steps=3).given == {"objective", "clip_low", "steps"}
+    # replace sets values without giving them (a resolution, an amendment, the prompt format): given stands,
+    # unless the caller names it
+    assert dataclasses.replace(config, steps=3, lr=1e-4).given == {"objective", "clip_low"}
+    assert dataclasses.replace(config, steps=3, given=config.given | {"steps"}).given == {"objective", "clip_low", "steps"}
     assert TrainConfig().given == frozenset() and "given" not in config.to_dict()
     # a task's and the general defaults fill only what was not given; minutes' 0 (no limit) is a value
     add = get_task("add")
@@ -340,6 +343,29 @@ def test_config_json_says_where_each_value_came_from(tmp_path, monkeypatch):
 
 
 @pytest.mark.model
+def test_the_trainer_keeps_what_was_given():
+    """The trainer settles the prompt format (and the pre-flight check's changes) through replace: what
+    the user gave stays what they gave (replace used to add every value away from its default: aggregate,
+    clip_low, lr, sampler, prompt_format, ...)."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.trainer import GRPOTrainer
+
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    run = resolve_run(TrainConfig(**{**TINY, "objective": "gmpo", "steps": 2}, preflight="off"), model=model,
+                      processes=1)
+    assert run.config.given == set(TINY) | {"objective", "preflight"}
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    try:
+        assert trainer.draft.given == run.config.given
+        trainer.train()
+        assert trainer.config.given == run.config.given
+    finally:
+        trainer.close()
+
+
+@pytest.mark.model
 def test_the_docs_resume_example_trains_on_to_its_new_limit_after_a_budget_stop(tmp_path, capsys):
     """docs/checkpoints.md: `grpo train --resume runs/<run> --steps 60` runs on to step 60. A run stopped
     by its time budget, resumed with --steps, trains to that step (the saved seconds used to count against
@@ -460,8 +486,8 @@ def test_grpo_train_keyword_overrides_are_given_even_at_a_default():
 # ---- a previous audit's smaller cases ----
 
 def test_a_trl_file_gives_only_its_own_keys(tmp_path, monkeypatch):
-    """TRL's defaults fill what a GRPOConfig file leaves unset, with the source file, but are not given: a file
-    with only learning_rate beside --advantage-estimator rloo used to be refused over TRL's scale."""
+    """TRL's defaults fill what a GRPOConfig file leaves unset, with their own source trl, but are not given: a
+    file with only learning_rate beside --advantage-estimator rloo used to be refused over TRL's scale."""
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
     path = tmp_path / "trl.yaml"
     path.write_text("learning_rate: 2.0e-6\n")
@@ -470,13 +496,65 @@ def test_a_trl_file_gives_only_its_own_keys(tmp_path, monkeypatch):
     assert config.given == {"lr", "advantage_estimator"}
     run = resolve_run(config, origin=origin, processes=1)
     assert (run.config.lr, run.sources["lr"], run.config.advantage_estimator) == (2e-6, "file", "rloo")
-    assert (run.config.max_new_tokens, run.sources["max_new_tokens"]) == (256, "file")  # TRL's, not the task's 12
-    assert (run.sources["scale"], run.config.clip_high, run.sources["clip_high"]) == ("file", 0.2, "file")
+    assert (run.config.max_new_tokens, run.sources["max_new_tokens"]) == (256, "trl")  # TRL's, not the task's 12
+    assert (run.sources["scale"], run.config.clip_high, run.sources["clip_high"]) == ("trl", 0.2, "trl")
+    # TRL's batch (8 completions, groups of 8) sets prompts_per_step: its source is the batch's
+    assert (run.config.prompts_per_step, run.sources["batch_size"], run.sources["prompts_per_step"]) == (1, "trl", "trl")
     path.write_text("learning_rate: 2.0e-6\nscale_rewards: none\n")  # the file's own key: given, so refused
     config, origin = _config_from_args(build_parser().parse_args(
         ["train", "--config", str(path), "--advantage-estimator", "rloo"]))
     with pytest.raises(ConfigError, match="^scale is read by the grpo and passk estimators only"):
         resolve_run(config, origin=origin, processes=1)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("trl.yaml", "num_generations: 4\nper_device_train_batch_size: 8\n"),
+    ("grpo.toml", "group_size = 4\nbatch_size = 8\n"),
+    ("grpo.yaml", "group_size: 4\nbatch_size: 8\n"),
+])
+def test_a_files_batch_size_gives_prompts_per_step_with_the_files_source(name, text, tmp_path, monkeypatch):
+    """batch_size is the other way to give prompts_per_step: a file's batch gives it, source file."""
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    path = tmp_path / name
+    path.write_text(text)
+    config, origin = _config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+    assert config.given == {"group_size", "batch_size"}
+    run = resolve_run(config, origin=origin, processes=1)
+    assert (run.config.prompts_per_step, run.sources["prompts_per_step"], run.sources["group_size"]) == (2, "file", "file")
+
+
+@pytest.mark.model
+def test_a_resumed_run_from_a_trl_file_counts_only_the_files_keys_as_given(tmp_path, monkeypatch):
+    """TRL's defaults a TRL file fills are saved with the source trl: resumed, they are not given (saved as
+    file, they were counted with the keys the user wrote)."""
+    from conftest import make_model, make_tokenizer
+
+    from grpo.cli.train import _resume_config
+    from grpo.process import setup_process
+    from grpo.trainer import GRPOTrainer
+
+    monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
+    path = tmp_path / "trl.yaml"
+    path.write_text("learning_rate: 2.0e-6\n")
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items() if not isinstance(v, bool)]
+    config, origin = _config_from_args(build_parser().parse_args(
+        ["train", "--config", str(path), *flags, "--no-save-model", "--preflight", "off", "--max-new-tokens", "8"]))
+    cli = {k for k, v in origin.items() if v == "cli"}
+    assert config.given == {"lr"} | cli
+    tokenizer = make_tokenizer()
+    setup_process(config)
+    model = make_model(len(tokenizer), seed=3)
+    trainer = GRPOTrainer(resolve_run(config, model=model, processes=1, origin=origin), model=model,
+                          tokenizer=tokenizer, progress=False)
+    try:
+        trainer.train(tmp_path / "run")
+    finally:
+        trainer.close()
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["sources"]
+    assert (saved["lr"], saved["scale"], saved["temperature"], saved["clip_high"]) == ("file", "trl", "trl", "trl")
+    config, _, sources = _resume_config(build_parser().parse_args(["train", "--resume", str(tmp_path / "run"),
+                                                                   "--steps", "2"]))
+    assert config.given == {"lr", "steps"} | cli and sources["scale"] == "trl"
 
 
 def test_dry_run_refuses_an_output_that_holds_a_run(tmp_path, capsys, monkeypatch, nothing_loads):

@@ -43,10 +43,10 @@ def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, 
     values, ignored = translate_config(raw) if args.config else ({}, [])
     if {"batch_size", "prompts_per_step"} & set(given):  # either one on the command line replaces both
         values = {k: v for k, v in values.items() if k not in ("batch_size", "prompts_per_step")}
-    # a TRL file gives its own keys; TRL's defaults fill the rest (source file) without being given
-    implied = trl_implied(grpo_config_part(raw)) - set(given)
+    # a TRL file gives its own keys; TRL's defaults fill the rest (source trl) without being given
+    implied = (trl_implied(grpo_config_part(raw)) & set(values)) - set(given)
     config = with_given(TrainConfig.from_dict({**values, **given}), (set(values) - implied) | set(given))
-    origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(given, "cli")}
+    origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(implied, "trl"), **dict.fromkeys(given, "cli")}
     if args.config and (is_trl_config(raw) or is_distillation_config(raw)):
         kind = "DistillationConfig" if is_distillation_config(raw) else "GRPOConfig"
         print(f"grpo train: {args.config} is read as a TRL {kind}: keys it leaves unset take TRL's defaults",
