@@ -389,6 +389,7 @@ class AlarmMonitor:
         self.note: str | None = None  # slow_progress's verdict at the latest evaluation
         self.note_held = 0  # held-out evaluations in a row at which it was on
         self.noted = False  # said already (once a run)
+        self.said: dict[str, str] = {}  # the notes said, kept through a checkpoint for summary.json
 
     def observe(self, step: int, metrics: dict[str, float], *, final: bool = False
                 ) -> tuple[dict[str, float], dict[str, str]]:
@@ -430,7 +431,7 @@ class AlarmMonitor:
             self.note_held = self.note_held + 1 if self.note else 0
         if self.note is None or self.noted or (self.note_held < WARN_AFTER and not final):
             return {}
-        self.noted = True
+        self.noted, self.said["slow_progress"] = True, self.note
         return {"slow_progress": self.note}
 
     def state(self) -> dict:
@@ -438,7 +439,7 @@ class AlarmMonitor:
         return {"series": self.series, "heldout": self.heldout, "train": self.train, "full": self.full,
                 "active": self.active,
                 "verdicts": self.verdicts, "trend_held": self.trend_held,
-                "note": self.note, "note_held": self.note_held, "noted": self.noted}
+                "note": self.note, "note_held": self.note_held, "noted": self.noted, "said": self.said}
 
     def load_state(self, state: dict | None) -> None:
         if state:
@@ -450,7 +451,7 @@ class AlarmMonitor:
             self.verdicts = dict(state.get("verdicts", {}))  # absent from older checkpoints
             self.trend_held = int(state.get("trend_held", 0))
             self.note, self.note_held = state.get("note"), int(state.get("note_held", 0))  # absent from older ones
-            self.noted = bool(state.get("noted", False))
+            self.noted, self.said = bool(state.get("noted", False)), dict(state.get("said", {}))
 
     def stopping(self) -> str | None:
         """The message of the first active alarm that means the run will not learn, if any.

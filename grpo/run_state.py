@@ -79,10 +79,15 @@ class TimeBudget:
     trained_before: float  # seconds trained before this process took over (a resumed run's)
     evaluation: float = 0.0  # the latest evaluation's seconds
     evaluating: float = 0.0  # seconds of this process's evaluations during the steps
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=lambda: TimeBudget.now())
+
+    @staticmethod
+    def now() -> float:
+        """The clock the budget reads, and its evaluations' seconds are read on (a test replaces it)."""
+        return time.perf_counter()
 
     def trained(self) -> float:
-        return self.trained_before + time.perf_counter() - self.start
+        return self.trained_before + self.now() - self.start
 
     def spent(self, steps_done: int, evaluates: bool) -> bool:
         """Whether to stop after this step, the ``steps_done``-th of this process (``evaluates``: it is due

@@ -265,8 +265,8 @@ def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progr
                          heldout_n=subset_size(sampling), train_n=train_sample_size(sampling), sampler=cfg.sampler,
                          full_n=len(sampling.heldout_prompts))
     monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=all_answered(sampling.task.heldout, sampling.task.reward))
-    monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it
-    return RunLog(monitor, logger, bar, explain=explain)
+    monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it, and its notes said
+    return RunLog(monitor, logger, bar, explain=explain, notes=dict(monitor.said))
 
 
 @dataclass

@@ -271,11 +271,11 @@ class GRPOTrainer:
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
-                began = time.perf_counter()
+                began = TimeBudget.now()
                 first = self._first_evaluation(log, state)
-                budget = TimeBudget(60 * self.config.minutes, state.train_seconds, time.perf_counter() - began)
+                budget = TimeBudget(60 * self.config.minutes, state.train_seconds, TimeBudget.now() - began)
                 metrics, stopped, out_of_time = self._run_steps(log, state, stop, budget)
-                train_seconds = time.perf_counter() - budget.start
+                train_seconds = budget.now() - budget.start
                 last, record = full_evaluation(self.sampling, log.bar)
                 log.record(state.step, record, final=True)
                 log.bar.print(f"step {state.step} held-out: {last.describe()}")
@@ -293,8 +293,8 @@ class GRPOTrainer:
             "eval_every": state.eval_every, "alarm_window": state.alarm_window,
             "preflight": preflight_summary(preflight), "generation": self.totals.summary(),
             "data": dict(self.task.data) or None,  # a data source's splits as read, the overlap removed
-            "repeat": repeat_options(self.config, self.sources, steps=state.step, eval_every=state.eval_every,
-                                     alarm_window=state.alarm_window), "environment": environment(),
+            "repeat": repeat_options(self.config, self.sources, state, out_of_time=out_of_time),
+            "environment": environment(),
         }
         self._save_final(run_dir, summary)
         return summary
@@ -320,9 +320,9 @@ class GRPOTrainer:
                 budget.spent(step - first_step, due))
             if due and not out_of_time:
                 self.batches.drain()  # the evaluation uses the checker, tools and engine that sampling ahead uses
-                began = time.perf_counter()
+                began = budget.now()
                 metrics.update(interim_evaluation(self.sampling, log.bar))
-                budget.evaluated(time.perf_counter() - began)
+                budget.evaluated(budget.now() - began)
                 state.history.append((step, metrics["heldout_subset_accuracy"]))
             state.step, state.bad_in_a_row = step, state.bad_in_a_row + 1 if metrics["nonfinite_skipped"] else 0
             metrics["bad_steps_in_a_row"] = state.bad_in_a_row

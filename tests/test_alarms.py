@@ -448,3 +448,23 @@ def test_the_advice_on_memorising_names_uniform_draws_only_where_the_run_samples
     frontier = memorising(reward, heldout, learned, AlarmConfig(window=20))
     uniform = memorising(reward, heldout, learned, AlarmConfig(window=20, sampler="uniform"))
     assert "--sampler uniform" in frontier and "--sampler" not in uniform and "Try more training prompts" in uniform
+
+
+def test_a_resumed_run_keeps_the_notes_said_before_its_checkpoint(monkeypatch):
+    # the note said at step 2 travels in the monitor's state (a checkpoint's, through JSON): the resumed
+    # run's log starts with it (grpo.step_metrics.open_log seeds its notes from ``said``) and says it no more
+    import json
+
+    monkeypatch.setattr(alarms, "slow_progress", lambda *args, **kw: "slow progress: x")
+    monitor = AlarmMonitor(40, AlarmConfig(window=6))
+    said = {}
+    for step in (1, 2):
+        said.update(monitor.observe(step, {"heldout_subset_accuracy": 0.2})[1])
+    assert said == {"slow_progress": "slow progress: x"} == monitor.said
+    resumed = AlarmMonitor(40, AlarmConfig(window=6))
+    resumed.load_state(json.loads(json.dumps(monitor.state())))
+    assert resumed.said == {"slow_progress": "slow progress: x"}
+    assert resumed.observe(3, {"heldout_subset_accuracy": 0.2}, final=True)[1] == {}
+    old = {k: v for k, v in monitor.state().items() if k != "said"}  # a checkpoint written before it was kept
+    resumed.load_state(old)
+    assert resumed.said == {}
