@@ -274,7 +274,8 @@ def training_pass(learner: Learner, sub: Rollout, rows: Tensor, teacher: Teacher
                   checkpoint_layers=cfg.gradient_checkpointing)
     with learner.autocast:
         if learner.teacher is not None and cfg.teacher_loss == "full":
-            return learner.policy(full_form_pass, sub, learner.teacher, pad_id, beta=cfg.teacher_beta, **passes)
+            return learner.policy(full_form_pass, sub, learner.teacher, pad_id, beta=cfg.teacher_beta,
+                                  vocab=len(learner.tokenizer), **passes)
         logp, entropy = learner.policy(rollout_logprobs, sub, pad_id, with_entropy=True, **passes)
     return logp, entropy, None, None if teacher is None else teacher.rows(rows, sub.mask.shape[1])
 
@@ -288,7 +289,7 @@ def teacher_scores(learner: Learner, rollout: Rollout) -> TeacherScores | None:
     parts = micro_batches(learner.config, rollout, torch.arange(len(rollout.prompt_ids)))
     with learner.autocast:
         return micro_batched_scores(learner.teacher, rollout, parts, learner.tokenizer.pad_token_id,
-                                    temperature=learner.config.temperature)
+                                    temperature=learner.config.temperature, vocab=len(learner.tokenizer))
 
 
 @torch.no_grad()

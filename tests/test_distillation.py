@@ -41,18 +41,50 @@ def distiller(teacher, reward=first_char_parity, **kw) -> GRPOTrainer:
                        progress=False)
 
 
-@pytest.mark.parametrize("form", ["sampled", "full"])
-def test_pure_distillation_brings_the_student_towards_a_different_teacher(teacher_folder, form):
-    trainer = distiller(teacher_folder, rewards=("none",), teacher_loss=form, steps=8, lr=3e-3, seed=1)
+@pytest.fixture(scope="module")
+def peaked_teacher(tmp_path_factory):
+    """The student's own starting weights (seed 3) with its final norm scaled by 6: a sharpened copy, far from
+    the near-uniform student (exact reverse KL about 0.34 nats a token on :func:`_fixed_batch`)."""
+    folder = tmp_path_factory.mktemp("peaked") / "model"
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), seed=3)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(6.0)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _exact_reverse_kl(student, teacher, ids) -> float:
+    """The mean over every position of ``ids`` (N, T) of KL(p || q) over the whole vocabulary (temperature 1):
+    the full form at beta 1, exact, with no sampling noise."""
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        p = F.log_softmax(student(ids).logits.float(), dim=-1)
+        q = F.log_softmax(teacher(ids).logits.float(), dim=-1)
+        return float((p.exp() * (p - q)).sum(dim=-1).mean())
+
+
+def _fixed_batch() -> torch.Tensor:
+    return torch.randint(3, len(make_tokenizer()), (8, 12), generator=torch.Generator().manual_seed(0))
+
+
+def test_pure_distillation_brings_the_student_towards_a_peaked_teacher(peaked_teacher):
+    """The full form's exact divergence on one fixed batch falls by a large margin in 8 steps (measured over
+    seeds 1-5: 0.338 -> 0.178..0.196, a ratio of 0.53..0.58; asserted below 0.75)."""
+    trainer = distiller(peaked_teacher, rewards=("none",), teacher_loss="full", steps=8, lr=1e-2, seed=1)
+    ids = _fixed_batch()
+    before = _exact_reverse_kl(trainer.model, trainer.teacher, ids)
     try:
         steps = [trainer.step(i) for i in range(1, 9)]
     finally:
         trainer.close()
-    kl = [m["teacher_kl"] for m in steps]
+    after = _exact_reverse_kl(trainer.model, trainer.teacher, ids)
     assert all(m["reward_mean"] == 0.0 for m in steps)  # no reward: the teacher is the only signal
     assert all(m["optimizer_steps"] == 1 and m["signal_frac"] == 1.0 for m in steps)  # every group trained
     assert all(0.0 <= m["teacher_disagree_frac"] <= 1.0 for m in steps)
-    assert sum(kl[-3:]) / 3 < 0.7 * sum(kl[:3]) / 3, kl
+    assert before > 0.3 and after < 0.75 * before, (before, after)
 
 
 def _gradient(teacher, **kw):
@@ -236,3 +268,37 @@ def test_a_distillation_run_resumed_is_the_unbroken_one(teacher_folder, tmp_path
     assert any("teacher_kl" in row for row in metrics_lines(tmp_path / "split"))
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def padded_teachers(tmp_path_factory):
+    """One teacher saved twice, with the tokenizer's 103 rows and padded to 111 (a model family's larger
+    member: rows past the tokenizer, here copies of real rows so that counting them would show)."""
+    place, tokenizer = tmp_path_factory.mktemp("padded"), make_tokenizer()
+    model = make_model(len(tokenizer), seed=7)
+    model.save_pretrained(place / "rows103")
+    tokenizer.save_pretrained(place / "rows103")
+    model.resize_token_embeddings(111)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[103:] = model.get_output_embeddings().weight[:8]
+    assert model.get_output_embeddings().weight.shape[0] == 111
+    model.save_pretrained(place / "rows111")
+    tokenizer.save_pretrained(place / "rows111")
+    return place / "rows103", place / "rows111"
+
+
+@pytest.mark.parametrize("form", ["sampled", "full"])
+def test_a_teacher_with_more_embedding_rows_is_read_over_the_tokenizers_tokens(padded_teachers, form):
+    """A teacher with 111 rows to the student's 103 (one tokenizer) trains, in both forms, exactly as the same
+    teacher cut to 103 rows: the rows beyond the tokenizer are never counted (the full form crashed on the
+    size mismatch, the sampled form took the teacher's logsumexp over them)."""
+    seen = []
+    for folder in padded_teachers:
+        trainer = distiller(folder, rewards=("none",), teacher_loss=form, seed=2)
+        try:
+            seen.append(trainer.step(1))
+        finally:
+            trainer.close()
+    assert math.isfinite(seen[0]["teacher_kl"])
+    assert seen[1]["teacher_kl"] == pytest.approx(seen[0]["teacher_kl"], rel=1e-5, abs=1e-6)
+    assert seen[1]["teacher_disagree_frac"] == seen[0]["teacher_disagree_frac"]
