@@ -33,7 +33,13 @@ from grpo.distributed import Policy, World, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
 from grpo.rollout import Rollout, group_rows
 from grpo.sides import Learner
-from grpo.teacher.scoring import TeacherScores, full_form_pass, micro_batched_scores, teacher_loss
+from grpo.teacher.scoring import (
+    TeacherScores,
+    full_form_pass,
+    micro_batched_scores,
+    teacher_loss,
+    teacher_pass,
+)
 
 if TYPE_CHECKING:
     from grpo.vllm_engine import VLLMEngine
@@ -384,6 +390,10 @@ def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None
                                  share_prefix=not learner.world.fsdp)
     (logp.float() * part.mask).sum().backward()
     learner.optimizer.zero_grad(set_to_none=True)
+    if learner.teacher is not None:  # the teacher's forward pass over the same tokens, as a step runs it
+        with learner.autocast:
+            teacher_pass(learner.teacher, part, learner.tokenizer.pad_token_id, temperature=cfg.temperature,
+                         vocab=len(learner.tokenizer))
     return (gpu_clock() - start) / max(float(part.mask.sum()), 1.0)
 
 

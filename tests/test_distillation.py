@@ -116,7 +116,15 @@ def test_with_rewards_the_teachers_term_adds_to_the_surrogate(teacher_folder, tm
     assert torch.allclose(both, rewards_alone + teacher_alone, atol=1e-6, rtol=1e-4)
 
 
-def test_without_a_reward_the_groups_are_kept_under_filter_groups_and_the_check(teacher_folder):
+def test_without_a_reward_the_groups_are_kept_under_filter_groups_and_the_check(teacher_folder, monkeypatch):
+    """... and the check's step budget counts one generation round, as a step under a teacher takes."""
+    import grpo.preflight as preflight
+    import grpo.update as update
+
+    rounds, expected, timed, teacher_pass = [], preflight.expected_step_seconds, [], update.teacher_pass
+    monkeypatch.setattr(preflight, "expected_step_seconds",
+                        lambda *a, dynamic: rounds.append(dynamic) or expected(*a, dynamic=dynamic))
+    monkeypatch.setattr(update, "teacher_pass", lambda *a, **kw: timed.append(1) or teacher_pass(*a, **kw))
     trainer = distiller(teacher_folder, rewards=("none",), filter_groups=True, max_gen_rounds=3,
                         preflight="on", preflight_prompts=2)
     try:
@@ -124,6 +132,8 @@ def test_without_a_reward_the_groups_are_kept_under_filter_groups_and_the_check(
         metrics = trainer.step(summary["steps"] + 1)
     finally:
         trainer.close()
+    assert rounds == [False]  # not dynamic sampling's extra rounds: every group is kept
+    assert timed == [1]  # the update's timing runs the teacher's pass too
     assert summary["steps"] == 4 and not summary["stopped_early"] and not summary["little_signal"]
     assert metrics["gen_rounds"] == 1 and metrics["trained_groups"] == 4 and math.isfinite(metrics["teacher_kl"])
 
