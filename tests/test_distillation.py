@@ -205,9 +205,23 @@ def test_a_trl_distillation_config_is_read_with_its_own_beta(tmp_path, teacher_f
     assert (config.teacher, config.teacher_loss, config.teacher_beta) == (str(teacher_folder), "full", 0.5)
     assert config.beta == 0.0 and config.rewards == ("none",)  # beta is the divergence's, not a KL coefficient
     assert (config.lr, config.max_new_tokens, config.temperature) == (2e-5, 64, 0.9) and origin["teacher"] == "file"
-    assert "read as a TRL DistillationConfig" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "read as a TRL DistillationConfig: keys it leaves unset take TRL GRPOConfig's defaults" in err
+    assert "loss_top_k 0, the full vocabulary, not TRL's 1" in err
+    # no lmbda: TRL's default, 1.0; a teacher server set false, and the top-k loss's own keys: ignored, said
+    path.write_text(yaml.safe_dump({"teacher_model_name_or_path": str(teacher_folder), "use_teacher_server": False,
+                                    "loss_add_tail": True, "reverse_kl_top_1_mode": "sampled", "max_length": 512,
+                                    "teacher_model_revision": "main"}))
+    config, _ = _config_from_args(build_parser().parse_args(["train", "--config", str(path)]))
+    assert config.teacher == str(teacher_folder) and config.teacher_loss == "full"
+    assert "ignored: loss_add_tail, max_length, reverse_kl_top_1_mode" in capsys.readouterr().err
     for extra, message in (({"lmbda": 0.5}, "lmbda 0.5: grpo distils on the student's own samples only"),
-                           ({"lmbda": 1.0, "loss_top_k": 8}, "loss_top_k (the divergence over the teacher's top k")):
+                           ({"loss_top_k": 1}, "TRL's default is 1) is not built; grpo's full form sums the whole "
+                                               "vocabulary, TRL's loss_top_k 0: give loss_top_k: 0"),
+                           ({"use_teacher_server": True}, "use_teacher_server: a teacher behind a server is not built"),
+                           ({"teacher_model_server_url": "http://x"}, "teacher_model_server_url: a teacher behind"),
+                           ({"teacher_model_revision": "v2"}, "teacher_model_revision: grpo loads the teacher as"),
+                           ({"num_generations": 1}, "group_size must be at least 2")):
         path.write_text(yaml.safe_dump({"teacher_model_name_or_path": str(teacher_folder), **extra}))
         assert main(["train", "--config", str(path), "--output", str(tmp_path / "run")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
