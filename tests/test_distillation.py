@@ -326,3 +326,26 @@ def test_a_teacher_with_more_embedding_rows_is_read_over_the_tokenizers_tokens(p
     assert math.isfinite(seen[0]["teacher_kl"])
     assert seen[1]["teacher_kl"] == pytest.approx(seen[0]["teacher_kl"], rel=1e-5, abs=1e-6)
     assert seen[1]["teacher_disagree_frac"] == seen[0]["teacher_disagree_frac"]
+
+
+@pytest.mark.parametrize("form", ["sampled", "full"])
+def test_at_temperature_0_7_the_model_as_its_own_teacher_agrees_with_itself(form, monkeypatch):
+    """At a temperature other than 1 both models are read at it: the teacher named as the model gives, at
+    step 1, the student's own log-probs at every sampled token and a divergence of 0."""
+    import grpo.update as update
+
+    seen, loss = [], update.teacher_loss
+    monkeypatch.setattr(update, "teacher_loss", lambda cfg, logp, scores, jsd, mask, **kw:
+                        seen.append((logp.detach(), scores.logp, jsd, mask)) or loss(cfg, logp, scores, jsd, mask, **kw))
+    trainer = distiller("smollm2", model="smollm2", rewards=("none",), teacher_loss=form, temperature=0.7, seed=4)
+    try:
+        metrics = trainer.step(1)
+    finally:
+        trainer.close()
+    assert trainer.config.temperature == 0.7 and seen
+    for logp, logq, jsd, mask in seen:
+        assert mask.sum() > 0
+        torch.testing.assert_close(logq * mask, logp * mask, atol=1e-5, rtol=1e-5)
+        if jsd is not None:
+            assert float((jsd.detach() * mask).abs().max()) < 1e-5
+    assert abs(metrics["teacher_kl"]) < 1e-5
