@@ -164,6 +164,9 @@ REFUSED = [
     (["--teacher", "{teacher}", "--nproc", "2"], "teacher with several processes (--nproc, torchrun) is not built"),
     (["--teacher", "{teacher}", "--async-lag", "1"], "teacher with --async-lag is not built"),
     (["--teacher", "{place}/missing"], "model path not found"),
+    (["--teacher", "{student}", "--rewards", "none"], "rewards none with the model as its own teacher: the teacher's"
+                                                      " term is zero, nothing to learn"),
+    (["--teacher", "{teacher}", "--rewards", "none", "--sampler", "frontier"], "sampler frontier with rewards none"),
 ]
 
 
@@ -337,7 +340,7 @@ def test_at_temperature_0_7_the_model_as_its_own_teacher_agrees_with_itself(form
     seen, loss = [], update.teacher_loss
     monkeypatch.setattr(update, "teacher_loss", lambda cfg, logp, scores, jsd, mask, **kw:
                         seen.append((logp.detach(), scores.logp, jsd, mask)) or loss(cfg, logp, scores, jsd, mask, **kw))
-    trainer = distiller("smollm2", model="smollm2", rewards=("none",), teacher_loss=form, temperature=0.7, seed=4)
+    trainer = distiller("smollm2", model="smollm2", teacher_loss=form, temperature=0.7, seed=4)
     try:
         metrics = trainer.step(1)
     finally:
@@ -349,3 +352,25 @@ def test_at_temperature_0_7_the_model_as_its_own_teacher_agrees_with_itself(form
         if jsd is not None:
             assert float((jsd.detach() * mask).abs().max()) < 1e-5
     assert abs(metrics["teacher_kl"]) < 1e-5
+
+
+def test_without_a_reward_the_sampler_is_uniform_unless_given_and_length_is_not_watched(teacher_folder):
+    """--rewards none: the frontier's pass rates would all be 0, so the sampler left unset is uniform (recorded
+    as the default's choice); length_without_reward has no reward to compare with and stays off."""
+    import numpy as np
+
+    from grpo.alarms import AlarmConfig, AlarmMonitor
+    from grpo.config import resolve_config
+
+    def settled(**kw):
+        return resolve_config(tiny_config(teacher=str(teacher_folder), not_given=("sampler",), **kw),
+                              tiny_task(first_char_parity))
+
+    (config, sources), (rewarded, _) = settled(rewards=("none",)), settled()
+    assert (config.sampler, sources["sampler"], rewarded.sampler) == ("uniform", "default", "frontier")
+    longer = [{"reward_mean": 0.0, "completion_len": float(n), "signal_frac": 1.0, "teacher_kl": 0.3}
+              for n in np.linspace(6.0, 14.0, 40)]
+    for watch, fired in ((True, True), (False, False)):
+        monitor = AlarmMonitor(40, AlarmConfig(), watch_heldout=False, watch_reward=watch)
+        flags = [monitor.observe(step, m)[0] for step, m in enumerate(longer, start=1)]
+        assert any(f["alarm/length_without_reward"] for f in flags) is fired
