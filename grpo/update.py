@@ -69,7 +69,8 @@ class StepStats:
     tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
     tis_masked_tokens: float = 0.0  # share of tokens whose weight a mask set to 0 (tis_mode mask, sequence level)
     tis_masked_sequences: float = 0.0  # share of the completions trained with a masked token
-    teacher_kl: float | None = None  # mean log p - log p_teacher at the tokens trained (None: no teacher)
+    teacher_kl: float | None = None  # mean log p - log p_teacher at the tokens trained; the full form: its exact
+    # divergence (None: no teacher)
     teacher_disagree_frac: float | None = None  # share of them whose teacher's most likely token differs
 
 

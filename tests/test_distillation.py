@@ -374,3 +374,24 @@ def test_without_a_reward_the_sampler_is_uniform_unless_given_and_length_is_not_
         monitor = AlarmMonitor(40, AlarmConfig(), watch_heldout=False, watch_reward=watch)
         flags = [monitor.observe(step, m)[0] for step, m in enumerate(longer, start=1)]
         assert any(f["alarm/length_without_reward"] for f in flags) is fired
+
+
+def test_in_the_full_form_teacher_kl_is_the_exact_divergence_it_optimises(teacher_folder, monkeypatch):
+    """Not the sampled tokens' one-sample estimate: the token mean of the full form's per-token divergence
+    (here the reverse KL, beta 1), which is never negative; divergence_rising reads it."""
+    import grpo.update as update
+
+    seen, loss = [], update.teacher_loss
+    monkeypatch.setattr(update, "teacher_loss", lambda cfg, logp, scores, jsd, mask, **kw:
+                        seen.append((jsd.detach(), mask, logp.detach() - scores.logp))
+                        or loss(cfg, logp, scores, jsd, mask, **kw))
+    trainer = distiller(teacher_folder, rewards=("none",), teacher_loss="full", seed=6)
+    try:
+        metrics = trainer.step(1)
+    finally:
+        trainer.close()
+    tokens = sum(float(mask.sum()) for _, mask, _ in seen)
+    exact = sum(float((jsd * mask).sum()) for jsd, mask, _ in seen) / tokens
+    estimate = sum(float((d * mask).sum()) for _, mask, d in seen) / tokens
+    assert exact > 0 and metrics["teacher_kl"] == pytest.approx(exact, rel=1e-5)
+    assert abs(estimate - exact) > 1e-4  # the estimate it replaced differs

@@ -147,9 +147,14 @@ def full_form_pass(model: nn.Module, rollout: Rollout, teacher: nn.Module, pad_i
 def teacher_loss(config: TrainConfig, logp: Tensor, scores: TeacherScores, jsd: Tensor | None, mask: Tensor, *,
                  total_tokens: float, total_sequences: float) -> tuple[Tensor, dict[str, Tensor]]:
     """teacher_coef x the teacher term (per token: the sampled form's estimate, or the full form's ``jsd``),
-    aggregated as the surrogate is (--aggregate, the whole minibatch's normalisers), and its metrics."""
+    aggregated as the surrogate is (--aggregate, the whole minibatch's normalisers), and its metrics: in the
+    full form ``teacher_kl`` is the exact divergence it optimises (the generalised JSD at teacher_beta, the
+    reverse KL at 1), not the sampled tokens' estimate, and the divergence_rising alarm reads that."""
     mask = mask.to(logp.dtype)
     per_token = jsd * mask if jsd is not None else sampled_reverse_kl(logp, scores.logp, mask)  # (N, T)
     loss = aggregate_loss(per_token, mask, mode=config.aggregate, max_tokens=config.max_new_tokens,
                           total_tokens=total_tokens, total_sequences=total_sequences)
-    return config.teacher_coef * loss, teacher_metrics(logp.detach(), scores.logp, scores.disagree, mask)
+    metrics = teacher_metrics(logp.detach(), scores.logp, scores.disagree, mask)
+    if jsd is not None:
+        metrics["teacher_kl"] = (jsd.detach().float() * mask).sum() / mask.sum().clamp(min=1.0)
+    return config.teacher_coef * loss, metrics
