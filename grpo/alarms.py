@@ -372,11 +372,13 @@ def entropy_collapse(entropy: Sequence[float], step: int, total_steps: int, cfg:
 class AlarmMonitor:
     """Feeds each step's metrics to the checks; flags every alarm, reports each when it turns on."""
 
-    def __init__(self, total_steps: int, config: AlarmConfig | None = None, *, watch_heldout: bool = True) -> None:
+    def __init__(self, total_steps: int, config: AlarmConfig | None = None, *, watch_heldout: bool = True,
+                 watch_reward: bool = True) -> None:
         """``watch_heldout=False``: the held-out checker cannot score these rows (they have no answer, as
-        with a TRL length reward on prompts alone), so the alarms that compare with it stay off."""
+        with a TRL length reward on prompts alone), so the alarms that compare with it stay off.
+        ``watch_reward=False`` (--rewards none): no reward to rise, so length_without_reward stays off."""
         self.total_steps = total_steps
-        self.watch_heldout = watch_heldout
+        self.watch_heldout, self.watch_reward = watch_heldout, watch_reward
         self.config = config or AlarmConfig()
         self.series: dict[str, list[float]] = {}
         self.heldout: list[tuple[int, float]] = []  # (step, accuracy on the held-out subset)
@@ -482,7 +484,8 @@ class AlarmMonitor:
                            self.full),
             "memorising": memorising(reward, self.heldout, self.train, cfg, first_try, accuracy,
                                      self._recent("repeat_frac")),
-            "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg),
+            "length_without_reward": length_without_reward(self._recent("completion_len"), recent_reward, cfg)
+            if self.watch_reward else None,
             "repetition_rising": repetition_rising(self._recent("repeat_ngram_frac"), cfg),
             "entropy_collapse": entropy_collapse(self._recent("entropy"), step, self.total_steps, cfg),
             "divergence_rising": divergence_rising(series.get("teacher_kl", []), cfg.window),

@@ -399,6 +399,8 @@ def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, 
     for name in ("clip_low", "clip_high", "aggregate"):
         if name not in config.given and name not in kept:
             values[name], sources[name] = getattr(recommended, name), "objective"
+    if "none" in config.rewards:  # no reward: the frontier's pass rates are all 0, its draw degenerate
+        fill("sampler", "uniform", "default")
     for name, value in task.defaults.items():
         if not (name == "minutes" and not automatic(config, "steps")):
             fill(name, value, "data" if config.data else "task")

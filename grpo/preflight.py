@@ -429,7 +429,7 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
         report.problems = [p for p in report.problems if p.kind not in ("no signal", "few groups vary")]
     report.seconds = time.perf_counter() - start
     report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
-                                                dynamic=cfg.filter_groups)
+                                                dynamic=cfg.filter_groups and not cfg.teacher)  # a teacher: one round
     if report.fitted_max_new_tokens is not None and samples.lengths:
         # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
         report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))

@@ -264,7 +264,8 @@ def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progr
     alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
                          heldout_n=subset_size(sampling), train_n=train_sample_size(sampling), sampler=cfg.sampler,
                          full_n=len(sampling.heldout_prompts))
-    monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=all_answered(sampling.task.heldout, sampling.task.reward))
+    monitor = AlarmMonitor(cfg.steps, alarms, watch_heldout=all_answered(sampling.task.heldout, sampling.task.reward),
+                           watch_reward="none" not in cfg.rewards)  # --rewards none: no reward to rise
     monitor.load_state(state.alarms)  # a resumed run's alarms see the steps before it, and its notes said
     return RunLog(monitor, logger, bar, explain=explain, notes=dict(monitor.said))
 

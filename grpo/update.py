@@ -33,7 +33,13 @@ from grpo.distributed import Policy, World, pad_micro_batches, to_float
 from grpo.logprobs import rollout_logprobs
 from grpo.rollout import Rollout, group_rows
 from grpo.sides import Learner
-from grpo.teacher.scoring import TeacherScores, full_form_pass, micro_batched_scores, teacher_loss
+from grpo.teacher.scoring import (
+    TeacherScores,
+    full_form_pass,
+    micro_batched_scores,
+    teacher_loss,
+    teacher_pass,
+)
 
 if TYPE_CHECKING:
     from grpo.vllm_engine import VLLMEngine
@@ -63,7 +69,8 @@ class StepStats:
     tis_capped_frac: float = 0.0  # share of tokens whose TIS weight was capped (or masked, sequence level)
     tis_masked_tokens: float = 0.0  # share of tokens whose weight a mask set to 0 (tis_mode mask, sequence level)
     tis_masked_sequences: float = 0.0  # share of the completions trained with a masked token
-    teacher_kl: float | None = None  # mean log p - log p_teacher at the tokens trained (None: no teacher)
+    teacher_kl: float | None = None  # mean log p - log p_teacher at the tokens trained; the full form: its exact
+    # divergence (None: no teacher)
     teacher_disagree_frac: float | None = None  # share of them whose teacher's most likely token differs
 
 
@@ -274,7 +281,8 @@ def training_pass(learner: Learner, sub: Rollout, rows: Tensor, teacher: Teacher
                   checkpoint_layers=cfg.gradient_checkpointing)
     with learner.autocast:
         if learner.teacher is not None and cfg.teacher_loss == "full":
-            return learner.policy(full_form_pass, sub, learner.teacher, pad_id, beta=cfg.teacher_beta, **passes)
+            return learner.policy(full_form_pass, sub, learner.teacher, pad_id, beta=cfg.teacher_beta,
+                                  vocab=len(learner.tokenizer), **passes)
         logp, entropy = learner.policy(rollout_logprobs, sub, pad_id, with_entropy=True, **passes)
     return logp, entropy, None, None if teacher is None else teacher.rows(rows, sub.mask.shape[1])
 
@@ -288,7 +296,7 @@ def teacher_scores(learner: Learner, rollout: Rollout) -> TeacherScores | None:
     parts = micro_batches(learner.config, rollout, torch.arange(len(rollout.prompt_ids)))
     with learner.autocast:
         return micro_batched_scores(learner.teacher, rollout, parts, learner.tokenizer.pad_token_id,
-                                    temperature=learner.temperature.value)
+                                    temperature=learner.temperature.value, vocab=len(learner.tokenizer))
 
 
 @torch.no_grad()
@@ -383,6 +391,10 @@ def update_seconds(learner: Learner, rollout: Rollout, engine: VLLMEngine | None
                                  share_prefix=not learner.world.fsdp)
     (logp.float() * part.mask).sum().backward()
     learner.optimizer.zero_grad(set_to_none=True)
+    if learner.teacher is not None:  # the teacher's forward pass over the same tokens, as a step runs it
+        with learner.autocast:
+            teacher_pass(learner.teacher, part, learner.tokenizer.pad_token_id, temperature=learner.temperature.value,
+                         vocab=len(learner.tokenizer))
     return (gpu_clock() - start) / max(float(part.mask.sum()), 1.0)
 
 

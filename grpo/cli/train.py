@@ -48,8 +48,10 @@ def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, 
     config = with_given(TrainConfig.from_dict({**values, **given}), (set(values) - implied) | set(given))
     origin = {**dict.fromkeys(values, "file"), **dict.fromkeys(implied, "trl"), **dict.fromkeys(given, "cli")}
     if args.config and (is_trl_config(raw) or is_distillation_config(raw)):
-        kind = "DistillationConfig" if is_distillation_config(raw) else "GRPOConfig"
-        print(f"grpo train: {args.config} is read as a TRL {kind}: keys it leaves unset take TRL's defaults",
+        kind, unset = (("DistillationConfig", "TRL GRPOConfig's defaults (lmbda 1.0, beta 1.0, and loss_top_k 0, "
+                        "the full vocabulary, not TRL's 1)") if is_distillation_config(raw)
+                       else ("GRPOConfig", "TRL's defaults"))
+        print(f"grpo train: {args.config} is read as a TRL {kind}: keys it leaves unset take {unset}",
               file=sys.stderr)
     if ignored:
         print(f"grpo train: warning: {args.config}: TRL keys with no meaning in grpo, ignored: {', '.join(ignored)}",

@@ -73,12 +73,14 @@ def chunked_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_logits: 
 def teacher_token_stats(teacher_hidden: Tensor, targets: Tensor, teacher_logits: Logits, *,
                         chunk_tokens: int = 256) -> tuple[Tensor, Tensor]:
     """The teacher's log q(y_t) (M,) of the sampled tokens ``targets`` (M,) and its most likely token (M,),
-    from its hidden states (M, H), a chunk of logits at a time."""
+    from its hidden states (M, H), a chunk of logits at a time. A target beyond the teacher's logits (a
+    student's padding row, past the tokenizer) is no token of the teacher's: scored at its least likely."""
     logq, top = [], []
     for i in range(0, teacher_hidden.shape[0], chunk_tokens):
         logits = teacher_logits(teacher_hidden[i : i + chunk_tokens]).float()  # (c, V)
-        lse = torch.logsumexp(logits, dim=-1)
-        logq.append(logits.gather(1, targets[i : i + chunk_tokens].unsqueeze(1)).squeeze(1) - lse)
+        lse, y = torch.logsumexp(logits, dim=-1), targets[i : i + chunk_tokens]
+        picked = logits.gather(1, y.clamp(max=logits.shape[1] - 1).unsqueeze(1)).squeeze(1)
+        logq.append(torch.where(y < logits.shape[1], picked, logits.min(dim=-1).values) - lse)
         top.append(logits.argmax(dim=-1))
     if not logq:
         return teacher_hidden.new_zeros(0, dtype=torch.float32), targets[:0]

@@ -23,11 +23,7 @@ def check_teacher(config: TrainConfig, processes: int, *, resumed: bool = False)
     option given without a teacher is refused, as grpo.config.refuse_unread refuses the others, unless the
     run is ``resumed`` (its saved config names every option)."""
     if NO_REWARD in config.rewards:
-        if len(config.rewards) > 1:
-            raise ConfigError("rewards none means no reward at all: name no other reward beside it")
-        if not config.teacher:
-            raise ConfigError("rewards none leaves the run no signal: give --teacher MODEL (on-policy "
-                              "distillation), or a reward")
+        check_no_reward(config, resumed=resumed)
     if not config.teacher:
         for name in () if resumed else TEACHER_OPTIONS:
             if name in config.given:
@@ -45,6 +41,21 @@ def check_teacher(config: TrainConfig, processes: int, *, resumed: bool = False)
     for what, (refused, instead) in unbuilt.items():
         if refused:
             raise ConfigError(NOT_BUILT.format(what=what, instead=instead))
+
+
+def check_no_reward(config: TrainConfig, *, resumed: bool = False) -> None:
+    """--rewards none: alone, with a teacher other than the model itself, and without the frontier sampler."""
+    if len(config.rewards) > 1:
+        raise ConfigError("rewards none means no reward at all: name no other reward beside it")
+    if not config.teacher:
+        raise ConfigError("rewards none leaves the run no signal: give --teacher MODEL (on-policy "
+                          "distillation), or a reward")
+    if config.teacher == config.model:
+        raise ConfigError("rewards none with the model as its own teacher: the teacher's term is zero, "
+                          "nothing to learn; give another --teacher, or a reward")
+    if config.sampler == "frontier" and "sampler" in config.given and not resumed:
+        raise ConfigError("sampler frontier with rewards none: it draws the prompts whose groups mix "
+                          "rewards, and there are none; drop --sampler (uniform under rewards none)")
 
 
 def vocabulary(name: str) -> Mapping[str, int]:

@@ -63,9 +63,12 @@ def load_teacher(config: TrainConfig, model: nn.Module, reference: nn.Module | N
     return teacher
 
 
-def head_logits(model: nn.Module, temperature: float) -> Logits:
-    """hidden (c, H) -> the model's logits (c, V) in fp32, its logit transform applied, over the temperature."""
-    weight, transform = model.get_output_embeddings().weight, logit_transform(model)
+def head_logits(model: nn.Module, temperature: float, vocab: int | None = None) -> Logits:
+    """hidden (c, H) -> the model's logits (c, V) in fp32, its logit transform applied, over the temperature;
+    only the first ``vocab`` rows of its output embedding (the tokenizer's tokens), when given: a model
+    family's members pad their tables to different sizes (Qwen2.5-7B 152064 rows, 0.5B 151936), and the
+    rows beyond the tokenizer are no token of either model, so never counted."""
+    weight, transform = model.get_output_embeddings().weight[:vocab], logit_transform(model)
 
     def logits(hidden: Tensor) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
@@ -94,33 +97,35 @@ def _grid(values: Tensor, places: Tensor, shape: torch.Size) -> Tensor:
 
 
 @torch.no_grad()
-def teacher_pass(teacher: nn.Module, rollout: Rollout, pad_id: int, *, temperature: float) -> TeacherScores:
-    """The teacher's scores of one micro-batch's sampled tokens."""
+def teacher_pass(teacher: nn.Module, rollout: Rollout, pad_id: int, *, temperature: float,
+                 vocab: int | None = None) -> TeacherScores:
+    """The teacher's scores of one micro-batch's sampled tokens, over the first ``vocab`` tokens."""
     hidden, places = rollout_hidden(teacher, rollout, pad_id)
     targets = rollout.completion_ids.reshape(-1)[places]
-    logq, top = teacher_token_stats(hidden, targets, head_logits(teacher, temperature))
+    logq, top = teacher_token_stats(hidden, targets, head_logits(teacher, temperature, vocab))
     shape = rollout.completion_ids.shape
     return TeacherScores(_grid(logq, places, shape), _grid((top != targets).float(), places, shape))
 
 
 def micro_batched_scores(teacher: nn.Module, rollout: Rollout, parts: list, pad_id: int, *,
-                         temperature: float) -> TeacherScores:
+                         temperature: float, vocab: int | None = None) -> TeacherScores:
     """The teacher's scores of the whole rollout, (N, T) each, one :func:`teacher_pass` per micro-batch of
     ``parts`` (grpo/update.py ``Micro``s covering every row once)."""
     logp = torch.zeros(rollout.completion_ids.shape, device=rollout.completion_ids.device)  # (N, T)
     disagree = torch.zeros_like(logp)
     for micro in parts:
-        scores = teacher_pass(teacher, micro.select(rollout), pad_id, temperature=temperature)
+        scores = teacher_pass(teacher, micro.select(rollout), pad_id, temperature=temperature, vocab=vocab)
         rows, width = micro.rows(rollout.group_size).to(logp.device), scores.logp.shape[1]
         logp[rows, :width], disagree[rows, :width] = scores.logp, scores.disagree
     return TeacherScores(logp, disagree)
 
 
 def full_form_pass(model: nn.Module, rollout: Rollout, teacher: nn.Module, pad_id: int, *, temperature: float,
-                   beta: float, share_prefix: bool = True, checkpoint_layers: bool = False
-                   ) -> tuple[Tensor, Tensor, Tensor, TeacherScores]:
+                   beta: float, share_prefix: bool = True, checkpoint_layers: bool = False,
+                   vocab: int | None = None) -> tuple[Tensor, Tensor, Tensor, TeacherScores]:
     """The student's log-probs and entropy of one micro-batch (N, T), with grad, the generalised JSD to the
-    teacher at each position (N, T), with grad through the student's side, and the teacher's scores."""
+    teacher at each position (N, T), with grad through the student's side, over the first ``vocab`` tokens
+    of both (the tokenizer's), and the teacher's scores."""
     hidden, places = rollout_hidden(model, rollout, pad_id, share_prefix=share_prefix,
                                     checkpoint_layers=checkpoint_layers)
     targets = rollout.completion_ids.reshape(-1)[places]
@@ -131,8 +136,8 @@ def full_form_pass(model: nn.Module, rollout: Rollout, teacher: nn.Module, pad_i
         where = torch.empty(rollout.completion_ids.numel(), dtype=torch.long, device=places.device)
         where[t_places] = torch.arange(len(t_places), device=places.device)
         t_hidden = t_hidden[where[places]]  # (M, H) in the student's order of places
-    teacher_logits = head_logits(teacher, temperature)
-    jsd = chunked_jsd(hidden, t_hidden, head_logits(model, temperature), teacher_logits, beta=beta)
+    teacher_logits = head_logits(teacher, temperature, vocab)
+    jsd = chunked_jsd(hidden, t_hidden, head_logits(model, temperature, vocab), teacher_logits, beta=beta)
     logq, top = teacher_token_stats(t_hidden, targets, teacher_logits)
     shape = rollout.completion_ids.shape
     scores = TeacherScores(_grid(logq, places, shape), _grid((top != targets).float(), places, shape))
@@ -142,9 +147,14 @@ def full_form_pass(model: nn.Module, rollout: Rollout, teacher: nn.Module, pad_i
 def teacher_loss(config: TrainConfig, logp: Tensor, scores: TeacherScores, jsd: Tensor | None, mask: Tensor, *,
                  total_tokens: float, total_sequences: float) -> tuple[Tensor, dict[str, Tensor]]:
     """teacher_coef x the teacher term (per token: the sampled form's estimate, or the full form's ``jsd``),
-    aggregated as the surrogate is (--aggregate, the whole minibatch's normalisers), and its metrics."""
+    aggregated as the surrogate is (--aggregate, the whole minibatch's normalisers), and its metrics: in the
+    full form ``teacher_kl`` is the exact divergence it optimises (the generalised JSD at teacher_beta, the
+    reverse KL at 1), not the sampled tokens' estimate, and the divergence_rising alarm reads that."""
     mask = mask.to(logp.dtype)
     per_token = jsd * mask if jsd is not None else sampled_reverse_kl(logp, scores.logp, mask)  # (N, T)
     loss = aggregate_loss(per_token, mask, mode=config.aggregate, max_tokens=config.max_new_tokens,
                           total_tokens=total_tokens, total_sequences=total_sequences)
-    return config.teacher_coef * loss, teacher_metrics(logp.detach(), scores.logp, scores.disagree, mask)
+    metrics = teacher_metrics(logp.detach(), scores.logp, scores.disagree, mask)
+    if jsd is not None:
+        metrics["teacher_kl"] = (jsd.detach().float() * mask).sum() / mask.sum().clamp(min=1.0)
+    return config.teacher_coef * loss, metrics
