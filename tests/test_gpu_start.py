@@ -162,6 +162,7 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
     import grpo.update
     from grpo.distributed import World
     from grpo.rollout import Rollout
+    from grpo.sides import Temperature
 
     events: list[str] = []
     calls: list[dict] = []
@@ -180,7 +181,8 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
     for fsdp in (True, False):
         learner = SimpleNamespace(config=TrainConfig(group_size=2), policy=policy, world=World(fsdp=fsdp),
                                   tokenizer=SimpleNamespace(pad_token_id=0), autocast=nullcontext(),
-                                  optimizer=SimpleNamespace(zero_grad=lambda **kw: None))
+                                  optimizer=SimpleNamespace(zero_grad=lambda **kw: None), temperature=Temperature(1.0),
+                                  teacher=None)
         grpo.update.update_seconds(learner, rollout)
         assert calls[-1]["share_prefix"] is (not fsdp)  # as micro_step: one decoder call per micro-batch under FSDP
     # each reading of the clock waits for what the GPU was given
