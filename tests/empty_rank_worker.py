@@ -57,8 +57,10 @@ def main() -> None:
     trainer.close()
     rank = trainer.world.rank
     torch.distributed.barrier()  # every rank done before any tears the group down (gloo aborts a peer mid-teardown)
-    trainer.world.close()
+    # written before the teardown: what the test checks is the round, which a rank left in an unmatched
+    # collective never finishes (the test's timeout ends it)
     (out / f"rank{rank}.json").write_text(json.dumps({"device": str(trainer.device), **found}))
+    trainer.world.close()
 
 
 if __name__ == "__main__":

@@ -100,7 +100,12 @@ def test_four_gloo_processes_and_a_round_of_three_prompts_under_fsdp_own_and_vll
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
            str(tests / "empty_rank_worker.py"), str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=tests.parent)
-    assert done.returncode == 0, done.stderr[-4000:]
+    finished = all((tmp_path / f"rank{r}.json").exists() for r in range(4))
+    # gloo's teardown can abort a rank after every rank has finished its round and passed the barrier
+    # ('terminate called without an active exception', seen twice in clean-clone CI runs): that is not the
+    # round's behaviour this test checks, so it is tolerated only then
+    teardown_abort = finished and "terminate called without an active exception" in done.stderr
+    assert done.returncode == 0 or teardown_abort, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     for rank, found in enumerate(ranks):
         for case in ("own", "vllm"):
