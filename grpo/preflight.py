@@ -5,7 +5,8 @@ starting model samples a group for each of a few dozen training prompts,
 the rewards score them, and the check reports what a run would meet: the
 pass rate, the share of groups that vary, how many completions hit the
 token limit, their lengths, reward errors and timeouts, with one example
-per outcome. Problems are said in plain words with what to try:
+per outcome; under a teacher, the student's divergence to it (what a first step logs as teacher_kl),
+the signal itself with no reward. Problems are said in plain words with what to try:
 
 - no group varies (the model solves none, or all, or the reward is constant):
   no step can update the policy; ``preflight="on"`` stops here;
@@ -46,7 +47,7 @@ from grpo.sides import Learner, Sampling
 
 if TYPE_CHECKING:
     from grpo.config import TrainConfig
-from grpo.update import update_seconds
+from grpo.update import teacher_divergence, update_seconds
 from grpo.vllm_engine import VLLMEngine
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
@@ -97,6 +98,8 @@ class PreflightReport:
     memory_line: str = ""  # ... said in a line
     problems: list[Problem] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # a data source's splits as read, the overlap removed (grpo/tasks/data.py)
+    teacher_kl: float | None = None  # under --teacher: what a first step would log as teacher_kl, on these samples
+    rewarded: bool = True  # False under --rewards none: the teacher's divergence is the whole signal
 
     def stops(self, mode: str) -> list[Problem]:
         """The problems that end the run under ``mode`` (on: fatal ones; strict: all; warn, off: none)."""
@@ -109,10 +112,8 @@ class PreflightReport:
         lines = [
             f"pre-flight: {self.prompts} prompts x {self.group_size} samples at <= {self.max_new_tokens} tokens "
             f"in {self.seconds:.0f} s",
-            f"  pass rate {self.pass_rate:.1%} of {n}; groups that vary {self.varying_frac:.0%} "
-            f"(all correct {self.all_correct_frac:.0%}, all wrong {self.all_wrong_frac:.0%}); "
-            f"hit the token limit {self.truncated_frac:.0%}; length p50 {self.lengths['p50']:.0f}, "
-            f"p95 {self.lengths['p95']:.0f}, max {self.lengths['max']:.0f} tokens",
+            f"  {self._signal(n)}; hit the token limit {self.truncated_frac:.0%}; length p50 "
+            f"{self.lengths['p50']:.0f}, p95 {self.lengths['p95']:.0f}, max {self.lengths['max']:.0f} tokens",
         ]
         if self.prompt_format:
             lines.insert(1, f"  prompt format {self.prompt_format}; {describe_stops(self.stop)}")
@@ -132,6 +133,16 @@ class PreflightReport:
         for p in self.problems:
             lines.append(f"  {'PROBLEM' if p.fatal else 'warning'} ({p.kind}): {p.message}")
         return "\n".join(lines)
+
+    def _signal(self, n: int) -> str:
+        """What a step learns from: the pass rate and the groups that vary; under a teacher its divergence
+        too, and alone with no reward (the task's checker still reads the samples, but trains nothing)."""
+        taught = "" if self.teacher_kl is None else f"divergence to the teacher {self.teacher_kl:.4f} nats a token"
+        if not self.rewarded:
+            return f"{taught or 'no samples'}, the signal (no reward; the task's checker passed {self.pass_rate:.1%})"
+        rates = (f"pass rate {self.pass_rate:.1%} of {n}; groups that vary {self.varying_frac:.0%} "
+                 f"(all correct {self.all_correct_frac:.0%}, all wrong {self.all_wrong_frac:.0%})")
+        return rates + (f"; {taught}" if taught else "")
 
     def budget(self, minutes: float) -> list[str]:
         """The step budget's console lines: seconds a step, the steps that fit, what it changed."""
@@ -391,7 +402,7 @@ def _summary(samples: _Samples, grouped: torch.Tensor, valid: torch.Tensor, cfg:
         reward_errors={k: total(f"reward_errors/{k}") for k in names},
         reward_timeouts={k: total(f"reward_timeouts/{k}") for k in names},
         examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
-        prompt_format=cfg.prompt_format, stop=tuple(cfg.stop),
+        prompt_format=cfg.prompt_format, stop=tuple(cfg.stop), rewarded="none" not in cfg.rewards,
     )
 
 
@@ -440,6 +451,8 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
         report.update_seconds = update_seconds(learner, samples.last, sampling.engine) * cfg.completions_per_step \
             * per_row
         report.sample_lengths = list(samples.lengths)
+    if cfg.teacher and samples.last is not None:  # a teacher stops after one round: samples.last is all
+        report.teacher_kl = teacher_divergence(learner, samples.last)
     prediction, available = trainer_prediction(sampling, samples.lengths, samples.truncated)
     if prediction is not None:
         report.memory, report.memory_line = prediction.to_dict(available), memory_line(prediction, available)
@@ -479,5 +492,6 @@ def preflight_summary(report: PreflightReport | None) -> Mapping[str, object] | 
     """What summary.json keeps of the check."""
     if report is None:
         return None
-    return {"pass_rate": report.pass_rate, "varying_frac": report.varying_frac,
+    taught = {} if report.teacher_kl is None else {"teacher_kl": report.teacher_kl}
+    return {"pass_rate": report.pass_rate, "varying_frac": report.varying_frac, **taught,
             "truncated_frac": report.truncated_frac, "problems": [p.kind for p in report.problems]}

@@ -300,6 +300,24 @@ def teacher_scores(learner: Learner, rollout: Rollout) -> TeacherScores | None:
 
 
 @torch.no_grad()
+def teacher_divergence(learner: Learner, rollout: Rollout) -> float | None:
+    """What a step on ``rollout`` before any update would log as ``teacher_kl``: the token mean, over every
+    micro-batch, of log p - log p_teacher at the sampled tokens (the full form: its exact divergence per
+    token); the passes a step runs, without grad (the pre-flight check's report). None without a teacher."""
+    if learner.teacher is None or not rollout.prompt_ids:
+        return None
+    cfg, total, tokens = learner.config, 0.0, 0.0
+    teacher = teacher_scores(learner, rollout)
+    for micro in micro_batches(cfg, rollout, torch.arange(len(rollout.prompt_ids))):
+        sub = micro.select(rollout)
+        logp, _, jsd, scores = training_pass(learner, sub, micro.rows(cfg.group_size), teacher)
+        per_token = jsd if jsd is not None else logp.float() - scores.logp  # (N', T)
+        total += float((per_token.float() * sub.mask).sum())
+        tokens += float(sub.mask.sum())
+    return total / max(tokens, 1.0)
+
+
+@torch.no_grad()
 def reference_logprobs(learner: Learner, rollout: Rollout) -> Tensor | None:
     """The frozen reference's log-probs of the rollout's tokens, (N, T), for the KL term; None when beta = 0.
     With LoRA the reference is the base model: the policy with its adapter disabled."""

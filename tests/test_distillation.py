@@ -415,3 +415,55 @@ def test_in_the_full_form_teacher_kl_is_the_exact_divergence_it_optimises(teache
     estimate = sum(float((d * mask).sum()) for _, mask, d in seen) / tokens
     assert exact > 0 and metrics["teacher_kl"] == pytest.approx(exact, rel=1e-5)
     assert abs(estimate - exact) > 1e-4  # the estimate it replaced differs
+
+
+def _sampled_tokens_kl(student, teacher, rollout, *, exact: bool) -> float:
+    """Independently of grpo's passes: each completion run whole (its prompt, then its tokens) through both
+    models at temperature 1; the token mean over the rollout's mask of log p - log q at the sampled tokens,
+    or, ``exact``, of the reverse KL(p || q) over the vocabulary at each of those positions."""
+    import torch.nn.functional as F
+
+    total, tokens = 0.0, 0.0
+    with torch.no_grad():
+        for row in range(rollout.completion_ids.shape[0]):
+            prompt, n = list(rollout.prompt_ids[row // rollout.group_size]), int(rollout.lengths[row])
+            ids = torch.tensor([prompt + rollout.completion_ids[row, :n].tolist()])
+            at = slice(len(prompt) - 1, len(prompt) - 1 + n)  # the positions that predict the completion
+            p = F.log_softmax(student(ids).logits[0, at].float(), dim=-1)  # (n, V)
+            q = F.log_softmax(teacher(ids).logits[0, at].float(), dim=-1)
+            y = rollout.completion_ids[row, :n].unsqueeze(1)
+            d = (p.exp() * (p - q)).sum(-1) if exact else (p.gather(1, y) - q.gather(1, y)).squeeze(1)  # (n,)
+            mask = rollout.mask[row, :n].float()
+            total, tokens = total + float((d * mask).sum()), tokens + float(mask.sum())
+    return total / tokens
+
+
+@pytest.mark.parametrize(("form", "rewarded"), [("sampled", False), ("full", True)], ids=["sampled-none", "full-reward"])
+def test_the_preflight_reports_the_divergence_to_the_teacher(peaked_teacher, form, rewarded, monkeypatch):
+    """Under a teacher the check reports, in its lines and its records (preflight.json, summary.json), what a
+    first step would log as teacher_kl, on its own samples: equal to the divergence computed apart on them;
+    with no reward that is the signal it says, not a pass rate. The first step's teacher_kl (other samples)
+    is of its size."""
+    import grpo.preflight as preflight
+
+    seen, divergence = [], preflight.teacher_divergence
+    monkeypatch.setattr(preflight, "teacher_divergence", lambda learner, rollout: seen.append(rollout)
+                        or divergence(learner, rollout))
+    trainer = distiller(peaked_teacher, teacher_loss=form, seed=2, **({} if rewarded else {"rewards": ("none",)}))
+    try:
+        report = preflight.run_preflight(trainer.sampling, trainer.learner, fit=False)
+        apart = _sampled_tokens_kl(trainer.model, trainer.teacher, seen[0], exact=form == "full")
+        first = trainer.step(1)["teacher_kl"]
+    finally:
+        trainer.close()
+    assert len(seen) == 1 and seen[0].mask.sum() > 0
+    assert report.teacher_kl == pytest.approx(apart, abs=1e-5) and report.teacher_kl > 0.1
+    assert 0.5 < first / report.teacher_kl < 2.0, (first, report.teacher_kl)
+    assert report.to_dict()["teacher_kl"] == report.teacher_kl
+    assert preflight.preflight_summary(report)["teacher_kl"] == report.teacher_kl
+    line = next(x for x in report.describe().splitlines() if "hit the token limit" in x)
+    assert f"divergence to the teacher {report.teacher_kl:.4f} nats a token" in line
+    if rewarded:
+        assert line.startswith("  pass rate ") and "groups that vary" in line
+    else:
+        assert "the signal (no reward" in line and "pass rate" not in report.describe()
