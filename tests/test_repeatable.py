@@ -182,3 +182,19 @@ def test_a_timed_run_ends_within_its_budget_whatever_its_evaluations_cost(tmp_pa
     assert summary["out_of_time"] and summary["steps"] == 3 and summary["train_seconds"] == 5.5
     assert [start - 2.0 for start in began] == [0.5, 3.0]  # into the budget, which starts after the first
     assert all(start - 2.0 + 2.0 + 0.5 <= 6.0 for start in began)  # each left room for itself and a step
+
+
+def test_evaluations_change_no_training_row_nor_weight(tmp_path):
+    # issue 52: two runs of one command parted at step 5, the first step after the first interim evaluation.
+    # Evaluations draw from streams of their own (grpo/streams.py, step 0) and leave the model as they found
+    # it, so a run evaluated every step trains what a run evaluated only at its start and end does
+    training = {}
+    for every in (1, -1):
+        trainer = tiny_trainer(steps=6, eval_every=every, filter_groups=True, temperature=0.7, max_new_tokens=8)
+        trainer.train(tmp_path / str(every))
+        rows = [row for row in metrics_lines(tmp_path / str(every)) if "reward_mean" in row]
+        training[every] = ([{k: v for k, v in row.items() if "heldout" not in k and "train_sample" not in k}
+                            for row in rows], params(trainer))
+    (rows_a, weights_a), (rows_b, weights_b) = training[1], training[-1]
+    assert len(rows_a) == 6 and rows_a == rows_b
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
