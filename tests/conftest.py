@@ -60,6 +60,16 @@ def tiny_model(tokenizer):
     return make_model(len(tokenizer))
 
 
+@pytest.fixture(scope="module")
+def tiny_model_folder(tmp_path_factory):
+    """The tiny model and its tokenizer saved as a model folder, for commands that load a model by name."""
+    place = tmp_path_factory.mktemp("model")
+    tokenizer = make_tokenizer()
+    make_model(len(tokenizer), seed=5).save_pretrained(place)
+    tokenizer.save_pretrained(place)
+    return place
+
+
 # ---- test layers: every test belongs to one (its file's, unless it is marked with another), and
 # ``slow`` (the real embedded model) is counted beside them; the run ends with how many ran in each
 

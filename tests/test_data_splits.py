@@ -148,24 +148,13 @@ def test_split_options_are_refused_without_data(capsys):
         load_task("add", eval_split="test")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from conftest import make_model, make_tokenizer
-
-    place = tmp_path_factory.mktemp("model")
-    tokenizer = make_tokenizer()
-    make_model(len(tokenizer), seed=5).save_pretrained(place)
-    tokenizer.save_pretrained(place)
-    return place
-
-
 @pytest.mark.model
-def test_a_run_says_and_records_the_splits_and_the_overlap_removed(tmp_path, tiny_model, capsys):
+def test_a_run_says_and_records_the_splits_and_the_overlap_removed(tmp_path, tiny_model_folder, capsys):
     folder = tmp_path / "data"
     write_jsonl(folder / "train.jsonl", rows("What is", 30))
     write_jsonl(folder / "test.jsonl", [*rows("How much is", 9), {"question": "WHAT  is 4 + 1?", "answer": "5"}])
     run = tmp_path / "run"
-    assert main(["train", "--data", str(folder), "--model", str(tiny_model), "--output", str(run), "--eval-size", "4",
+    assert main(["train", "--data", str(folder), "--model", str(tiny_model_folder), "--output", str(run), "--eval-size", "4",
                  *QUICK]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -179,7 +168,7 @@ def test_a_run_says_and_records_the_splits_and_the_overlap_removed(tmp_path, tin
 
 
 @pytest.mark.model
-def test_grpo_train_in_python_says_the_same_data_lines_as_the_command(tmp_path, tiny_model, capsys):
+def test_grpo_train_in_python_says_the_same_data_lines_as_the_command(tmp_path, tiny_model_folder, capsys):
     # issue 54: grpo.train(TrainConfig(data=...)) read the splits and removed the overlap without a word
     import grpo
     from grpo.config import TrainConfig
@@ -187,10 +176,10 @@ def test_grpo_train_in_python_says_the_same_data_lines_as_the_command(tmp_path, 
     folder = tmp_path / "data"
     write_jsonl(folder / "train.jsonl", rows("What is", 30))
     write_jsonl(folder / "test.jsonl", [*rows("How much is", 9), {"question": "WHAT  is 4 + 1?", "answer": "5"}])
-    assert main(["train", "--data", str(folder), "--model", str(tiny_model), "--output", str(tmp_path / "cli"),
+    assert main(["train", "--data", str(folder), "--model", str(tiny_model_folder), "--output", str(tmp_path / "cli"),
                  "--eval-size", "4", *QUICK]) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("data: ")]
-    grpo.train(TrainConfig(data=str(folder), model=str(tiny_model), eval_size=4, steps=1, eval_subset=0,
+    grpo.train(TrainConfig(data=str(folder), model=str(tiny_model_folder), eval_size=4, steps=1, eval_subset=0,
                            prompts_per_step=2, group_size=2, max_gen_rounds=1, preflight_prompts=2, preflight="warn",
                            max_new_tokens=4, reward_workers=0, threads=1, device="cpu", save_model=False),
                run_dir=tmp_path / "api", progress=False)
@@ -200,7 +189,7 @@ def test_grpo_train_in_python_says_the_same_data_lines_as_the_command(tmp_path, 
 
 
 @pytest.mark.model
-def test_a_run_on_a_file_with_copies_of_held_out_prompts_counts_them(tmp_path, tiny_model, capsys):
+def test_a_run_on_a_file_with_copies_of_held_out_prompts_counts_them(tmp_path, tiny_model_folder, capsys):
     """One file, 20 distinct prompts, 2 of the 10 held out written twice more (case and spacing changed): the
     copies leave training, summary.json counts them, the run says so."""
     from grpo.tasks import load_rows
@@ -210,7 +199,7 @@ def test_a_run_on_a_file_with_copies_of_held_out_prompts_counts_them(tmp_path, t
     copies = [{"question": f" {r['question'].lower()}  ", "answer": r["answer"]} for r in held[:2]]
     data = write_jsonl(tmp_path / "dups.jsonl", [*base, *copies])
     run = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--model", str(tiny_model), "--output", str(run), "--eval-size", "10",
+    assert main(["train", "--data", str(data), "--model", str(tiny_model_folder), "--output", str(run), "--eval-size", "10",
                  *QUICK]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"data: {data} split train, 22 rows; held out: 10 of its prompts, split off (never trained on)"
@@ -241,12 +230,12 @@ def test_eval_and_check_reward_read_the_same_configurations_and_splits(hub_folde
 
 
 @pytest.mark.model
-def test_grpo_data_shows_splits_prompts_answers_and_the_gold_audit(tmp_path, tiny_model, capsys):
+def test_grpo_data_shows_splits_prompts_answers_and_the_gold_audit(tmp_path, tiny_model_folder, capsys):
     folder = tmp_path / "gsm"
     write_jsonl(folder / "train.jsonl", [{"question": "Ann has 3 apples and buys 4. How many?",
                                           "answer": "3 + 4 = 7\n#### 7"}, *rows("What is", 5)])
     write_jsonl(folder / "test.jsonl", [{"question": "what is  0 + 1?", "answer": "1"}, *rows("How much is", 2)])
-    assert main(["data", "--data", str(folder), "--model", str(tiny_model)]) == 0
+    assert main(["data", "--data", str(folder), "--model", str(tiny_model_folder)]) == 0
     out = capsys.readouterr().out
     assert f"data: {folder} split train, 6 rows; held out: {folder} split test, first 3 rows" in out
     assert "data: 1 training rows removed" in out and "test 3, train 6 rows" in out

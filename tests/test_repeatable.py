@@ -20,17 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from conftest import make_model, make_tokenizer
-
-    place = tmp_path_factory.mktemp("model")
-    tokenizer = make_tokenizer()
-    make_model(len(tokenizer), seed=5).save_pretrained(place)
-    tokenizer.save_pretrained(place)
-    return place
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "sums.jsonl"
     path.write_text("".join(json.dumps({"question": f"What is {i} + {i % 7}?", "answer": str(i + i % 7)}) + "\n"
@@ -38,8 +27,8 @@ def data(tmp_path_factory) -> Path:
     return path
 
 
-def command(tiny_model: Path, data: Path, run: Path, *extra: str, threads: bool = True) -> list[str]:
-    return ["train", "--data", str(data), "--model", str(tiny_model), "--output", str(run), "--eval-size", "8",
+def command(tiny_model_folder: Path, data: Path, run: Path, *extra: str, threads: bool = True) -> list[str]:
+    return ["train", "--data", str(data), "--model", str(tiny_model_folder), "--output", str(run), "--eval-size", "8",
             "--eval-subset", "8", "--eval-train", "4", "--prompts-per-step", "2", "--preflight-prompts", "2",
             "--reward-workers", "0", "--device", "cpu", "--no-progress", *(["--threads", "1"] if threads else []),
             "--preflight", "warn", *extra]
@@ -71,10 +60,10 @@ def same_run(a: Path, b: Path) -> None:
     assert left.keys() == right.keys() and all(torch.equal(left[k], right[k]) for k in left)
 
 
-def test_two_processes_of_one_command_give_the_same_run(tmp_path, tiny_model, data):
+def test_two_processes_of_one_command_give_the_same_run(tmp_path, tiny_model_folder, data):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for name in ("a", "b"):
-        args = command(tiny_model, data, tmp_path / name, "--steps", "6", "--max-new-tokens", "8",
+        args = command(tiny_model_folder, data, tmp_path / name, "--steps", "6", "--max-new-tokens", "8",
                        "--group-size", "4", "--eval-every", "2")
         subprocess.run([sys.executable, "-m", "grpo", *args], check=True, env=env, capture_output=True, timeout=600)
     same_run(tmp_path / "a", tmp_path / "b")
@@ -83,7 +72,7 @@ def test_two_processes_of_one_command_give_the_same_run(tmp_path, tiny_model, da
     assert set(summary["environment"]) == {"torch_threads", "torch", "transformers", "cpu_capability", "machine"}
 
 
-def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tmp_path, tiny_model, data, capsys,
+def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tmp_path, tiny_model_folder, data, capsys,
                                                                             monkeypatch):
     # a --data run with no --steps has a time budget: the pre-flight's pace (here a fixed one, slow enough
     # that 0.02 minutes fit no step) sets the step budget's amendments, the clock (here one spent after step 6)
@@ -99,7 +88,7 @@ def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tm
     preflight = trainer_module.run_preflight
     monkeypatch.setattr(trainer_module, "run_preflight", slow)
     stop_at(monkeypatch, 6)
-    assert main(command(tiny_model, data, tmp_path / "timed", "--minutes", "0.02", threads=False)) == 0
+    assert main(command(tiny_model_folder, data, tmp_path / "timed", "--minutes", "0.02", threads=False)) == 0
     out = capsys.readouterr().out
     summary = json.loads((tmp_path / "timed" / "summary.json").read_text())
     repeat = summary["repeat"]
@@ -114,7 +103,7 @@ def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tm
     assert len(measured) == 1 and "the clock ends the run (0.02 minutes)" in measured[0]
     assert f"torch uses {torch.get_num_threads()} threads" in measured[0]
     options = next(line for line in out.splitlines() if line.startswith("repeat it step for step: "))
-    assert main(command(tiny_model, data, tmp_path / "again", "--minutes", "0.02",
+    assert main(command(tiny_model_folder, data, tmp_path / "again", "--minutes", "0.02",
                         *options.removeprefix("repeat it step for step: ").split(), threads=False)) == 0
     same_run(tmp_path / "timed", tmp_path / "again")
     rows = metrics_lines(tmp_path / "again")
@@ -193,3 +182,19 @@ def test_a_timed_run_ends_within_its_budget_whatever_its_evaluations_cost(tmp_pa
     assert summary["out_of_time"] and summary["steps"] == 3 and summary["train_seconds"] == 5.5
     assert [start - 2.0 for start in began] == [0.5, 3.0]  # into the budget, which starts after the first
     assert all(start - 2.0 + 2.0 + 0.5 <= 6.0 for start in began)  # each left room for itself and a step
+
+
+def test_evaluations_change_no_training_row_nor_weight(tmp_path):
+    # issue 52: two runs of one command parted at step 5, the first step after the first interim evaluation.
+    # Evaluations draw from streams of their own (grpo/streams.py, step 0) and leave the model as they found
+    # it, so a run evaluated every step trains what a run evaluated only at its start and end does
+    training = {}
+    for every in (1, -1):
+        trainer = tiny_trainer(steps=6, eval_every=every, filter_groups=True, temperature=0.7, max_new_tokens=8)
+        trainer.train(tmp_path / str(every))
+        rows = [row for row in metrics_lines(tmp_path / str(every)) if "reward_mean" in row]
+        training[every] = ([{k: v for k, v in row.items() if "heldout" not in k and "train_sample" not in k}
+                            for row in rows], params(trainer))
+    (rows_a, weights_a), (rows_b, weights_b) = training[1], training[-1]
+    assert len(rows_a) == 6 and rows_a == rows_b
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)

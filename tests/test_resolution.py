@@ -370,18 +370,12 @@ def test_the_docs_resume_example_trains_on_to_its_new_limit_after_a_budget_stop(
     """docs/checkpoints.md: `grpo train --resume runs/<run> --steps 60` runs on to step 60. A run stopped
     by its time budget, resumed with --steps, trains to that step (the saved seconds used to count against
     the old budget, and it stopped again after one step); --minutes on resume is that long from the resume."""
-    from conftest import make_model, make_tokenizer
+    from tiny_run import config_trainer
 
     from grpo.cli.train import _resume_config
-    from grpo.process import setup_process
-    from grpo.trainer import GRPOTrainer
 
     def run(config, *, resumed=None):
-        tokenizer = make_tokenizer()
-        setup_process(config)
-        model = make_model(len(tokenizer), seed=3)
-        trainer = GRPOTrainer(resolve_run(config, model=model, processes=1, resumed=resumed), model=model,
-                              tokenizer=tokenizer, progress=False)
+        trainer = config_trainer(config, resumed=resumed)
         try:
             return trainer.train(tmp_path / "run", resume=resumed is not None)
         finally:
@@ -527,11 +521,9 @@ def test_a_files_batch_size_gives_prompts_per_step_with_the_files_source(name, t
 def test_a_resumed_run_from_a_trl_file_counts_only_the_files_keys_as_given(tmp_path, monkeypatch):
     """TRL's defaults a TRL file fills are saved with the source trl: resumed, they are not given (saved as
     file, they were counted with the keys the user wrote)."""
-    from conftest import make_model, make_tokenizer
+    from tiny_run import config_trainer
 
     from grpo.cli.train import _resume_config
-    from grpo.process import setup_process
-    from grpo.trainer import GRPOTrainer
 
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
     path = tmp_path / "trl.yaml"
@@ -541,11 +533,7 @@ def test_a_resumed_run_from_a_trl_file_counts_only_the_files_keys_as_given(tmp_p
         ["train", "--config", str(path), *flags, "--no-save-model", "--preflight", "off", "--max-new-tokens", "8"]))
     cli = {k for k, v in origin.items() if v == "cli"}
     assert config.given == {"lr"} | cli
-    tokenizer = make_tokenizer()
-    setup_process(config)
-    model = make_model(len(tokenizer), seed=3)
-    trainer = GRPOTrainer(resolve_run(config, model=model, processes=1, origin=origin), model=model,
-                          tokenizer=tokenizer, progress=False)
+    trainer = config_trainer(config, origin=origin)
     try:
         trainer.train(tmp_path / "run")
     finally:

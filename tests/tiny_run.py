@@ -44,6 +44,16 @@ def tiny_trainer(reward=count_a, **kw) -> GRPOTrainer:
                        progress=False)
 
 
+def config_trainer(config: TrainConfig, **resolved) -> GRPOTrainer:
+    """A trainer of the tiny model for ``config``, resolved for one process with ``resolved``'s arguments
+    (``origin``, ``resumed``: the sources of a parsed command line, of a resumed run)."""
+    tokenizer = make_tokenizer()
+    setup_process(config)
+    model = make_model(len(tokenizer), seed=3)
+    return GRPOTrainer(resolve_run(config, model=model, processes=1, **resolved), model=model, tokenizer=tokenizer,
+                       progress=False)
+
+
 def params(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
