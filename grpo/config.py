@@ -61,7 +61,8 @@ SCALED = ("grpo", "passk")  # the estimators that read scale
 USER_SOURCES = ("cli", "file", "python", "resume")
 # trl: TRL's default for a key a TRL config file leaves unset; it stands (nothing fills or amends it) but is not given
 STANDING = (*USER_SOURCES, "trl")
-SOURCES = (*STANDING, "task", "data", "objective", "preflight", "memory", "default")
+# model: what the model's files say before its weights load (prompt_format auto); tokenizer: what a tokenizer says
+SOURCES = (*STANDING, "task", "data", "objective", "model", "tokenizer", "preflight", "memory", "default")
 
 
 class ConfigError(ValueError):

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,18 +245,28 @@ def is_adapter_folder(name: str) -> bool:
     return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
 
 
-def folder_has_chat_template(name: str) -> bool | None:
+def model_has_chat_template(name: str) -> bool | None:
+    """Whether the model's tokenizer holds a chat template, read from its files before any weight loads: the
+    GGUF header's ``tokenizer.chat_template`` (a .gguf file, the embedded model's), a folder's tokenizer files,
+    a hub id's in the local hub cache (nothing is downloaded here). None where no file tells."""
+    path = Path(name).expanduser()
+    if name == EMBEDDED or path.suffix == ".gguf":
+        try:
+            return bool(gguf_string(embedded_gguf() if name == EMBEDDED else path, "tokenizer.chat_template"))
+        except (OSError, ValueError, KeyError, struct.error):  # ModelError too: check_model names it
+            return None
+    if path.is_dir():
+        return folder_has_chat_template(path, name)
+    return _hub_has_chat_template(name)
+
+
+def folder_has_chat_template(folder: Path, name: str) -> bool | None:
     """Whether a model folder's tokenizer files hold a chat template (tokenizer_config.json's chat_template,
-    or a chat_template.jinja/.json beside it), read before anything loads; None where the files do not
-    tell cheaply (a hub id, a GGUF not yet converted). An adapter folder without tokenizer files: its base's."""
-    folder = Path(name).expanduser()
-    if name == EMBEDDED:
-        folder = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-    if not folder.is_dir():
-        return None
+    or a chat_template.jinja/.json beside it, as transformers 5 writes). An adapter folder without tokenizer
+    files: its base's."""
     if is_adapter_folder(name) and not (folder / "tokenizer_config.json").is_file():
         try:
-            return folder_has_chat_template(adapter_base(folder, name))
+            return model_has_chat_template(adapter_base(folder, name))
         except ModelError:
             return None
     if any((folder / f).is_file() for f in ("chat_template.jinja", "chat_template.json")):
@@ -265,6 +276,67 @@ def folder_has_chat_template(name: str) -> bool | None:
     except (OSError, ValueError):
         return None
     return bool(found.get("chat_template")) if isinstance(found, dict) else None
+
+
+def _hub_has_chat_template(name: str) -> bool | None:
+    """A hub id's tokenizer files as the local hub cache holds them (None: not cached, or not a hub id)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        files = {f: try_to_load_from_cache(name, f) for f in ("tokenizer_config.json", "chat_template.jinja")}
+    except ValueError:  # not a repository id
+        return None
+    if isinstance(files["chat_template.jinja"], str):
+        return True
+    if not isinstance(files["tokenizer_config.json"], str):
+        return None
+    return folder_has_chat_template(Path(files["tokenizer_config.json"]).parent, name)
+
+
+GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type: bytes
+GGUF_STRING, GGUF_ARRAY = 8, 9
+
+
+def gguf_string(path: Path, key: str) -> str | None:
+    """A string in a GGUF file's metadata, read from its header alone (gguf.GGUFReader maps every tensor's
+    description too: seconds on the embedded model). ValueError for a file that is not GGUF v2 or later."""
+    import mmap
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        magic, version, _, count = struct.unpack_from("<4sIQQ", data, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{path} is not a GGUF v2+ file")
+        at = 24
+
+        def string() -> str:
+            nonlocal at
+            (size,) = struct.unpack_from("<Q", data, at)
+            at += 8 + size
+            return data[at - size:at].decode("utf-8", "replace")
+
+        def skip(kind: int) -> None:
+            nonlocal at
+            if kind == GGUF_STRING:
+                string()
+            elif kind == GGUF_ARRAY:
+                inner, items = struct.unpack_from("<IQ", data, at)
+                at += 12
+                if inner in GGUF_SIZES:
+                    at += GGUF_SIZES[inner] * items
+                else:
+                    for _ in range(items):
+                        skip(inner)
+            else:
+                at += GGUF_SIZES[kind]
+
+        for _ in range(count):
+            name = string()
+            (kind,) = struct.unpack_from("<I", data, at)
+            at += 4
+            if name == key:
+                return string() if kind == GGUF_STRING else None
+            skip(kind)
+    return None
 
 
 def adapter_folder_rank(name: str) -> int:

@@ -13,7 +13,8 @@
   so a completion starts inside the reasoning and ends at ``</answer>``. Its
   reward is the task's checker, or 0.1 for a wrong answer in the right layout
   (TinyZero's format score; see :func:`r1_zero_reward`).
-- ``auto``: ``chat`` when the tokenizer has a chat template, else ``plain``.
+- ``auto``: ``chat`` when the tokenizer has a chat template, else ``plain``; settled
+  from the model's files before anything loads (:func:`format_settled`).
 
 Every prompt of a run is rendered here (:func:`encode_prompts`): the
 training and held-out prompts, ``grpo eval``'s, an episode's opening. The
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo.config import PROMPT_FORMATS as FORMATS
-from grpo.config import ConfigError, TrainConfig
+from grpo.config import STANDING, ConfigError, TrainConfig
 from grpo.rewards.basic import r1_zero_format
 
 if TYPE_CHECKING:
@@ -146,10 +147,32 @@ def read_template(path: str) -> str:
     return text
 
 
-def settle_format(config: TrainConfig, tokenizer: object) -> tuple[PromptFormat, TrainConfig]:
-    """The run's format, and the config with it named (auto resolved) and its stop strings added."""
-    fmt = prompt_format(tokenizer, config.prompt_format, config.chat_template)
-    return fmt, replace(config, prompt_format=fmt.name, stop=fmt.stops(config.stop))
+def format_settled(config: TrainConfig, sources: Mapping[str, str], chat: bool | None, source: str
+                   ) -> tuple[TrainConfig, dict[str, str]]:
+    """The config with its prompt format settled, and the sources saying where it came from: auto decided
+    (chat with a chat_template file; else chat when the model's tokenizer has a chat template, plain when it
+    has none, as ``source`` read it) and the format's stop strings joined to ``stop`` (after the user's own,
+    whose source stays theirs). Unchanged while auto waits on a tokenizer (``chat`` None: no file told) and
+    for a config settled already (a resumed run's)."""
+    name, sources = config.prompt_format, dict(sources)
+    if name == "auto" and not config.chat_template and chat is None:
+        return config, sources
+    if name == "auto":
+        name = "chat" if config.chat_template or chat else "plain"
+        sources["prompt_format"] = sources.get("chat_template", source) if config.chat_template else source
+    stop = PromptFormat(name).stops(config.stop)
+    if stop != config.stop and sources.get("stop") not in STANDING:
+        sources["stop"] = source if name != config.prompt_format else "default"
+    return replace(config, prompt_format=name, stop=stop), sources
+
+
+def loaded_format(config: TrainConfig, sources: Mapping[str, str], tokenizer: object
+                  ) -> tuple[PromptFormat, TrainConfig, dict[str, str]]:
+    """The run's format, built from the config resolution settled; where no file told before the model loaded
+    (a hub id not in the local cache, a model object given without its tokenizer), auto is settled now from the
+    loaded tokenizer (source tokenizer)."""
+    config, sources = format_settled(config, sources, has_chat_template(tokenizer), "tokenizer")
+    return prompt_format(tokenizer, config.prompt_format, config.chat_template), config, sources
 
 
 def encode_prompts(tokenizer: object, messages: Sequence[Messages], fmt: PromptFormat | None = None) -> list[list[int]]:

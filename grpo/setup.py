@@ -33,9 +33,9 @@ from grpo.config import (
 from grpo.distributed import Policy, World, full_state_dict, shard_policy
 from grpo.episodes import Agent
 from grpo.interrupt import RunStopped
-from grpo.models import add_lora, check_model, folder_has_chat_template, load_policy, trains_adapter
+from grpo.models import add_lora, check_model, load_policy, model_has_chat_template, trains_adapter
 from grpo.preflight import PreflightReport, mean_tokens
-from grpo.prompts import config_task, format_task, has_chat_template
+from grpo.prompts import config_task, format_settled, format_task, has_chat_template
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
@@ -80,7 +80,8 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
                 model: nn.Module | None = None, processes: int | None = None, origin: Mapping[str, str] | None = None,
                 resumed: Mapping[str, str] | None = None, tokenizer: object | None = None) -> RunSetup:
     """The one setup path of `grpo train`, `grpo preflight` and grpo.train(): the configuration resolved
-    once (grpo.config.resolve_config; ``origin``: where each given option came from, cli or file), the task
+    once (grpo.config.resolve_config; ``origin``: where each given option came from, cli or file; the prompt
+    format auto from the model's files, grpo.prompts.format_settled), the task
     and the rewards, and every refusal that depends only on the options, the task, the model's files and the
     number of ``processes`` (torchrun's WORLD_SIZE when not given), each one line (ConfigError,
     RewardError, TaskError) before a model loads or a worker forks. ``model``, when given, stands for the
@@ -99,7 +100,9 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
     adapter = config_trains_adapter(config) if model is None else config.lora_rank > 0 or trains_adapter(model)
     turns = bool(config.env or config.tools not in ("", "none") or getattr(task, "env", None) or getattr(task, "tools", ()))
     chat = has_chat_template(tokenizer) if tokenizer is not None else \
-        folder_has_chat_template(config.model) if model is None else None
+        model_has_chat_template(config.model) if model is None else None
+    if resumed is None:  # prompt_format auto, as the model's files (or the tokenizer given) decide, and its stops
+        config, sources = format_settled(config, sources, chat, "model" if tokenizer is None else "tokenizer")
     # the combinations not built (grpo/combinations.py), before the user's files import or the sandbox is probed
     refuse_unbuilt(config, processes, adapter=adapter, turns=turns, chat=chat)
     check_teacher(config, processes, resumed=resumed is not None)
@@ -294,7 +297,7 @@ def pending_amendments(run: RunSetup) -> list[str]:
         out.append(f"{', '.join(names)}: lowered by the step budget if fewer than {MIN_STEPS} steps fit in "
                    f"{config.minutes:g} minutes")
     if config.prompt_format == "auto":
-        out.append("prompt_format: chat if the tokenizer has a chat template, else plain")
+        out.append("prompt_format: chat if the loaded tokenizer has a chat template, else plain (no file told)")
     if config.temperature_target:
         out.append("temperature: adapted after each step towards temperature_target (the run's state, "
                    "not its configuration)")

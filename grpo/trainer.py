@@ -53,7 +53,7 @@ from grpo.memory_check import say_measured_memory
 from grpo.models import save_model
 from grpo.preflight import PreflightReport, preflight_summary, run_preflight
 from grpo.process import gpu_autocast, pick_device
-from grpo.prompts import format_task, run_prompts, settle_format
+from grpo.prompts import format_task, loaded_format, run_prompts
 from grpo.repeat import environment, measured_line, repeat_options
 from grpo.run_state import RunState, Saving, TimeBudget, checkpoint_or_stop, restore
 from grpo.sampler import DrawCounts, FrontierSampler, UniformSampler, make_sampler
@@ -125,8 +125,8 @@ class GRPOTrainer:
         self.device = self.world.device if self.world.size > 1 else pick_device(config.device)
         # loaded on the CPU: build_policy moves it (under FSDP, its shards) once the tool workers have forked
         model, self.tokenizer = load_model(config, torch.device("cpu"), model, tokenizer)
-        # how rows become prompt tokens: the config names the format (auto resolved) and gains its stop strings
-        self.prompt_format, config = settle_format(config, self.tokenizer)
+        # how rows become prompt tokens: the format resolve_run settled (auto only where no file told: settled now)
+        self.prompt_format, config, self.sources = loaded_format(config, self.sources, self.tokenizer)
         # None: single-turn (the one-turn episode is plain sampling); its tool workers fork before CUDA starts
         self.agent, self.toolbox = make_agent(config, self.task, self.tokenizer, tools=tools, env=env)
         use_device(self.device)  # the run's first CUDA call, after every worker pool has forked

@@ -403,3 +403,47 @@ def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkey
         main(["eval", "--model", str(run / "model"), "--task", "add", "--eval-size", "4", "--samples", "2",
               "--k", "1", "--max-new-tokens", "4", "--no-progress", *given])
     assert seen["temperature"] == pytest.approx(expected)
+
+
+def test_grpo_eval_of_a_run_uses_the_format_its_model_files_settled(tmp_path, monkeypatch):
+    """A run whose model folder has no chat template resolves to plain (source model) before anything loads;
+    grpo eval of its model renders the run's plain prompts, with its stops, even with a tokenizer that has a
+    chat template."""
+    from tiny_run import tiny_config
+
+    import grpo.evaluate
+    from grpo.cli import main
+    from grpo.process import setup_process
+    from grpo.setup import resolve_run
+    from grpo.trainer import GRPOTrainer
+
+    folder = tmp_path / "base"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    config = tiny_config(model=str(folder), task="add")
+    setup_process(config)
+    tokenizer = make_tokenizer()  # it has a chat template; the run's files said plain
+    model = make_model(len(tokenizer))
+    run = resolve_run(config, processes=1)
+    trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    assert (trainer.config.prompt_format, trainer.sources["prompt_format"]) == ("plain", "model")
+    saved = tmp_path / "run"
+    (saved / "model").mkdir(parents=True)
+    (saved / "config.json").write_text(json.dumps({**trainer.config.to_dict(), "sources": trainer.sources}))
+    seen = {}
+
+    def evaluate(model, tokenizer, prompts, rows, reward, **kw):
+        seen.update(prompts=prompts, stop=kw["stop_strings"])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy",
+                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": trainer.model})())
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", str(saved / "model"), "--task", "add", "--eval-size", "4", "--samples", "0",
+              "--device", "cpu"])
+    trainer.close()
+    assert seen["prompts"] == trainer.heldout_prompts[:4] and seen["stop"] == ("\n", "Question:")
+    assert tokenizer.decode(seen["prompts"][0]).endswith("Answer:")

@@ -13,11 +13,11 @@ from grpo.prompts import (
     PromptFormat,
     encode_prompts,
     format_task,
+    loaded_format,
     plain_text,
     prompt_format,
     r1_zero_reward,
     r1_zero_text,
-    settle_format,
 )
 from grpo.rewards import final_number
 from grpo.tasks import Task
@@ -82,12 +82,12 @@ def test_encode_prompts_without_a_format_never_needs_a_template():
     assert tokenizer.decode(ids) == "Be exact.\n\nQuestion: What is 2 + 3?\nAnswer:"
 
 
-def test_settle_format_names_the_format_and_adds_its_stops():
-    fmt, config = settle_format(TrainConfig(stop=("!",)), bare_tokenizer())
-    assert fmt.name == config.prompt_format == "plain"
-    assert config.stop == ("!", "\n", "Question:")
-    _, again = settle_format(config, bare_tokenizer())  # a resumed run's settled config: unchanged
-    assert again == config
+def test_a_format_no_file_told_is_settled_from_the_loaded_tokenizer_with_its_stops():
+    fmt, config, sources = loaded_format(TrainConfig(stop=("!",)), {"stop": "python"}, bare_tokenizer())
+    assert fmt.name == config.prompt_format == "plain" and sources["prompt_format"] == "tokenizer"
+    assert config.stop == ("!", "\n", "Question:") and sources["stop"] == "python"  # the user's strings stand
+    _, again, same = loaded_format(config, sources, bare_tokenizer())  # a resumed run's settled config: unchanged
+    assert (again, same) == (config, sources)
 
 
 def test_few_shot_examples_come_from_training_rows_that_are_then_left_out():

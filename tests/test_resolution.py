@@ -165,7 +165,7 @@ def _resolved(how, name, value, beside, tmp_path, monkeypatch):
 def test_every_option_given_stands_the_same_three_ways(name, value, beside, tmp_path, monkeypatch):
     """Given on the command line, in a config file or to TrainConfig, an option's value resolves to the same
     configuration; the value stands exactly (at its default too), or all three refuse it in one line naming
-    it. (A documented "automatic" value, 0 or "", still means automatic.)"""
+    it. (A documented "automatic" value, 0 or "", or prompt_format auto, still means automatic.)"""
     results = [_resolved(how, name, value, beside, tmp_path, monkeypatch) for how in ("cli", "file", "python")]
     results = [r for r in results if r is not None]
     assert all(r == results[0] for r in results), f"{name}={value!r}: {results}"
@@ -175,7 +175,9 @@ def test_every_option_given_stands_the_same_three_ways(name, value, beside, tmp_
         return
     values, sources = outcome
     automatic = value in (0, "") and not isinstance(value, bool) and name != "minutes"
-    if not automatic:
+    if name == "prompt_format" and value == "auto":  # the model's files decide it (source model)
+        assert (values[name], sources[name]) == ("chat", "model")
+    elif not automatic:
         assert values[name] == (list(value) if isinstance(value, tuple) else value), f"{name}={value!r}"
         assert sources[name] == "user"
 
@@ -581,3 +583,72 @@ def test_a_tokenizer_given_without_a_model_is_the_one_the_run_uses(monkeypatch):
                         lambda name, device: types.SimpleNamespace(model="the model", tokenizer=loaded))
     assert load_model(TrainConfig(), torch.device("cpu"), None, mine) == ("the model", mine)
     assert load_model(TrainConfig(), torch.device("cpu"), None, None) == ("the model", loaded)
+
+
+# ---- prompt_format auto: settled from the model's files, before anything loads ----
+
+def _tiny_folder(tmp_path, *, chat: bool) -> str:
+    """A model folder of the tests' tiny model whose tokenizer_config.json has a chat template or not (weights
+    that are not weights: nothing may open them)."""
+    from conftest import make_tokenizer
+
+    folder = tmp_path / ("chat" if chat else "base")
+    folder.mkdir()
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 103}
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}
+    if chat:
+        tokenizer["chat_template"] = make_tokenizer().chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    (folder / "model.safetensors").write_bytes(b"not weights: never opened")
+    return str(folder)
+
+
+@pytest.fixture
+def no_weights(monkeypatch, nothing_loads):
+    """nothing_loads, and transformers' from_pretrained and the GGUF conversion refused too."""
+    import transformers
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("weights loaded to settle the prompt format")
+
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer, transformers.PreTrainedModel):
+        monkeypatch.setattr(cls, "from_pretrained", forbidden)
+    monkeypatch.setattr("grpo.models._convert_gguf", forbidden)
+
+
+def test_the_embedded_model_resolves_to_chat_from_its_gguf_header(no_weights, tmp_path, monkeypatch):
+    """The default run's prompt format is chat, from the embedded GGUF's tokenizer.chat_template, with source
+    model: read before any weight (the converted folder in the cache is out of reach, so the header tells)."""
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "empty-cache"))
+    run = resolve_run(TrainConfig(), processes=1)
+    assert (run.config.prompt_format, run.sources["prompt_format"]) == ("chat", "model")
+    assert (run.config.stop, run.sources["stop"]) == ((), "default")
+
+
+def test_a_folder_without_a_chat_template_resolves_to_plain_with_its_stops(no_weights, tmp_path):
+    run = resolve_run(TrainConfig(model=_tiny_folder(tmp_path, chat=False)), processes=1)
+    assert (run.config.prompt_format, run.sources["prompt_format"]) == ("plain", "model")
+    assert (run.config.stop, run.sources["stop"]) == (("\n", "Question:"), "model")
+    chat = resolve_run(TrainConfig(model=_tiny_folder(tmp_path, chat=True)), processes=1)
+    assert (chat.config.prompt_format, chat.sources["prompt_format"]) == ("chat", "model")
+
+
+def test_a_given_format_and_stop_stand_on_a_chat_model(no_weights, capsys, monkeypatch):
+    """--prompt-format plain on the (chat) embedded model stands, its stops settled at resolution after the
+    user's own --stop, which keeps its source; --dry-run shows each with its source."""
+    code, out = _dry_run(["--prompt-format", "plain", "--stop", "END"], capsys, monkeypatch)
+    lines = [line.split() for line in out.out.splitlines()]
+    assert code == 0 and ["prompt_format", '"plain"', "(cli)"] in lines
+    assert ["stop", '["END",', '"\\n",', '"Question:"]', "(cli)"] in lines
+    code, out = _dry_run([], capsys, monkeypatch)
+    assert code == 0 and ["prompt_format", '"chat"', "(model)"] in [line.split() for line in out.out.splitlines()]
+    assert "prompt_format:" not in out.out  # nothing left to settle once the model loads
+
+
+def test_a_resumed_run_keeps_its_settled_format(no_weights, tmp_path):
+    """A resumed run's saved configuration is not settled again: plain on the chat model stays, as saved."""
+    saved = TrainConfig(prompt_format="plain", stop=("\n", "Question:"))
+    run = resolve_run(saved, processes=1, resumed={"prompt_format": "model", "stop": "model"})
+    assert (run.config.prompt_format, run.config.stop, run.sources["prompt_format"]) == (
+        "plain", ("\n", "Question:"), "model")

@@ -231,7 +231,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from grpo.models import check_model, load_policy
     from grpo.process import gpu_autocast, pick_device
     from grpo.progress import eval_progress
-    from grpo.prompts import run_prompts, run_task, settle_format
+    from grpo.prompts import loaded_format, run_prompts, run_task
     from grpo.rewards import combine_rewards
 
     _check_eval_size(args)
@@ -248,7 +248,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     given_reward = _eval_reward(args, task)  # a bad --rewards: one line, before the model
     device = pick_device(args.device)
     policy = load_policy(args.model, device="cpu")  # on the CPU until the reward and tool workers have forked (no CUDA yet)
-    _, shaped = settle_format(config, policy.tokenizer)
+    _, shaped, _ = loaded_format(config, {}, policy.tokenizer)  # the run's format; auto: the model's
     task = run_task(shaped, task=task)
     # in workers with a time limit, as in training: a checker that hangs on a completion scores it 0
     reward = combine_rewards([given_reward or task.reward], workers=2, timeout=args.reward_timeout)
