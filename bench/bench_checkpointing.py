@@ -47,10 +47,10 @@ def current_rss() -> int:
 
 def one_way(args: argparse.Namespace) -> dict:
     """In this process: the pass ``args.repeats`` times, checkpointing as ``args.checkpointing`` says."""
-    from grpo.logprobs import rollout_logprobs
+    from grpo.learning.logprobs import rollout_logprobs
     from grpo.models import load_policy
-    from grpo.prompts import encode_prompts
-    from grpo.rollout import Rollout
+    from grpo.sampling.prompts import encode_prompts
+    from grpo.sampling.rollout import Rollout
     from grpo.tasks import get_task
 
     torch.set_num_threads(args.threads)

@@ -13,7 +13,7 @@ other jobs add little), on ``--threads`` threads (1 by default), the two sides
 alternating ``--repeats`` times after one warm-up pair; the process's heap is set
 as a training process sets it (``heap_release_mb`` = 1), and transformers'
 ``generate`` runs inside the same heap scope as the own engine's turns
-(grpo/heap.py), as a TRL process's glibc keeps its freed blocks too. Prints, per
+(grpo/system/heap_settings.py), as a TRL process's glibc keeps its freed blocks too. Prints, per
 batch and side, ms per generated token per row (CPU seconds / rows / tokens)
 and ms per decode step; the ratio; where the own engine's time goes (its
 functions timed by wrappers: the decoder's forward, the fp32 output layer,
@@ -37,11 +37,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import prompt_rows  # noqa: E402
 
-import grpo.rollout as rollout  # noqa: E402
-from grpo.heap import release_freed_memory, reuse_freed_memory  # noqa: E402
+import grpo.sampling.rollout as rollout  # noqa: E402
+from grpo.system.heap_settings import release_freed_memory, reuse_freed_memory  # noqa: E402
 from grpo.models import load_policy  # noqa: E402
-from grpo.prompts import prompt_format  # noqa: E402
-from grpo.streams import stream_keys  # noqa: E402
+from grpo.sampling.prompts import prompt_format  # noqa: E402
+from grpo.sampling.random_streams import stream_keys  # noqa: E402
 
 PARTS = {  # the own engine's functions timed, and what each is
     "decode": "decoder forward (decode steps)",

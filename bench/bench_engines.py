@@ -33,11 +33,11 @@ import time
 
 import torch
 
-from grpo.evaluate import encode_prompts
+from grpo.sampling.evaluate import encode_prompts
 from grpo.models import add_lora, load_policy
-from grpo.rollout import generate
-from grpo.streams import stream_keys
-from grpo.vllm_engine import VLLMEngine
+from grpo.sampling.rollout import generate
+from grpo.sampling.random_streams import stream_keys
+from grpo.sampling.vllm_engine import VLLMEngine
 
 TOPICS = ("the history of the bicycle", "how bread is made", "the water cycle", "a lighthouse keeper's day",
           "why the sky is blue", "the rules of chess", "a journey by train", "how bees make honey")

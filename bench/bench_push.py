@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from grpo.logprobs import rollout_logprobs
+from grpo.learning.logprobs import rollout_logprobs
 from grpo.models import load_policy
-from grpo.rollout import Rollout
-from grpo.vllm_engine import VLLMEngine
+from grpo.sampling.rollout import Rollout
+from grpo.sampling.vllm_engine import VLLMEngine
 
 
 def folder_bytes(folder: Path, skip: set[str]) -> int:

@@ -6,7 +6,7 @@ calculator, so its episodes have several turns: the call, the calculator's
 result, the answer; up to 3 turns of at most 32 tokens), greedy,
 so that both ways sample the same episodes; each way runs the same prompts,
 taking turns, ``--repeats`` times, and the best time counts. "continued" is the
-trainer's way (grpo/episodes.py: the environment's tokens are run onto each
+trainer's way (grpo/sampling/episodes.py: the environment's tokens are run onto each
 episode's cache); "re-encoded" encodes prompt and transcript from the start
 before every turn (``Agent.reencode``). Prints a table and, last, one JSON line.
 
@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from grpo.episodes import Agent, ToolEnv, template_features
+from grpo.sampling.episodes import Agent, ToolEnv, template_features
 from grpo.models import load_policy
 from grpo.tasks import get_task
 from grpo.tasks.calc import EXAMPLE
-from grpo.tools import ToolBox
+from grpo.sampling.tools import ToolBox
 
 
 def run(agent: Agent, policy: object, rows: list, group_size: int) -> tuple[float, object]:

@@ -4,7 +4,7 @@
         [--group-size 8] [--max-new-tokens 96] [--temperature 0.7] [--repeats 2] [--threads 2]
 
 The same ``--prompts`` prompts of the file (its first rows, its ``question`` or ``prompt`` field in the
-model's chat template), sampled by the own engine (grpo/rollout.py ``generate``, inside the reordered
+model's chat template), sampled by the own engine (grpo/sampling/rollout.py ``generate``, inside the reordered
 weights and heap scope a training step samples in) once in one round and once in rounds of
 ``--per-round`` prompts, each row ending at end-of-turn or the token limit, the two alternating
 ``--repeats`` times with other prompts each time. Prints wall seconds, tokens and each round's longest
@@ -21,11 +21,11 @@ import time
 
 import torch
 
-from grpo.heap import reuse_freed_memory
+from grpo.system.heap_settings import reuse_freed_memory
 from grpo.models import load_policy
-from grpo.packed import packed_linears
-from grpo.rollout import generate
-from grpo.streams import stream_keys
+from grpo.sampling.packed_linear import packed_linears
+from grpo.sampling.rollout import generate
+from grpo.sampling.random_streams import stream_keys
 
 
 def prompt_ids(tokenizer: object, path: str, n: int) -> list[list[int]]:

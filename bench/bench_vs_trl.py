@@ -216,12 +216,12 @@ def run_ours(work: Workload, chan: Channel) -> None:
     import torch
 
     from grpo.config import TrainConfig
-    from grpo.process import setup_process
+    from grpo.run.process_setup import setup_process
     from grpo.rewards.basic import final_number
-    from grpo.sampler import UniformSampler
-    from grpo.setup import resolve_run
+    from grpo.sampling.prompt_samplers import UniformSampler
+    from grpo.run.build import resolve_run
     from grpo.tasks import Task
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.trainer import GRPOTrainer
 
     torch.set_num_threads(work.threads)
     clock = PhaseClock()
@@ -244,9 +244,9 @@ def run_ours(work: Workload, chan: Channel) -> None:
     task = Task("bench-add", rows, rows[:1], reward)
     setup_process(config)
     trainer = GRPOTrainer(resolve_run(config, task=task, rewards=[reward]), progress=False)
-    import grpo.trainer
+    import grpo.run.trainer
 
-    grpo.trainer.reference_logprobs = clock.wrap(grpo.trainer.reference_logprobs, "ref_logprobs")
+    grpo.run.trainer.reference_logprobs = clock.wrap(grpo.run.trainer.reference_logprobs, "ref_logprobs")
     trainer.optimizer.step = clock.wrap(trainer.optimizer.step, "optimizer")
     chan.send(ready=True, **model_shape(trainer.model), **prompt_shape(trainer.tokenizer))
     for step in range(1, work.steps + 1):

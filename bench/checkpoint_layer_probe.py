@@ -5,7 +5,7 @@
     R=8 T=64 CKPT=1 python bench/checkpoint_layer_probe.py
 
 Prints, in MiB of the resident set, what the forward kept, its peak and the backward's peak above what
-was held before it, and that peak in units of one layer's set as grpo/memory.py counts it
+was held before it, and that peak in units of one layer's set as grpo/run/memory.py counts it
 (tokens x ``activation_floats_per_token`` x 4 bytes). Random inputs; no KV cache, no prompt.
 """
 
@@ -31,10 +31,10 @@ def status(key: str) -> float:
 
 def main() -> None:
     from grpo.config import TrainConfig
-    from grpo.forward import grouped_kv_attention
-    from grpo.memory import ModelShape
+    from grpo.sampling.forward import grouped_kv_attention
+    from grpo.run.memory import ModelShape
     from grpo.models import load_policy
-    from grpo.process import setup_process
+    from grpo.run.process_setup import setup_process
 
     setup_process(TrainConfig())  # the allocator setting a run uses
     model = load_policy("smollm2").model

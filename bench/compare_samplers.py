@@ -3,7 +3,7 @@
     python bench/compare_samplers.py --minutes 10 --seeds 0 1 2
 
 For each configuration (``uniform``; ``frontier`` + ``--filter-groups``; the same
-with ``--screen 4``, grpo/screen.py; uniform draws with filter_groups, with and
+with ``--screen 4``, grpo/sampling/screen.py; uniform draws with filter_groups, with and
 without the screen, for a ``--set data=FILE`` run) and seed it evaluates the model on the held-out prompts, trains for ``--minutes``
 of wall-clock time (evaluation not counted), evaluates again, and reports:
 
@@ -43,15 +43,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpo.config import TrainConfig  # noqa: E402
-from grpo.heldout import evaluate_heldout  # noqa: E402
-from grpo.process import setup_process  # noqa: E402
-from grpo.setup import resolve_run  # noqa: E402
-from grpo.trainer import GRPOTrainer  # noqa: E402
+from grpo.observe.heldout import evaluate_heldout  # noqa: E402
+from grpo.run.process_setup import setup_process  # noqa: E402
+from grpo.run.build import resolve_run  # noqa: E402
+from grpo.run.trainer import GRPOTrainer  # noqa: E402
 
 CONFIGS = {
     "uniform": {"sampler": "uniform", "filter_groups": False},
     "frontier+filter": {"sampler": "frontier", "filter_groups": True},
-    # screening (grpo/screen.py): 4 candidates prefilled per group generated, the likeliest to vary kept
+    # screening (grpo/sampling/screen.py): 4 candidates prefilled per group generated, the likeliest to vary kept
     "frontier+filter+screen": {"sampler": "frontier", "filter_groups": True, "screen": 4},
     # a --data file's default (uniform draws) with and without screening: --set data=FILE
     "uniform+filter": {"sampler": "uniform", "filter_groups": True},

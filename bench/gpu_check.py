@@ -11,7 +11,7 @@ template). Through grpo's Python API (``GRPOTrainer`` given the model and
 tokenizer objects, task ``add``) it runs, per model shape:
 
 - ``build``: the model made on the device and the trainer around it;
-- ``preflight``: the pre-flight check (grpo/preflight.py);
+- ``preflight``: the pre-flight check (grpo/run/preflight.py);
 - ``train``: 3 steps of the default recipe (TrainConfig's defaults) on the own engine;
 - ``train-ckpt``: the same with ``gradient_checkpointing`` (each decoder layer run
   again in backward), in a fresh trainer: its peak memory against ``train``'s;
@@ -24,7 +24,7 @@ trains.
 
 One line per phase: seconds; tokens sampled and per second (from each step's
 metrics, every process's; the pre-flight check's from its report); peak memory, beside
-grpo/memory.py's prediction for the phase (preflight, train, train-ckpt) and their ratio
+grpo/run/memory.py's prediction for the phase (preflight, train, train-ckpt) and their ratio
 (``torch.cuda.max_memory_allocated``; on the CPU the process's peak resident
 set); MFU, (2 P per sampled token + 6 P per trained completion token) / seconds
 / the GPU's dense bf16 peak (P: the parameters of the matrix products,
@@ -83,7 +83,7 @@ class Counts:
     sampled: int = 0
     trained: float = 0.0
     gaps: list[tuple[float, float | None]] = field(default_factory=list)  # (mean, max) per step
-    predicted: int | None = None  # grpo/memory.py's peak for the phase, bytes (None: not predicted)
+    predicted: int | None = None  # grpo/run/memory.py's peak for the phase, bytes (None: not predicted)
     measured: int | None = None  # a child process's measured peak (its preflight.json)
     child: bool = False  # the phase ran in a child process: this process's peak says nothing of it
 
@@ -187,7 +187,7 @@ def matmul_params(model: torch.nn.Module) -> int:
 def make_trainer(model: torch.nn.Module, tokenizer: object, device: torch.device, **config: object) -> object:
     """The default recipe on task add, its reward the parity one (named by file, as a user names theirs)."""
     from grpo import GRPOTrainer, TrainConfig
-    from grpo.setup import resolve_run
+    from grpo.run.build import resolve_run
 
     settings = dict(task="add", steps=STEPS, device=str(device), eval_size=8, eval_every=-1, save_model=False)
     run = resolve_run(TrainConfig(**{**settings, **config}), rewards=[f"{Path(__file__).resolve()}:first_char_parity"],
@@ -214,10 +214,10 @@ def train_steps(trainer: object, counts: Counts, steps: int = STEPS) -> None:
 
 
 def predicted_phases(trainer: object) -> dict[str, int]:
-    """grpo/memory.py's prediction for this trainer, per phase (bytes; {} from a grpo without it). On the
+    """grpo/run/memory.py's prediction for this trainer, per phase (bytes; {} from a grpo without it). On the
     CPU a phase's measured peak resident set holds the process's baseline too, as the prediction does."""
     try:
-        from grpo.memory_check import trainer_prediction
+        from grpo.run.memory_check import trainer_prediction
     except ImportError:
         return {}
     prediction = trainer_prediction(trainer)[0]
@@ -226,7 +226,7 @@ def predicted_phases(trainer: object) -> dict[str, int]:
 
 def check_shape(check: Check, shape: str, tokenizer: object) -> None:
     """build, preflight and train for one model shape, then the gradient-checkpointing hook."""
-    from grpo.preflight import run_preflight
+    from grpo.run.preflight import run_preflight
 
     trainer = None
     with check.phase(f"build {shape}"):
@@ -433,9 +433,9 @@ def fsdp_run(folder: str, device_type: str, run_dir: str) -> int:
     import torch.distributed as dist
 
     from grpo import GRPOTrainer, TrainConfig
-    from grpo.distributed import World, backend_for
-    from grpo.process import setup_process
-    from grpo.setup import check_before_loading, resolve_run
+    from grpo.system.distributed import World, backend_for
+    from grpo.run.process_setup import setup_process
+    from grpo.run.build import check_before_loading, resolve_run
 
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     config = TrainConfig(model=folder, task="add", device=str(device), beta=0.04, save_model=True, fsdp=True,

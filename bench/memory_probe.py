@@ -29,10 +29,10 @@ def status(key: str) -> float:
 
 def main() -> None:
     from grpo.config import TrainConfig
-    from grpo.logprobs import rollout_logprobs
+    from grpo.learning.logprobs import rollout_logprobs
     from grpo.models import load_policy
-    from grpo.process import setup_process
-    from grpo.rollout import Rollout
+    from grpo.run.process_setup import setup_process
+    from grpo.sampling.rollout import Rollout
 
     setup_process(TrainConfig())  # the allocator setting a run uses
     print("imports", status("VmHWM"), flush=True)

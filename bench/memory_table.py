@@ -62,7 +62,7 @@ def run(name: str, extra: list[str], out: Path) -> dict:
 
 def read(folder: Path, log: Path) -> dict:
     """A finished run's measured peak (the time -v line in its log) and its predictions: the one its
-    pre-flight wrote, and the current grpo/memory.py's from the run's config.json and pre-flight's report."""
+    pre-flight wrote, and the current grpo/run/memory.py's from the run's config.json and pre-flight's report."""
     found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", log.read_text()) if log.exists() else None
     path = folder / "preflight.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
@@ -73,13 +73,13 @@ def read(folder: Path, log: Path) -> dict:
 
 def repredict(folder: Path, saved: dict) -> dict:
     """The prediction beside the first step, made again by the current code: at pre-flight's measured
-    completion lengths where grpo.memory_check.measured_completion finds that sound (the report keeps the
+    completion lengths where grpo.run.memory_check.measured_completion finds that sound (the report keeps the
     lengths, and the truncated share for the per-sample flags), and at the token limit."""
     import dataclasses
 
     from grpo.config import TrainConfig
-    from grpo.memory import Device, RunShape, predict
-    from grpo.memory_check import measured_completion, model_shape, read_model_config
+    from grpo.run.memory import Device, RunShape, predict
+    from grpo.run.memory_check import measured_completion, model_shape, read_model_config
 
     config = TrainConfig.from_dict(json.loads((folder / "config.json").read_text()))
     model = model_shape(read_model_config(config.model))
@@ -109,8 +109,8 @@ def measured_commands(out: Path) -> dict[str, str]:
 def before_loading(config: object, model: object, device: object) -> int:
     """The check before the weights load: the prompt's length estimated from its characters (a built-in
     task's longest prompt, with its few-shot examples), every completion at the token limit."""
-    from grpo.memory import RunShape, estimate_prompt_tokens, predict
-    from grpo.memory_check import longest_prompt_chars
+    from grpo.run.memory import RunShape, estimate_prompt_tokens, predict
+    from grpo.run.memory_check import longest_prompt_chars
     from grpo.tasks.builtin import get_task
 
     tokens = estimate_prompt_tokens(longest_prompt_chars(get_task(config.task)) * (1 + config.few_shot))

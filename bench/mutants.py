@@ -1,7 +1,7 @@
 """`make mutants`: hand-chosen mutations of the GRPO math, run against the unit and equivalence tests.
 
 Each mutant is one small edit a plausible bug would make (a sign, a bound, a
-normaliser, a mask, a stop-gradient) in grpo/algorithm.py, grpo/objectives.py and grpo/teacher/, the sampler's draw,
+normaliser, a mask, a stop-gradient) in grpo/math/algorithm.py, grpo/math/objectives.py and grpo/learning/teacher/, the sampler's draw,
 the advantage normalisation and its estimators, the objectives, the loss aggregation and its normalisers,
 and the way the objective and estimator options reach the loss. The repository is
 copied to a temporary folder, each mutant applied there alone, and the tests of
@@ -37,10 +37,10 @@ FIRST = ["tests/test_algorithm.py", "tests/test_objectives.py", "tests/test_asyn
 # the objective menu through a real trainer step on a tiny model (the model layer, but seconds): after the
 # quick unit files, before the minutes of test_distributed.py
 MENU = ["tests/test_objectives_training.py"]
-A, R, U, B, S = "grpo/algorithm.py", "grpo/rollout.py", "grpo/update.py", "grpo/batch.py", "grpo/sampler.py"
-P = "grpo/objectives.py"  # the policy objectives
-T = "grpo/trainer.py"
-D = "grpo/teacher/divergence.py"  # the teacher term's math
+A, R, U, B, S = "grpo/math/algorithm.py", "grpo/sampling/rollout.py", "grpo/learning/update.py", "grpo/sampling/rounds.py", "grpo/sampling/prompt_samplers.py"
+P = "grpo/math/objectives.py"  # the policy objectives
+T = "grpo/run/trainer.py"
+D = "grpo/learning/teacher/divergence.py"  # the teacher term's math
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
      "advantages centred on the batch mean, not the group's"),
@@ -155,7 +155,7 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "an environment that raised taken for a verdict"),
     (S, "        v = np.ones_like(r) if valid is None else valid.detach().cpu().numpy().astype(np.float64)  # (B, G)",
      "        v = np.ones_like(r)  # (B, G)", "the frontier sampler counts errored rows as failures"),
-    # on-policy distillation (grpo/teacher/): each form's sign or direction, the detachments, the signal
+    # on-policy distillation (grpo/learning/teacher/): each form's sign or direction, the detachments, the signal
     (D, "    d = (logp - teacher_logp).detach() * mask  # (N, T)", "    d = (teacher_logp - logp).detach() * mask  # (N, T)",
      "the sampled form's sign: away from the teacher"),
     (D, "    d = (logp - teacher_logp).detach() * mask  # (N, T)", "    d = (logp - teacher_logp) * mask  # (N, T)",

@@ -4,9 +4,9 @@
         [--target pass|varies] [--out FILE]
 
 Samples a group of G completions for each of N training prompts with the starting policy, as step 1's
-first round would (grpo/batch.py generate_round: the run's sampler settings, token limit and rewards),
+first round would (grpo/sampling/rounds.py generate_round: the run's sampler settings, token limit and rewards),
 then reads the hidden state at each prompt's end after every layer (one prompt at a time, no padding).
-For each layer it fits grpo/screen.py's predictor (the fractional logistic regression on standardised
+For each layer it fits grpo/sampling/screen.py's predictor (the fractional logistic regression on standardised
 features, the ridge chosen as the screen chooses it) with 4-fold cross-validation, and prints, from the
 held-out folds' predictions:
 
@@ -39,12 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grpo.batch import Round, generate_round, probe_rows, reordered_rounds  # noqa: E402
+from grpo.sampling.rounds import Round, generate_round, probe_rows, reordered_rounds  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
-from grpo.process import setup_process  # noqa: E402
-from grpo.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
-from grpo.setup import resolve_run  # noqa: E402
-from grpo.trainer import GRPOTrainer  # noqa: E402
+from grpo.run.process_setup import setup_process  # noqa: E402
+from grpo.sampling.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
+from grpo.run.build import resolve_run  # noqa: E402
+from grpo.run.trainer import GRPOTrainer  # noqa: E402
 
 
 def layer_states(model: torch.nn.Module, prompts: list[list[int]]) -> np.ndarray:
@@ -76,7 +76,7 @@ def cross_validated(x: np.ndarray, y: np.ndarray, w: np.ndarray, folds: int, see
 
 
 def first_completion_features(r: Round, g: int) -> np.ndarray:
-    """(n, 5) the ``probe`` screen's features (grpo/batch.py probe_rows) of each group's first completion."""
+    """(n, 5) the ``probe`` screen's features (grpo/sampling/rounds.py probe_rows) of each group's first completion."""
     first = torch.arange(0, len(r.rewards), g)  # (n,) each group's first row
     reward = torch.where(r.valid().reshape(-1)[first], r.rewards[first], 0.0)
     return probe_rows(r.rollout.logprobs[first], r.rollout.mask[first] > 0, reward, r.truncated[first])

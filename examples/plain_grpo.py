@@ -9,7 +9,7 @@ recomputes the sampled tokens' log-probs with gradients, and takes one AdamW
 step on the clipped surrogate. Held-out greedy accuracy is measured before
 and after. Shapes: B prompts, G completions each, N = B*G, T completion tokens.
 
-Where it deviates from `grpo train` (grpo/trainer.py), to stay short:
+Where it deviates from `grpo train` (grpo/run/trainer.py), to stay short:
 - prompts are drawn uniformly at random (the trainer's default is the
   frontier sampler, which favours prompts whose groups are likely mixed);
 - no dynamic sampling: a group whose G rewards are all equal stays in the

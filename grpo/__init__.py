@@ -10,19 +10,19 @@ from grpo.config import TrainConfig
 # errors fast), with no torch until a name that needs it is used. No name may be a submodule's
 # (`evaluate`, `rollout`): once that submodule is imported, its module object shadows the name.
 _LAZY = {
-    "GRPOTrainer": "grpo.trainer",
-    "resolve_run": "grpo.setup",
+    "GRPOTrainer": "grpo.run.trainer",
+    "resolve_run": "grpo.run.build",
     "train": "grpo.api",
-    "setup_process": "grpo.process",
+    "setup_process": "grpo.run.process_setup",
     "load_policy": "grpo.models",
     "load_task": "grpo.tasks",
-    "encode_prompts": "grpo.evaluate",
-    "generate": "grpo.rollout",
-    "Rollout": "grpo.rollout",
-    "group_advantages": "grpo.algorithm",
-    "rollout_logprobs": "grpo.logprobs",
-    "policy_loss": "grpo.algorithm",
-    "greedy_accuracy": "grpo.evaluate",
+    "encode_prompts": "grpo.sampling.evaluate",
+    "generate": "grpo.sampling.rollout",
+    "Rollout": "grpo.sampling.rollout",
+    "group_advantages": "grpo.math.algorithm",
+    "rollout_logprobs": "grpo.learning.logprobs",
+    "policy_loss": "grpo.math.algorithm",
+    "greedy_accuracy": "grpo.sampling.evaluate",
 }
 
 __all__ = ["TrainConfig", *_LAZY]

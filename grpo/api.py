@@ -1,5 +1,5 @@
 """``grpo.train``: the Python entry point, the same path as ``grpo train``: the configuration resolved and
-every refusal made before anything loads (grpo.setup.resolve_run), the memory check, then the trainer."""
+every refusal made before anything loads (grpo.run.build.resolve_run), the memory check, then the trainer."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 from torch import nn
 
 from grpo.config import TrainConfig
-from grpo.process import setup_process
-from grpo.setup import RewardFn, check_before_loading, resolve_run
+from grpo.run.build import RewardFn, check_before_loading, resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
 from grpo.tasks import Task, say_data
-from grpo.trainer import GRPOTrainer
 
 
 def train(

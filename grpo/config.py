@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from grpo.math.recommended import RECOMMENDED, Recommended  # noqa: F401 (Recommended: re-exported)
+
 if typing.TYPE_CHECKING:
     from grpo.tasks import Task
 
@@ -22,33 +24,7 @@ DATA_MAX_NEW_TOKENS = 256
 """The token limit of a run on the user's data when none is given and no pre-flight check fits one
 (TRL's default max_completion_length is 256 too): room for short reasoning, not the demo's 8."""
 DEFAULT_STEPS = 20  # steps for a task that sets none
-PROMPT_FORMATS = ("auto", "chat", "plain", "r1-zero")  # grpo/prompts.py
-
-
-@dataclass(frozen=True)
-class Recommended:
-    """An objective's settings when the user gives none: the clip values and the aggregation."""
-
-    clip_low: float
-    clip_high: float
-    aggregate: str
-
-
-# Each objective's settings when the user gives none, and where each value comes from (docs/objectives.md):
-# PPO: DAPO's clip-higher; CISPO: no lower bound, ScaleRL's cap of 5 on the weight (arXiv:2510.13786);
-# SAPO and GMPO: per-sequence averaging as in verl (SAPO's clips are unused); GMPO: (e^-0.4, e^0.4).
-# DPPO: only the thresholds (TV 0.15, binary KL 0.05) are verl's DPPO recipe's
-# (examples/dppo_trainer/run_qwen30b_dppo.sh); ratio_cap 20 is the fallback of verl's DPPO loss in
-# core_algos.py, and token aggregation is grpo's default. The recipe itself sets clip_ratio_c=10000
-# (no truncation) and seq-mean-token-sum-norm (grpo's fixed) with --scale none.
-RECOMMENDED: dict[str, Recommended] = {
-    "ppo": Recommended(0.2, 0.28, "token"),
-    "cispo": Recommended(1.0, 4.0, "token"),
-    "sapo": Recommended(0.2, 0.28, "sequence"),
-    "gmpo": Recommended(0.4, 0.4, "sequence"),
-    "dppo_tv": Recommended(0.15, 0.15, "token"),
-    "dppo_kl": Recommended(0.05, 0.05, "token"),
-}
+PROMPT_FORMATS = ("auto", "chat", "plain", "r1-zero")  # grpo/sampling/prompts.py
 
 
 # The options an objective or estimator reads, with who reads them: given for another, they are refused.
@@ -140,7 +116,7 @@ class TrainConfig:
     ratio_level: str = field(**_doc("importance ratio per token, or per sequence (GSPO; objective ppo only)", default="token"))
     aggregate: str = field(**_doc("loss aggregation: token (DAPO), sequence (GRPO), fixed (Dr. GRPO) (unset: the objective's recommended one; token, sequence for sapo and gmpo)", default="token"))
     tis_cap: float = field(**_doc("the sampler/trainer mismatch correction's upper bound C: each token's loss is weighted by its ratio pi_trainer / pi_sampler, truncated at C or masked above it (tis_mode), the ratio between the trainer's log-probs and the sampling engine's (0: off, the sampler's log-probs are the old policy's)", default=2.0))
-    tis_level: str = field(**_doc("token (each token's ratio) sequence (a completion's geometric-mean ratio: always a mask, within [1/tis_cap, tis_cap] under truncate, [tis_low, tis_cap] under mask) or sequence_ratio (a completion's whole ratio prod_t pi_trainer / pi_sampler on every token: corrects the law each completion was drawn from, short of the cap, at a higher variance; the group-normalised advantages, the token normaliser of --aggregate token and the KL term stay the lagged sampler's, uncorrected: see grpo/algorithm.py tis_weights)", default="token"))
+    tis_level: str = field(**_doc("token (each token's ratio) sequence (a completion's geometric-mean ratio: always a mask, within [1/tis_cap, tis_cap] under truncate, [tis_low, tis_cap] under mask) or sequence_ratio (a completion's whole ratio prod_t pi_trainer / pi_sampler on every token: corrects the law each completion was drawn from, short of the cap, at a higher variance; the group-normalised advantages, the token normaliser of --aggregate token and the KL term stay the lagged sampler's, uncorrected: see grpo/math/algorithm.py tis_weights)", default="token"))
     tis_mode: str = field(**_doc("truncate (a weight above tis_cap becomes tis_cap) or mask (a weight outside [tis_low, tis_cap] becomes 0: IcePop's token mask is --tis-mode mask --tis-low 0.5 --tis-cap 5)", default="truncate"))
     tis_low: float = field(**_doc("tis_mode mask: the lower bound of the weights kept (0: none)", default=0.0))
     epochs: int = field(**_doc("mu: optimisation passes over each batch", default=1))
@@ -152,7 +128,7 @@ class TrainConfig:
     filter_groups: bool = field(**_doc("DAPO dynamic sampling: drop groups whose rewards are all equal and generate more until the step has prompts_per_step informative groups (at most max_gen_rounds rounds)", default=True))
     max_gen_rounds: int = field(**_doc("with filter_groups: generation rounds per step at most; then train on the informative groups there are", default=4))
     round_prompts: int = field(**_doc("with filter_groups: the most prompts one generation round draws (like verl's data.gen_batch_size, but sized each round): each round draws the informative groups still missing over the share of groups expected to vary (this step's so far; for its first round, a running average over the steps before), and a step never draws more than prompts_per_step x max_gen_rounds in all; e.g. prompts_per_step x max_gen_rounds decodes a step whose groups rarely vary in one pass instead of several (on a GPU it should cost little more than one round, not measured; on a 2-core CPU it did not make steps faster, see docs/screening.md); 0: prompts_per_step", default=0))
-    sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampler.py); empty: the task's setting, uniform for a --data file, else frontier", default=""))
+    sampler: str = field(**_doc("which prompts each step: uniform, or frontier (those whose groups are likely mixed, from per-prompt pass-rate statistics; see grpo/sampling/prompt_samplers.py); empty: the task's setting, uniform for a --data file, else frontier", default=""))
     explore_frac: float = field(**_doc("frontier sampler: share of each draw taken uniformly from all prompts (unseen, solved and unsolvable ones are revisited)", default=0.25))
     sampler_half_life: float = field(**_doc("frontier sampler: steps after which a prompt's old evidence counts half", default=20.0))
     screen: int = field(**_doc("screening: each generation round prefills this many candidate prompts per group it generates, predicts each one's pass rate from the policy's hidden state at the prompt's end (a logistic regression fitted online on the groups seen) and generates the groups most likely to vary; screen_by probe reads one sampled completion per candidate instead (see docs/screening.md; 0 or 1: off)", default=0))
@@ -173,7 +149,7 @@ class TrainConfig:
     early_stop: bool = field(**_doc("end the run early, with the final evaluation, when an alarm shows it is not learning: no signal for no_signal_steps steps, or a verdict on learning (stall, checker suspected, memorising) held at two held-out evaluations in a row", default=True))
     no_signal_steps: int = field(**_doc("steps in a row in which under a quarter of the batch had rewards that vary before the no-signal alarm fires", default=5))
     preflight: str = field(**_doc("before the first step, sample the starting model on a few training prompts and report pass rate, groups that vary, truncation, lengths and reward errors: on (stop when no group varies, warn otherwise), warn (never stop), strict (stop on any problem), off", default="on"))
-    adapt: bool = field(**_doc("under --minutes, when the pre-flight check finds fewer than 10 steps fit, change what the user did not set, in order, until they do: a lower max_new_tokens (what a correct answer needs), fewer max_gen_rounds, a smaller group_size (not below 4); and, before the weights load, when the predicted memory peak exceeds what is free (grpo/memory.py), a lower micro_batch_tokens, then gradient checkpointing, then a smaller eval_batch_size; each change printed and kept in config.json", default=True))
+    adapt: bool = field(**_doc("under --minutes, when the pre-flight check finds fewer than 10 steps fit, change what the user did not set, in order, until they do: a lower max_new_tokens (what a correct answer needs), fewer max_gen_rounds, a smaller group_size (not below 4); and, before the weights load, when the predicted memory peak exceeds what is free (grpo/run/memory.py), a lower micro_batch_tokens, then gradient checkpointing, then a smaller eval_batch_size; each change printed and kept in config.json", default=True))
     preflight_prompts: int = field(**_doc("training prompts the pre-flight check samples (a group of group_size each)", default=16))
     wandb: bool = field(**_doc("also log to Weights & Biases (needs the wandb package)", default=False))
     engine: str = field(**_doc("what samples the rollouts: own (this package's sampler, on the policy itself) or vllm (a vLLM engine in a process of its own, weights synced after every optimiser step; `make vllm` installs it)", default="own"))
@@ -413,7 +389,7 @@ def resolve_config(config: TrainConfig, task: Task, origin: typing.Mapping[str, 
     agentic = bool(task.tools or task.env or config.tools or config.env)
     fill("max_turns", 4 if agentic else 1, "default")
     fill("max_episode_tokens", current("max_turns") * (current("max_new_tokens") + 64), "default")
-    # the window the run uses (grpo/run_state.py), as config.json shows it
+    # the window the run uses (grpo/run/run_state.py), as config.json shows it
     fill("alarm_window", alarm_window_for(planned_steps(current("steps"), current("minutes"))), "default")
     return with_given(dataclasses.replace(config, **values), config.given), sources
 

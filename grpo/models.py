@@ -33,7 +33,7 @@ class ModelError(ValueError):
     """A model that cannot be found or loaded; the message names it."""
 
 
-# model types whose output layer has a bias, which the fused log-prob head (grpo/logprobs.py) does not add
+# model types whose output layer has a bias, which the fused log-prob head (grpo/learning/logprobs.py) does not add
 BIASED_HEAD = ("phi", "gptj", "codegen")
 
 

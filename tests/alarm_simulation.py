@@ -2,11 +2,11 @@
 
 A run is seen as the trainer sees it: a raw reward mean per step (B*G = 64 completions, plus the
 spread of the batch's prompts), greedy accuracy on 96 held-out prompts and 32 training prompts
-(binomial noise) at the steps the schedule evaluates (grpo/run_state.py: from the planned steps
+(binomial noise) at the steps the schedule evaluates (grpo/run/run_state.py: from the planned steps
 alone), the start (step 0) and the end included. Between evaluations the model itself wobbles: the
 default `add` run's subset read 57%, 71%, 54%, 68% at steps 4, 8, 12, 16 while its full held-out
 rose 16.4% -> 71.5%, and two-digit subtraction's read 2.3% -> 10.9% with dips while the full set
-rose 5.5% -> 17.6% in 10 steps. The model's swing (grpo.alarms.OVERDISPERSION: sd 5 points at 50%,
+rose 5.5% -> 17.6% in 10 steps. The model's swing (grpo.observe.alarms.OVERDISPERSION: sd 5 points at 50%,
 shared by both prompt sets) on top of the binomial noise gives dips of 15 points between evaluations
 in about one pair in ten at 50% accuracy.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo.alarms import OVERDISPERSION, AlarmConfig, AlarmMonitor
 from grpo.config import alarm_window_for
-from grpo.run_state import planned_schedule
+from grpo.observe.alarms import OVERDISPERSION, AlarmConfig, AlarmMonitor
+from grpo.run.run_state import planned_schedule
 
 HELDOUT, TRAIN, COMPLETIONS, HELDOUT_ALL = 96, 32, 64, 256
 BATCH_SPREAD = 0.04  # sd of a step's reward mean from which prompts the batch drew

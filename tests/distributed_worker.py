@@ -1,7 +1,7 @@
 """One GRPO step per case, run by torchrun (N processes) or in-process (a world of one).
 
 Nothing is replaced: sampling draws each completion's random numbers from
-its own stream (grpo/streams.py), so the same global batch is sampled
+its own stream (grpo/sampling/random_streams.py), so the same global batch is sampled
 whatever the number of processes, and everything after it (rewards, group
 filtering, advantages, normalisers, gradients) is the code under test.
 
@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import make_model, make_tokenizer  # noqa: E402
 
-import grpo.process  # noqa: E402
-import grpo.setup  # noqa: E402
-import grpo.trainer  # noqa: E402
+import grpo.run.build  # noqa: E402
+import grpo.run.process_setup  # noqa: E402
+import grpo.run.trainer  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
-from grpo.distributed import full_state_dict  # noqa: E402
-from grpo.heldout import evaluate_heldout  # noqa: E402
-from grpo.rollout import Rollout  # noqa: E402
+from grpo.observe.heldout import evaluate_heldout  # noqa: E402
+from grpo.sampling.rollout import Rollout  # noqa: E402
+from grpo.system.distributed import full_state_dict  # noqa: E402
 from grpo.tasks import Task  # noqa: E402
 
 
@@ -75,9 +75,9 @@ def run_case(case: dict) -> dict:
         "warmup_steps": 0, "eval_size": 8, "sample_every": 0, "device": "cpu", "save_model": False,
         "seed": 5, **case,
     })
-    grpo.process.setup_process(config)
-    run = grpo.setup.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], reward), model=model)
-    trainer = grpo.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False, env=env)
+    grpo.run.process_setup.setup_process(config)
+    run = grpo.run.build.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], reward), model=model)
+    trainer = grpo.run.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False, env=env)
     held = watch_gathered_layers(trainer) if trainer.world.fsdp else []
     batches = []
     take = trainer.batches.next
@@ -101,12 +101,12 @@ def run_case(case: dict) -> dict:
     }
 
 
-def watch_gathered_layers(trainer: grpo.trainer.GRPOTrainer) -> list[int]:
+def watch_gathered_layers(trainer: grpo.run.trainer.GRPOTrainer) -> list[int]:
     """At each decoder layer's forward in a training pass (with grad), how many of the policy's layers are
     gathered in full: FSDP2 swaps a unit's sharded parameters (DTensors) for whole ones while gathered."""
     from torch.distributed.tensor import DTensor
 
-    from grpo.distributed import decoder_layers
+    from grpo.system.distributed import decoder_layers
 
     layers, held = decoder_layers(trainer.model), []
 
@@ -125,7 +125,7 @@ def fsdp_units(module: torch.nn.Module | None) -> int:
     return 0 if module is None else sum(isinstance(m, FSDPModule) for m in module.modules())
 
 
-def state_bytes(trainer: grpo.trainer.GRPOTrainer) -> int:
+def state_bytes(trainer: grpo.run.trainer.GRPOTrainer) -> int:
     """Bytes this process holds of parameters, gradients and optimiser state (its shards under FSDP)."""
     from torch.distributed.tensor import DTensor
 
@@ -145,7 +145,7 @@ def run_stop_case(rank_that_stops: int) -> dict:
     """A 3-step run whose alarms say "stop" on one rank only (as when each rank's own timing moves its
     alarm window): the ranks must agree, on rank 0's verdict, or one leaves the loop while the others
     wait in a collective. Returns the steps each rank ran."""
-    from grpo.alarms import AlarmMonitor
+    from grpo.observe.alarms import AlarmMonitor
 
     if int(os.environ["RANK"]) == rank_that_stops:
         AlarmMonitor.stopping = lambda self: f"no_signal (forced on rank {rank_that_stops})"
@@ -153,11 +153,11 @@ def run_stop_case(rank_that_stops: int) -> dict:
     config = TrainConfig(temperature=1.0, sampler="uniform", filter_groups=False, preflight="off", steps=3,
                          prompts_per_step=4, group_size=4, max_new_tokens=4, eval_size=4, sample_every=0,
                          device="cpu", save_model=False, seed=5, early_stop=True, eval_every=-1)
-    grpo.process.setup_process(config)
+    grpo.run.process_setup.setup_process(config)
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
     model = make_model(len(tokenizer), seed=3)
-    run = grpo.setup.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], first_char), model=model)
-    trainer = grpo.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    run = grpo.run.build.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], first_char), model=model)
+    trainer = grpo.run.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     summary = trainer.train(None)
     return {"steps": trainer.world.gather_objects(summary["steps"]),
             "stopped": trainer.world.gather_objects(summary["stopped_early"])}

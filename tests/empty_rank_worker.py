@@ -14,11 +14,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import make_model, make_tokenizer  # noqa: E402
 
-import grpo.process  # noqa: E402
-import grpo.setup  # noqa: E402
-import grpo.trainer  # noqa: E402
-from grpo.batch import generate_round  # noqa: E402
-from grpo.rollout import Rollout  # noqa: E402
+import grpo.run.build  # noqa: E402
+import grpo.run.process_setup  # noqa: E402
+import grpo.run.trainer  # noqa: E402
+from grpo.sampling.rollout import Rollout  # noqa: E402
+from grpo.sampling.rounds import generate_round  # noqa: E402
 from grpo.tasks import Task  # noqa: E402
 
 
@@ -42,10 +42,10 @@ def main() -> None:
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(40)]
     config = grpo.config.TrainConfig(preflight="off", steps=1, prompts_per_step=4, group_size=2, max_new_tokens=4,
                                      eval_size=8, device="cpu", save_model=False, fsdp=True, reward_workers=0)
-    grpo.process.setup_process(config)
-    run = grpo.setup.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], lambda c, e: float("a" in c)),
+    grpo.run.process_setup.setup_process(config)
+    run = grpo.run.build.resolve_run(config, task=Task("tiny", rows[:32], rows[32:], lambda c, e: float("a" in c)),
                                  model=model)
-    trainer = grpo.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
+    trainer = grpo.run.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     found = {}
     for name, engine in (("own", None), ("vllm", StandInEngine())):
         trainer.sampling.engine = engine

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402, F401  (imported before forking, not once per child)
 from transformers import LlamaForCausalLM  # noqa: E402, F401
 
-from grpo import checkpoint  # noqa: E402
+import grpo.run.checkpoint as checkpoint  # noqa: E402
 
 STEPS = 8
 

@@ -1,5 +1,5 @@
 """One notion of "training an adapter", however it came (--lora-rank, or an adapter folder as --model), and
-the combinations that are not built, refused before anything loads or forks (grpo/combinations.py)."""
+the combinations that are not built, refused before anything loads or forks (grpo/refusals.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from tiny_run import tiny_config, tiny_task
 from grpo.cli import main as cli_main
 from grpo.config import ConfigError
 from grpo.models import adapter_rank, base_weights, trains_adapter
-from grpo.process import setup_process
-from grpo.setup import resolve_run
-from grpo.trainer import GRPOTrainer
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def _trainer(**kw) -> GRPOTrainer:
 
 def _no_vllm_needed(monkeypatch):
     """The engine object is built (it starts vLLM only at the first rollout); no vLLM Python is asked for."""
-    monkeypatch.setattr("grpo.vllm_engine.find_python", lambda python="": "python")
+    monkeypatch.setattr("grpo.sampling.vllm_engine.find_python", lambda python="": "python")
 
 
 def test_an_adapter_folder_trains_an_adapter_for_vllm_and_the_reference(adapter_dir, monkeypatch):
@@ -75,15 +75,15 @@ def test_lora_rank_and_a_full_model_give_the_same_answers():
 
 
 def test_an_adapter_folder_is_refused_with_vllm_and_async_before_it_loads(adapter_dir, monkeypatch):
-    monkeypatch.setattr("grpo.setup.load_policy", _must_not_load)
+    monkeypatch.setattr("grpo.run.build.load_policy", _must_not_load)
     with pytest.raises(ConfigError, match="async_lag with --engine vllm and LoRA is not built"):
         _trainer(model=str(adapter_dir), engine="vllm", async_lag=1)
 
 
 def test_an_adapter_folder_is_refused_with_vllm_under_fsdp_before_anything_launches(adapter_dir, monkeypatch,
                                                                                    capsys):
-    monkeypatch.setattr("grpo.launcher.launch", _must_not_launch)
-    monkeypatch.setattr("grpo.vllm_engine.find_python", lambda python="": "python")
+    monkeypatch.setattr("grpo.system.launcher.launch", _must_not_launch)
+    monkeypatch.setattr("grpo.sampling.vllm_engine.find_python", lambda python="": "python")
     rc = cli_main(["train", "--model", str(adapter_dir), "--engine", "vllm", "--fsdp", "--nproc", "2",
                    "--steps", "1", "--no-preflight"])
     err = capsys.readouterr().err
@@ -103,15 +103,15 @@ def _children() -> list[psutil.Process]:
 
 
 def test_async_under_torchrun_is_refused_before_anything_launches_loads_or_forks(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr("grpo.launcher.launch", _must_not_launch)
-    monkeypatch.setattr("grpo.setup.load_policy", _must_not_load)
+    monkeypatch.setattr("grpo.system.launcher.launch", _must_not_launch)
+    monkeypatch.setattr("grpo.run.build.load_policy", _must_not_load)
     rc = cli_main(["train", "--nproc", "2", "--async-lag", "1", "--steps", "1", "--no-preflight",
                    "--output", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert rc == 2 and "async_lag under torchrun is not built" in err and len(err.splitlines()) == 1
     # a launched rank (WORLD_SIZE set by torchrun) that reaches the trainer: refused before its reward workers fork
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr("grpo.trainer.init_world", _must_not_load)
+    monkeypatch.setattr("grpo.run.trainer.init_world", _must_not_load)
     before = len(_children())
     with pytest.raises(ConfigError, match="async_lag under torchrun is not built"):
         _trainer(async_lag=1, reward_workers=2)
@@ -122,7 +122,7 @@ def test_a_constructor_that_fails_ends_the_workers_it_forked(monkeypatch):
     def fail_to_load(*args, **kwargs):
         raise ConfigError("no such model (injected)")
 
-    monkeypatch.setattr("grpo.setup.load_policy", fail_to_load)
+    monkeypatch.setattr("grpo.run.build.load_policy", fail_to_load)
     before = len(_children())
     with pytest.raises(ConfigError, match="injected"):
         _trainer(reward_workers=2)  # the reward workers fork before the model loads
@@ -131,9 +131,9 @@ def test_a_constructor_that_fails_ends_the_workers_it_forked(monkeypatch):
 
 def test_an_adapter_runs_reference_is_its_base(adapter_dir):
     # as for --lora-rank: continuing grpo's own model/adapter keeps the reference its first run had
-    from grpo.batch import sample_batch
-    from grpo.logprobs import rollout_logprobs
-    from grpo.update import reference_logprobs
+    from grpo.learning.logprobs import rollout_logprobs
+    from grpo.learning.update import reference_logprobs
+    from grpo.sampling.rounds import sample_batch
 
     trainer = _trainer(model=str(adapter_dir), beta=0.04)
     try:

@@ -14,9 +14,9 @@ def policy():
 
 
 def test_code_retry_episodes_take_several_turns_with_feedback_masks_and_rewards(policy):
-    from grpo.episode_scores import episode_total
-    from grpo.episodes import Agent
-    from grpo.logprobs import rollout_logprobs
+    from grpo.learning.logprobs import rollout_logprobs
+    from grpo.sampling.episode_scores import episode_total
+    from grpo.sampling.episodes import Agent
     from grpo.tasks import get_task
 
     task = get_task("code-retry")
@@ -47,10 +47,10 @@ def bare_products(n: int) -> list[dict]:
 
 
 def test_calc_episodes_call_the_calculator(policy):
-    from grpo.episode_scores import episode_metrics
-    from grpo.episodes import Agent, ToolEnv, template_features
+    from grpo.sampling.episode_scores import episode_metrics
+    from grpo.sampling.episodes import Agent, ToolEnv, template_features
+    from grpo.sampling.tools import ToolBox
     from grpo.tasks import get_task
-    from grpo.tools import ToolBox
 
     task = get_task("calc", heldout_size=4)
     box = ToolBox(task.tools, workers=0)

@@ -9,11 +9,11 @@ from conftest import make_model, make_tokenizer
 from test_checkpoint import _same_params
 from tiny_run import count_a, metrics_lines, params, tiny_config, tiny_task
 
-from grpo.batch import sample_and_score
-from grpo.process import setup_process
-from grpo.setup import resolve_run
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
+from grpo.sampling.rounds import sample_and_score
 from grpo.tasks import Task
-from grpo.trainer import GRPOTrainer
 
 
 class Talk:
@@ -51,7 +51,7 @@ def agent_trainer(env=Talk, tools=None, task=None, env_spec="", tools_spec="", *
 
 def watch_trained_logprobs(trainer: GRPOTrainer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Every (mask, env_mask, gradient of the loss with respect to the log-probs) of the training passes: the
-    log-probs the update's loss is built on come out of the policy (grpo.distributed.Policy) with gradients."""
+    log-probs the update's loss is built on come out of the policy (grpo.system.distributed.Policy) with gradients."""
     seen = []
 
     def hook(module, args, output):

@@ -6,8 +6,8 @@ import alarm_simulation as sim
 import numpy as np
 import pytest
 
-from grpo import alarms
-from grpo.alarms import AlarmConfig, AlarmMonitor, fitted_change, memorising
+import grpo.observe.alarms as alarms
+from grpo.observe.alarms import AlarmConfig, AlarmMonitor, fitted_change, memorising
 
 STEPS = 40
 CFG = AlarmConfig()  # window 20
@@ -114,7 +114,7 @@ def test_a_run_that_trained_on_next_to_nothing_says_so_at_its_end_unless_no_sign
 def test_trend_alarms_that_take_turns_count_together_toward_the_stop(monkeypatch):
     # measured on a multiplication file: stall, then checker_suspected, then stall again, each on for
     # fewer than two evaluations; the run learned nothing and must stop, with the alarm that is on now
-    from grpo.alarms import ALARMS
+    from grpo.observe.alarms import ALARMS
 
     monitor = AlarmMonitor(40, AlarmConfig(window=6))
     turns = iter([{"stall": "stall: a"}, {}, {"stall": "stall: b"}, {"checker_suspected": "checker suspected: c"}])
@@ -269,8 +269,8 @@ def test_held_out_accuracy_that_rose_beyond_its_noise_is_no_stall_but_a_slow_pro
 
 def test_a_run_says_the_note_apart_from_its_alarms_and_keeps_it_apart(capsys):
     # the series through the run's log: said as a note, kept as summary.json's `notes`, no alarm
-    from grpo.progress import StepProgress
-    from grpo.step_metrics import RunLog
+    from grpo.observe.progress import StepProgress
+    from grpo.run.step_metrics import RunLog
 
     log = RunLog(AlarmMonitor(15, AlarmConfig(window=15, heldout_n=96, full_n=256)), None,
                  StepProgress(15, enabled=False))
@@ -318,7 +318,7 @@ def test_a_flat_held_out_series_stalls_and_stops_the_run_a_slowly_rising_one_is_
 
 
 def test_the_slow_progress_note_never_counts_towards_a_stop(monkeypatch):
-    from grpo.alarms import ALARMS
+    from grpo.observe.alarms import ALARMS
 
     monitor = AlarmMonitor(40, AlarmConfig(window=6))
     monkeypatch.setattr(alarms, "slow_progress", lambda *args, **kw: "slow progress: x")
@@ -452,7 +452,7 @@ def test_the_advice_on_memorising_names_uniform_draws_only_where_the_run_samples
 
 def test_a_resumed_run_keeps_the_notes_said_before_its_checkpoint(monkeypatch):
     # the note said at step 2 travels in the monitor's state (a checkpoint's, through JSON): the resumed
-    # run's log starts with it (grpo.step_metrics.open_log seeds its notes from ``said``) and says it no more
+    # run's log starts with it (grpo.run.step_metrics.open_log seeds its notes from ``said``) and says it no more
     import json
 
     monkeypatch.setattr(alarms, "slow_progress", lambda *args, **kw: "slow progress: x")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo.algorithm import aggregate_loss, group_advantages, k3_kl, policy_loss, tis_weights
+from grpo.math.algorithm import aggregate_loss, group_advantages, k3_kl, policy_loss, tis_weights
 
 
 def test_group_advantages_standardises_within_each_group():
@@ -52,12 +52,12 @@ def test_errored_rows_leave_their_groups_statistics():
     for scale in ("group", "batch", "none"):
         torch.testing.assert_close(
             group_advantages(x, 4, scale=scale),
-            __import__("grpo.algorithm", fromlist=["_"])._partial_group_advantages(
+            __import__("grpo.math.algorithm", fromlist=["_"])._partial_group_advantages(
                 x.view(-1, 4), torch.ones(3, 4, dtype=torch.bool), scale, 1e-6).reshape(-1))
 
 
 def test_a_group_varies_over_its_valid_rows_only():
-    from grpo.algorithm import group_varies
+    from grpo.math.algorithm import group_varies
 
     grouped = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 5.0, 5.0]])
     valid = torch.tensor([[True, False, False], [True, True, False], [False, True, True]])
@@ -120,7 +120,7 @@ def test_clip_higher_and_low_fraction():
 
 
 def test_a_group_of_equal_rewards_does_not_vary():
-    from grpo.algorithm import group_varies
+    from grpo.math.algorithm import group_varies
 
     assert group_varies(torch.tensor([[0.5, 0.5, 0.5], [0.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])).tolist() == [
         False, True, False]
@@ -251,7 +251,7 @@ def test_tis_weight_scales_the_surrogate_not_the_kl():
 
 def test_learning_rate_warms_up_linearly_then_stays():
     from grpo.config import TrainConfig
-    from grpo.update import learning_rate
+    from grpo.learning.update import learning_rate
 
     config = TrainConfig(lr=1e-3, warmup_steps=3)
     assert [learning_rate(config, s) for s in (1, 2, 3, 4, 10)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])

@@ -14,11 +14,11 @@ import torch
 import transformers
 from conftest import make_tokenizer
 
-from grpo.forward import LogitTransform
-from grpo.logprobs import rollout_logprobs, token_logprobs
+from grpo.learning.logprobs import rollout_logprobs, token_logprobs
 from grpo.models import save_model
-from grpo.prompts import encode_prompts
-from grpo.rollout import generate
+from grpo.sampling.forward import LogitTransform
+from grpo.sampling.prompts import encode_prompts
+from grpo.sampling.rollout import generate
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -124,7 +124,7 @@ def test_the_fused_head_differentiates_the_soft_cap_and_scaling(transform):
 
 @pytest.mark.parametrize("name", ["llama", "gemma3", "qwen3_moe"])
 def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_less(name, tokenizer, prompts):
-    """--gradient-checkpointing (grpo/logprobs.py checkpointed_layers) on the training pass with the shared
+    """--gradient-checkpointing (grpo/learning/logprobs.py checkpointed_layers) on the training pass with the shared
     prompt prefix and the prompt's KV cache under the completions (sliding-window layers in gemma3, experts
     in qwen3_moe): the same log-probs and gradients as without, and fewer bytes kept for backward."""
     from torch.autograd.graph import saved_tensors_hooks

@@ -1,4 +1,4 @@
-"""Asynchronous GRPO (--async-lag K, grpo/ahead.py): the lag is exactly K, the weights each batch samples with
+"""Asynchronous GRPO (--async-lag K, grpo/run/async_batches.py): the lag is exactly K, the weights each batch samples with
 are those K updates old, no prompt is in flight twice, and an interrupted run resumes bitwise."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 import torch
 from tiny_run import metrics_lines, params, tiny_trainer
 
-from grpo.ahead import SamplingAhead
-from grpo.batch import sample_batch
-from grpo.checkpoint import CheckpointError
 from grpo.config import ConfigError
-from grpo.interrupt import RunStopped
-from grpo.source import EachStep
+from grpo.run.async_batches import SamplingAhead
+from grpo.run.batch_source import EachStep
+from grpo.run.checkpoint import CheckpointError
+from grpo.sampling.rounds import sample_batch
+from grpo.system.interrupt import RunStopped
 
 pytestmark = pytest.mark.equivalence
 
@@ -128,8 +128,8 @@ def test_a_failure_in_the_sampling_thread_reaches_the_trainer_at_its_step(tmp_pa
     from conftest import make_model, make_tokenizer
     from tiny_run import count_a, tiny_config, tiny_task
 
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.trainer import GRPOTrainer
 
     calls = []
 
@@ -165,7 +165,7 @@ def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
     saved = io.BytesIO()
     torch.save(trainer.batches.state_dict(), saved)
     saved.seek(0)
-    state = torch.load(saved, map_location="cpu", weights_only=False)  # as grpo/checkpoint.py loads it
+    state = torch.load(saved, map_location="cpu", weights_only=False)  # as grpo/run/checkpoint.py loads it
     trainer.batches.sampling.device = torch.device("meta")
     trainer.batches.load_state_dict(state)
     seen = []
@@ -232,7 +232,7 @@ def test_an_alarm_stop_drops_the_batches_not_started_and_a_resume_samples_them_f
     """A stopping verdict after step 3 (K = 2) while the thread is on batch 4: batch 5, handed over and not
     started, is dropped; the checkpoint's batches ahead are a run of steps from 4 that next_step continues.
     Resumed, the run reaches its last step, and batch 5 samples with fresher weights, said so."""
-    from grpo.alarms import AlarmMonitor
+    from grpo.observe.alarms import AlarmMonitor
 
     calls = []
     monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: calls.append(1) or ("stall: by the test" if len(calls) == 3 else None))

@@ -15,7 +15,7 @@ The advantage is A(o) = r(o) - b with a constant b, so an expectation is a plain
 import pytest
 import torch
 
-from grpo.algorithm import policy_loss, tis_weights
+from grpo.math.algorithm import policy_loss, tis_weights
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +62,7 @@ def on_policy_gradient(theta: torch.Tensor) -> torch.Tensor:
 
 def loss_gradient(theta: torch.Tensor, theta_s: torch.Tensor, tokens: torch.Tensor, level: str | None
                   ) -> torch.Tensor:
-    """Gradient of policy_loss at theta on the batch ``tokens`` (N, T) drawn by theta_s, as grpo/update.py's
+    """Gradient of policy_loss at theta on the batch ``tokens`` (N, T) drawn by theta_s, as grpo/learning/update.py's
     old_policy sets it up with TIS: old_logp is the current log-probs detached, the weights carry pi_s.
     ``level=None`` is no correction: the batch taken as on-policy."""
     theta = theta.clone().requires_grad_(True)

@@ -140,7 +140,7 @@ def test_bad_input_is_one_clear_line(place, args, message):
     assert not (place / "not-a-run" / "checkpoints").exists()
 
 
-# What grpo.setup.resolve_run refuses (the model, the task, the rewards, tools and environments, the engine):
+# What grpo.run.build.resolve_run refuses (the model, the task, the rewards, tools and environments, the engine):
 # `grpo preflight` and grpo.train() refuse it as `grpo train` does, before a model loads.
 SETUP_CASES = {name: CASES[name] for name in (
     "missing model path", "unreadable model", "model folder without config", "data file missing",

@@ -9,9 +9,9 @@ import pytest
 import torch
 from tiny_run import metrics_lines, params, tiny_trainer
 
-from grpo import checkpoint
-from grpo.interrupt import RunStopped
-from grpo.trainer import GRPOTrainer
+import grpo.run.checkpoint as checkpoint
+from grpo.run.trainer import GRPOTrainer
+from grpo.system.interrupt import RunStopped
 
 
 def _same_params(a, b):
@@ -104,7 +104,7 @@ def as_format_1(path, *, totals: bool = True) -> None:
 
 @pytest.mark.parametrize("options", [{}, {"async_lag": 1}, {"sampler": "frontier"}], ids=["sync", "async", "frontier"])
 def test_a_checkpoint_of_format_1_resumes_as_the_unbroken_run(tmp_path, options):
-    """The checkpoint layout before the format was named (grpo/checkpoint.py upgrade) still resumes, bitwise
+    """The checkpoint layout before the format was named (grpo/run/checkpoint.py upgrade) still resumes, bitwise
     as the unbroken run. bench/same_as.py's resume case checks one written by that code itself."""
     straight = tiny_trainer(steps=4, **options)
     straight.train(tmp_path / "straight")

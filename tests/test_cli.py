@@ -74,10 +74,10 @@ def test_grpo_train_says_no_model_was_saved_under_no_save_model(tmp_path, monkey
             pass
 
     world = types.SimpleNamespace(is_main=True, size=1, close=lambda: None, broadcast_object=lambda value: value)
-    monkeypatch.setattr("grpo.setup.check_before_loading", lambda run, *args, **kwargs: run)
-    monkeypatch.setattr("grpo.distributed.init_world", lambda *args, **kwargs: world)
-    monkeypatch.setattr("grpo.process.setup_process", lambda config: None)
-    monkeypatch.setattr("grpo.trainer.GRPOTrainer", Trainer)
+    monkeypatch.setattr("grpo.run.build.check_before_loading", lambda run, *args, **kwargs: run)
+    monkeypatch.setattr("grpo.system.distributed.init_world", lambda *args, **kwargs: world)
+    monkeypatch.setattr("grpo.run.process_setup.setup_process", lambda config: None)
+    monkeypatch.setattr("grpo.run.trainer.GRPOTrainer", Trainer)
     for extra, end in (["--no-save-model"], "; no model saved (--no-save-model)"), ([], f"; model: {tmp_path / 'a'}/model"):
         run_dir = tmp_path / ("b" if extra else "a")
         assert main(["train", "--steps", "1", "--output", str(run_dir), *extra]) == 0

@@ -10,7 +10,7 @@ in every combination:
 - ``grpo eval`` of the saved model feeds it the held-out prompts training fed it (one process, own engine:
   recorded in this process);
 - every model call keeps within the token budget, rows x tokens <= --micro-batch-tokens (same cases);
-- a combination that is not built is refused in one line before any model loads (grpo/combinations.py).
+- a combination that is not built is refused in one line before any model loads (grpo/refusals.py).
 
 Left out of the processes axis: two torchrun nodes of one process each (tests/test_distributed.py runs
 that launch once; a third value would add cases this 2-core machine cannot afford in ``make test``).
@@ -33,7 +33,7 @@ from conftest import make_model, make_tokenizer
 from pairwise import all_pairs_of, pairwise, uncovered
 
 from grpo.cli import main as cli_main
-from grpo.combinations import ASYNC_TORCHRUN, ASYNC_VLLM_LORA, TURNS_NEED_CHAT
+from grpo.refusals import ASYNC_TORCHRUN, ASYNC_VLLM_LORA, TURNS_NEED_CHAT
 
 pytestmark = pytest.mark.combos
 
@@ -214,18 +214,18 @@ def budget_calls(monkeypatch):
 @pytest.fixture
 def eval_prompts(monkeypatch):
     """The prompts every evaluation in this process feeds the model (training's held-out and ``grpo eval``)."""
-    import grpo.evaluate
-    import grpo.heldout
+    import grpo.observe.heldout
+    import grpo.sampling.evaluate
 
     seen: list[list[list[int]]] = []
-    own = grpo.evaluate.evaluate
+    own = grpo.sampling.evaluate.evaluate
 
     def evaluate(model, tokenizer, prompts, rows, reward, **kw):
         seen.append([list(p) for p in prompts])
         return own(model, tokenizer, prompts, rows, reward, **kw)
 
-    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr(grpo.heldout, "evaluate", evaluate)
+    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(grpo.observe.heldout, "evaluate", evaluate)
     return seen
 
 
@@ -305,8 +305,8 @@ def test_a_combination_not_built_is_refused_in_one_line_before_anything_loads(he
     def must_not_load(*a, **kw):
         raise AssertionError("a model loaded before the refusal")
 
-    # grpo.trainer first: importing it after grpo.models is patched would keep the patch past this test
-    monkeypatch.setattr("grpo.setup.load_policy", must_not_load)
+    # grpo.run.trainer first: importing it after grpo.models is patched would keep the patch past this test
+    monkeypatch.setattr("grpo.run.build.load_policy", must_not_load)
     monkeypatch.setattr("grpo.models.load_policy", must_not_load)
     case = {**CASES[0], "engine": "own", "processes": 1, **held}
     rc = cli_main(["train", *_args(case, folders), "--output", str(folders / "refused")])

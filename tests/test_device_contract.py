@@ -1,4 +1,4 @@
-"""The device contract (grpo/update.py): group bookkeeping on the CPU, per-token tensors on the
+"""The device contract (grpo/learning/update.py): group bookkeeping on the CPU, per-token tensors on the
 policy's device. This CPU build has no CUDA, so ``OnDevice`` stands for a tensor on the GPU: it
 computes on the CPU and raises where a CPU tensor and a device tensor meet in one operation, as
 CUDA does when a CPU tensor is indexed with a GPU mask."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from grpo.update import trained_groups
+from grpo.learning.update import trained_groups
 
 
 class OnDevice(torch.Tensor):

@@ -1,4 +1,4 @@
-"""The teacher term's math (grpo/teacher/divergence.py), by hand: values and gradients, with masked tokens,
+"""The teacher term's math (grpo/learning/teacher/divergence.py), by hand: values and gradients, with masked tokens,
 errored rows and zero-length completions. p is the student, q the teacher."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from grpo.config import TrainConfig
-from grpo.teacher.divergence import (
+from grpo.learning.teacher.divergence import (
     chunked_jsd,
     generalized_jsd,
     sampled_reverse_kl,
     teacher_metrics,
     teacher_token_stats,
 )
-from grpo.teacher.scoring import TeacherScores, teacher_loss
+from grpo.learning.teacher.scoring import TeacherScores, teacher_loss
 
 LN2 = math.log(2.0)
 
@@ -139,8 +139,8 @@ def test_the_teacher_loss_is_its_coefficient_times_the_aggregated_term(aggregate
 
 
 def test_the_divergence_alarm_warns_on_a_rise_only():
-    from grpo.alarms import AlarmConfig, AlarmMonitor
-    from grpo.teacher.alarm import divergence_rising
+    from grpo.learning.teacher.alarm import divergence_rising
+    from grpo.observe.alarms import AlarmConfig, AlarmMonitor
 
     rising = [0.2 + 0.02 * i for i in range(6)]  # 0.2 -> 0.3: +50% of its start
     assert "divergence rising: teacher_kl 0.200 -> 0.300" in divergence_rising(rising, 6)

@@ -1,4 +1,4 @@
-"""On-policy distillation on tiny models (grpo/teacher/): the teacher's term trains a run with no reward,
+"""On-policy distillation on tiny models (grpo/learning/teacher/): the teacher's term trains a run with no reward,
 adds to GRPO's surrogate beside rewards, keeps every group, and the options a run cannot use are refused in
 one line before anything loads."""
 
@@ -12,9 +12,9 @@ from conftest import make_model, make_tokenizer
 from tiny_run import tiny_config, tiny_task
 
 from grpo.cli import main
-from grpo.process import setup_process
-from grpo.setup import resolve_run
-from grpo.trainer import GRPOTrainer
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
 
 
 def first_char_parity(completion, example):
@@ -138,8 +138,8 @@ def test_with_rewards_the_teachers_term_adds_to_the_surrogate(teacher_folder, tm
 
 def test_without_a_reward_the_groups_are_kept_under_filter_groups_and_the_check(teacher_folder, monkeypatch):
     """... and the check's step budget counts one generation round, as a step under a teacher takes."""
-    import grpo.preflight as preflight
-    import grpo.update as update
+    import grpo.learning.update as update
+    import grpo.run.preflight as preflight
 
     rounds, expected, timed, teacher_pass = [], preflight.expected_step_seconds, [], update.teacher_pass
     monkeypatch.setattr(preflight, "expected_step_seconds",
@@ -202,8 +202,8 @@ def test_a_teacher_the_run_cannot_use_is_refused_in_one_line(folders, args, mess
 
 def test_the_memory_model_counts_the_teacher_unless_it_is_the_reference(teacher_folder):
     from grpo.config import TrainConfig
-    from grpo.memory import Device, ModelShape, RunShape, predict
-    from grpo.memory_check import read_model_config, with_teacher
+    from grpo.run.memory import Device, ModelShape, RunShape, predict
+    from grpo.run.memory_check import read_model_config, with_teacher
 
     shape = ModelShape.from_config(read_model_config(str(teacher_folder)))
     run = RunShape(group_size=4, prompts_per_step=4, max_new_tokens=8, prompt_tokens=16, micro_batch_tokens=256)
@@ -266,7 +266,7 @@ def test_a_lora_student_distils_its_adapter_alone(teacher_folder):
 def test_the_report_draws_teacher_kl_beside_the_reference_kl(tmp_path):
     import json
 
-    from grpo.report import PANELS, figure, load_run
+    from grpo.observe.report import PANELS, figure, load_run
 
     run = tmp_path / "run"
     run.mkdir()
@@ -283,7 +283,7 @@ def test_the_report_draws_teacher_kl_beside_the_reference_kl(tmp_path):
 def test_the_teachers_pass_micro_batched_gives_the_update_of_one_batch(teacher_folder, form, monkeypatch):
     """Within --micro-batch-tokens (1: a completion per micro-batch, the teacher's pass the same) the step's
     gradient is the one of a single micro-batch; the teacher never runs more rows at once than the budget."""
-    import grpo.teacher.scoring as scoring
+    import grpo.learning.teacher.scoring as scoring
 
     seen = []
     hidden = scoring.rollout_hidden
@@ -355,7 +355,7 @@ def test_a_teacher_with_more_embedding_rows_is_read_over_the_tokenizers_tokens(p
 def test_at_temperature_0_7_the_model_as_its_own_teacher_agrees_with_itself(form, monkeypatch):
     """At a temperature other than 1 both models are read at it: the teacher named as the model gives, at
     step 1, the student's own log-probs at every sampled token and a divergence of 0."""
-    import grpo.update as update
+    import grpo.learning.update as update
 
     seen, loss = [], update.teacher_loss
     monkeypatch.setattr(update, "teacher_loss", lambda cfg, logp, scores, jsd, mask, **kw:
@@ -379,8 +379,8 @@ def test_without_a_reward_the_sampler_is_uniform_unless_given_and_length_is_not_
     as the default's choice); length_without_reward has no reward to compare with and stays off."""
     import numpy as np
 
-    from grpo.alarms import AlarmConfig, AlarmMonitor
     from grpo.config import resolve_config
+    from grpo.observe.alarms import AlarmConfig, AlarmMonitor
 
     def settled(**kw):
         return resolve_config(tiny_config(teacher=str(teacher_folder), not_given=("sampler",), **kw),
@@ -399,7 +399,7 @@ def test_without_a_reward_the_sampler_is_uniform_unless_given_and_length_is_not_
 def test_in_the_full_form_teacher_kl_is_the_exact_divergence_it_optimises(teacher_folder, monkeypatch):
     """Not the sampled tokens' one-sample estimate: the token mean of the full form's per-token divergence
     (here the reverse KL, beta 1), which is never negative; divergence_rising reads it."""
-    import grpo.update as update
+    import grpo.learning.update as update
 
     seen, loss = [], update.teacher_loss
     monkeypatch.setattr(update, "teacher_loss", lambda cfg, logp, scores, jsd, mask, **kw:
@@ -444,7 +444,7 @@ def test_the_preflight_reports_the_divergence_to_the_teacher(peaked_teacher, for
     first step would log as teacher_kl, on its own samples: equal to the divergence computed apart on them;
     with no reward that is the signal it says, not a pass rate. The first step's teacher_kl (other samples)
     is of its size."""
-    import grpo.preflight as preflight
+    import grpo.run.preflight as preflight
 
     seen, divergence = [], preflight.teacher_divergence
     monkeypatch.setattr(preflight, "teacher_divergence", lambda learner, rollout: seen.append(rollout)

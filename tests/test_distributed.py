@@ -18,9 +18,9 @@ import torch
 from conftest import make_model, make_tokenizer
 from distributed_worker import run_case
 
-from grpo import checkpoint
+import grpo.run.checkpoint as checkpoint
 from grpo.cli import main as cli_main
-from grpo.distributed import World
+from grpo.system.distributed import World
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

@@ -171,7 +171,7 @@ def stand_in_readers_files(monkeypatch, style: str) -> None:
     """The pre-load checks as written, with the built-in task in place of a data set and a reward of the
     command's style in place of a reward file that the docs' reader brings (their contents are the reader's;
     what is checked here is the command's options, their combinations and the number of processes)."""
-    from grpo import setup
+    import grpo.run.build as setup
 
     config_task, resolve_reward = setup.config_task, setup.resolve_reward
 
@@ -490,12 +490,12 @@ def test_the_objectives_page_gives_each_recommended_setting_and_where_dppos_come
 
 def test_the_changelog_describes_the_memory_models_checkpointing_as_it_is():
     """CHANGELOG.md's entry on the memory prediction names what it counts under gradient checkpointing, the
-    kept set of grpo/memory.py checkpointed_bytes, not the half of the activations that docs/memory.md says
+    kept set of grpo/run/memory.py checkpointed_bytes, not the half of the activations that docs/memory.md says
     was replaced (issue 52)."""
     log = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     entry = next(e for e in log.split("\n- ") if e.startswith("The memory prediction counts"))
     assert "`checkpointed_bytes`" in entry, entry
-    assert "def checkpointed_bytes(" in (ROOT / "grpo" / "memory.py").read_text(encoding="utf-8")
+    assert "def checkpointed_bytes(" in (ROOT / "grpo" / "run" / "memory.py").read_text(encoding="utf-8")
     assert "half the activations under gradient checkpointing" not in entry, entry
     assert "CHECKPOINT_KEPT" not in source_text()  # the half, replaced
 

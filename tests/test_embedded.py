@@ -32,9 +32,9 @@ def test_embedded_model_is_cached_as_a_plain_hf_folder(policy):
 
 
 def test_sampling_log_probs_match_the_plain_model(policy):
-    from grpo.evaluate import encode_prompts
-    from grpo.logprobs import rollout_logprobs
-    from grpo.rollout import generate
+    from grpo.learning.logprobs import rollout_logprobs
+    from grpo.sampling.evaluate import encode_prompts
+    from grpo.sampling.rollout import generate
     from grpo.tasks import get_task
 
     task = get_task("add", heldout_size=16)
@@ -134,7 +134,7 @@ def test_the_embedded_model_resumed_in_a_new_process_is_bitwise_the_straight_run
     2.4e-7 away). Each run is its own process, which starts from nothing but the checkpoint's files. The
     evaluations during the run score held-out prompts only (--eval-train 0): the training sample's 32
     greedy completions a step took a third of the test's time and draw nothing from the run's streams."""
-    from grpo import checkpoint
+    import grpo.run.checkpoint as checkpoint
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["--prompts-per-step", "2", "--group-size", "4", "--eval-size", "8", "--max-new-tokens", "16",

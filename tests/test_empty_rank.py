@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from grpo.batch import generate_round, probe_features
 from grpo.config import TrainConfig
-from grpo.distributed import World
-from grpo.sampler import DrawCounts
+from grpo.sampling.prompt_samplers import DrawCounts
+from grpo.sampling.rounds import generate_round, probe_features
+from grpo.system.distributed import World
 
 GPU = torch.device("cuda:0")
 
@@ -63,7 +63,7 @@ def test_the_rank_with_no_prompt_has_its_tensors_on_its_gpu():
             assert getattr(done, name).device == GPU, name
         for name in ("completion_ids", "mask", "logprobs", "truncated"):
             assert getattr(done.rollout, name).device == GPU, name
-        # the rounds of a step are joined (grpo/batch.py informative_batch): with another rank's round too
+        # the rounds of a step are joined (grpo/sampling/rounds.py informative_batch): with another rank's round too
         other = torch.zeros(6, dtype=done.lengths.dtype, device=GPU)
         assert torch.cat([done.lengths, other]).device == GPU and torch.cat([done.truncated, other.bool()]).device == GPU
 

@@ -5,12 +5,12 @@ import random
 import pytest
 import torch
 
-from grpo.algorithm import policy_loss
 from grpo.config import ConfigError
-from grpo.episode_scores import episode_metrics, scored_tokens
-from grpo.episodes import Agent, Episode, EpisodeError
-from grpo.logprobs import rollout_logprobs
-from grpo.streams import stream_keys, stream_seeds
+from grpo.learning.logprobs import rollout_logprobs
+from grpo.math.algorithm import policy_loss
+from grpo.sampling.episode_scores import episode_metrics, scored_tokens
+from grpo.sampling.episodes import Agent, Episode, EpisodeError
+from grpo.sampling.random_streams import stream_keys, stream_seeds
 
 
 class Echo:
@@ -257,7 +257,7 @@ class FakeEngine:
 
     def sample(self, conversations, *, max_tokens, drawn, streams=None, generator=None, temperature=1.0,
                top_p=1.0, top_k=0, stop_strings=()):
-        from grpo.rollout import generate
+        from grpo.sampling.rollout import generate
 
         self.requests.append([len(c) + m for c, m in zip(conversations, max_tokens, strict=True)])
         out = []

@@ -1,4 +1,4 @@
-"""One policy for rows that errored (grpo/batch.py): a reward call that failed, an environment that raised,
+"""One policy for rows that errored (grpo/sampling/rounds.py): a reward call that failed, an environment that raised,
 a completion cut at the limit under mask_truncated. Each leaves the loss and its group's statistics, and is
 counted by cause; only the model's own failures score 0 and are trained on."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiny_run import tiny_trainer
 
-import grpo.trainer
-from grpo.algorithm import group_advantages
+import grpo.run.trainer
+from grpo.math.algorithm import group_advantages
 
 
 def odd_first_char_raises(completion, example):
@@ -25,7 +25,7 @@ def odd_first_char_raises(completion, example):
 def _spy(trainer, monkeypatch):
     """What the update is given, and the rewards the scorer returned, step by step."""
     seen = {"update": [], "scores": []}
-    update, score = grpo.trainer.update, trainer.sampling.score
+    update, score = grpo.run.trainer.update, trainer.sampling.score
 
     def spy_update(learner, rollout, advantages, ref_logp, lengths):
         seen["update"].append((rollout.mask.clone(), advantages.clone(), lengths.clone(),
@@ -37,7 +37,7 @@ def _spy(trainer, monkeypatch):
         seen["scores"].append((rewards.clone(), list(texts)))
         return rewards, metrics
 
-    monkeypatch.setattr(grpo.trainer, "update", spy_update)
+    monkeypatch.setattr(grpo.run.trainer, "update", spy_update)
     trainer.sampling.score = spy_score
     return seen
 
@@ -104,7 +104,7 @@ def test_reward_errors_count_rows_over_every_round_as_errored_does(monkeypatch):
 
 
 def test_the_scorer_metrics_of_two_processes_sum_their_counts_and_weigh_means_by_verdicts():
-    from grpo.batch import whole_draw_means
+    from grpo.sampling.rounds import whole_draw_means
 
     ranks = [(8, {"reward/r": 0.5, "reward_errors/r": 4.0, "reward_timeouts/r": 1.0, "reward_none/r": 0.0}),
              (8, {"reward/r": 1.0, "reward_errors/r": 0.0, "reward_timeouts/r": 0.0, "reward_none/r": 2.0})]
@@ -131,9 +131,9 @@ def test_an_environment_that_raises_makes_its_row_errored_in_training(monkeypatc
     from conftest import make_model, make_tokenizer
     from tiny_run import tiny_config, tiny_task
 
-    from grpo.process import setup_process
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
     # any of a-h ends a turn, so most turns end on their own and reach the environment's step
@@ -177,9 +177,9 @@ def test_a_group_whose_environment_never_opened_is_left_out_and_counted(monkeypa
     from conftest import make_model, make_tokenizer
     from tiny_run import tiny_config, tiny_task
 
-    from grpo.process import setup_process
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
     config = tiny_config(max_turns=2, prompts_per_step=8, group_size=4, seed=0)
@@ -207,8 +207,8 @@ def test_a_group_whose_environment_never_opened_is_left_out_and_counted(monkeypa
 
 @pytest.mark.unit
 def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
-    from grpo.batch import leave_out_errored
-    from grpo.distributed import World
+    from grpo.sampling.rounds import leave_out_errored
+    from grpo.system.distributed import World
 
     # groups of 3: the first has one errored row (two valid left), the second two (one left: nothing to
     # compare it with, the whole group leaves), the third none
@@ -228,7 +228,7 @@ def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
 
 @pytest.mark.unit
 def test_row_errors_names_each_cause():
-    from grpo.batch import ERROR_CAUSES, row_errors
+    from grpo.sampling.rounds import ERROR_CAUSES, row_errors
 
     class Ep:
         def __init__(self, error):
@@ -243,7 +243,7 @@ def test_row_errors_names_each_cause():
 
 
 def test_the_console_says_so_above_five_percent():
-    from grpo.progress import errored_line
+    from grpo.observe.progress import errored_line
 
     assert errored_line(3, {"errored_frac": 0.05, "errored/reward": 2.0}) is None
     line = errored_line(3, {"errored_frac": 0.25, "errored/reward": 6.0, "errored/environment": 0.0,

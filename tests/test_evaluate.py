@@ -8,7 +8,7 @@ import torch
 from conftest import make_model, make_tokenizer
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
+from grpo.sampling.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
 
 
 def test_pass_at_k_matches_the_binomial_formula():
@@ -54,7 +54,7 @@ def test_answer_key_normalises_whitespace_and_a_period():
 
 
 def test_evaluate_reports_greedy_pass_k_and_maj_k(tiny_model, tokenizer):
-    from grpo.evaluate import encode_prompts
+    from grpo.sampling.evaluate import encode_prompts
 
     rows = [{"prompt": f"q{i}", "answer": "a"} for i in range(6)]
     prompts = encode_prompts(tokenizer, [[{"role": "user", "content": r["prompt"]}] for r in rows])
@@ -169,7 +169,7 @@ def test_grpo_eval_of_a_runs_model_scores_what_the_run_held_out_as_training_buil
     --rewards; a file named another way is the same file; another task is not the run's."""
     from grpo.cli import build_parser
     from grpo.cli.eval import _eval_config, _eval_reward, _eval_task, _inherit_source
-    from grpo.prompts import run_task
+    from grpo.sampling.prompts import run_task
 
     monkeypatch.chdir(tmp_path)
     for name, n in (("rows.jsonl", 120), ("test.jsonl", 30)):
@@ -203,7 +203,7 @@ def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monke
     """A run trained with its own tools or turn limits is scored with them, not with the task's."""
     import json
 
-    import grpo.episodes
+    import grpo.sampling.episodes
     from grpo.cli import main
 
     run = tmp_path / "run"
@@ -217,11 +217,11 @@ def test_cli_eval_of_a_runs_model_takes_the_runs_tools_and_turns(tmp_path, monke
                     max_new_tokens=config.max_new_tokens)
         raise SystemExit(0)
 
-    monkeypatch.setattr(grpo.episodes, "make_agent", make_agent)
+    monkeypatch.setattr(grpo.sampling.episodes, "make_agent", make_agent)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     tokenizer = make_tokenizer()
     monkeypatch.setattr("grpo.models.load_policy", lambda name, device: type("P", (), {"tokenizer": tokenizer})())
-    monkeypatch.setattr("grpo.prompts.encode_prompts", lambda *a: [])
+    monkeypatch.setattr("grpo.sampling.prompts.encode_prompts", lambda *a: [])
     try:
         main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4"])
     except SystemExit:
@@ -246,16 +246,16 @@ RENDERINGS = {
 def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path, monkeypatch, rendering):
     """A run on a --data file with a system prompt, a prompt template and its format; grpo eval of its model on
     the same file, given none of them, renders each held-out row to the token ids the run's held-out
-    evaluation fed the model (grpo/prompts.py, run_prompts)."""
+    evaluation fed the model (grpo/sampling/prompts.py, run_prompts)."""
     import json
 
     from tiny_run import tiny_config
 
-    import grpo.evaluate
+    import grpo.sampling.evaluate
     from grpo.cli import main
-    from grpo.process import setup_process
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i} + 2", "answer": str(i + 2)}) + "\n" for i in range(40)))
@@ -277,7 +277,7 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
         seen.update(prompts=prompts, rows=rows)
         raise SystemExit(0)
 
-    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     monkeypatch.setattr("grpo.models.load_policy",
                         lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": trainer.model})())
@@ -295,7 +295,7 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
 def test_grpo_eval_of_a_runs_model_runs_its_episodes_in_the_runs_chat_template(tmp_path, monkeypatch):
     import json
 
-    import grpo.evaluate
+    import grpo.sampling.evaluate
     from grpo.cli import main
 
     template = tmp_path / "template.jinja"
@@ -310,7 +310,7 @@ def test_grpo_eval_of_a_runs_model_runs_its_episodes_in_the_runs_chat_template(t
         raise SystemExit(0)
 
     tokenizer = make_tokenizer()
-    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     monkeypatch.setattr("grpo.models.load_policy",
                         lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity()})())
@@ -379,7 +379,7 @@ def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkey
                                                                  expected):
     """pass@k and maj@k of a run's model sample at the temperature the run sampled at (issue 52: they sampled
     at 1.0, not the run's 0.7), unless --temperature is given; a model no run saved samples at 1.0."""
-    import grpo.evaluate
+    import grpo.sampling.evaluate
     from grpo.cli import main
 
     run = tmp_path / "run"
@@ -395,7 +395,7 @@ def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkey
         raise SystemExit(0)
 
     tokenizer = make_tokenizer()
-    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     monkeypatch.setattr("grpo.models.load_policy",
                         lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity()})())
@@ -411,11 +411,11 @@ def test_grpo_eval_of_a_run_uses_the_format_its_model_files_settled(tmp_path, mo
     chat template."""
     from tiny_run import tiny_config
 
-    import grpo.evaluate
+    import grpo.sampling.evaluate
     from grpo.cli import main
-    from grpo.process import setup_process
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     folder = tmp_path / "base"
     folder.mkdir()
@@ -437,7 +437,7 @@ def test_grpo_eval_of_a_run_uses_the_format_its_model_files_settled(tmp_path, mo
         seen.update(prompts=prompts, stop=kw["stop_strings"])
         raise SystemExit(0)
 
-    monkeypatch.setattr(grpo.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
     monkeypatch.setattr("grpo.models.check_model", lambda name: None)
     monkeypatch.setattr("grpo.models.load_policy",
                         lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": trainer.model})())

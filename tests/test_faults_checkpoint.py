@@ -23,14 +23,14 @@ import torch
 from conftest import make_model, make_tokenizer
 from test_faults import ENV, rank_pid, run, start, stopped_line
 
-from grpo import checkpoint
+import grpo.run.checkpoint as checkpoint
 
 pytestmark = pytest.mark.faults
 
 # `grpo train` with the checkpoint writer patched first: FAULT=slow makes each file of a checkpoint take a
 # second longer to write; FAULT=full fails checkpoint 2's first file with ENOSPC, as a full disk does
 PATCHED = """import errno, os, sys, time
-import grpo.checkpoint as checkpoint
+import grpo.run.checkpoint as checkpoint
 from grpo.cli import main
 
 real = checkpoint._write_file

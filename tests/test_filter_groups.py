@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_run import metrics_lines, params, tiny_trainer
 
-from grpo import checkpoint
+import grpo.run.checkpoint as checkpoint
 
 
 def even_prompts_vary(completion, example):
@@ -79,7 +79,7 @@ def test_frontier_sampler_with_filter_groups_resumes_bitwise(tmp_path):
 
 
 def test_a_round_draws_the_missing_groups_over_the_share_expected_to_vary():
-    from grpo.batch import round_size
+    from grpo.sampling.rounds import round_size
 
     assert round_size(8, None, 32, 32) == 8  # nothing seen yet: the missing groups
     assert round_size(8, 0.5, 32, 32) == 16
@@ -93,8 +93,8 @@ def test_a_round_draws_the_missing_groups_over_the_share_expected_to_vary():
 def test_the_first_round_is_sized_by_the_share_that_varied_in_the_steps_before():
     import math
 
-    from grpo.batch import sample_batch
-    from grpo.sampler import SHARE_DECAY
+    from grpo.sampling.prompt_samplers import SHARE_DECAY
+    from grpo.sampling.rounds import sample_batch
 
     trainer = tiny_trainer(reward=even_prompts_vary, prompts_per_step=4, filter_groups=True, max_gen_rounds=4, seed=2,
                            round_prompts=16)

@@ -10,9 +10,9 @@ ratio GRPO's importance weights and clipping act on.
 import torch
 from conftest import make_model, make_tokenizer
 
-from grpo.forward import head_logits
-from grpo.logprobs import rollout_logprobs
-from grpo.rollout import generate
+from grpo.learning.logprobs import rollout_logprobs
+from grpo.sampling.forward import head_logits
+from grpo.sampling.rollout import generate
 
 FP32_TOLERANCE = 1e-5  # |log pi_trainer - log pi_sampler| per token: torch.testing's fp32 atol
 KERNEL_NOISE = 1e-6  # relative: how far a GPU's decode and prefill kernels leave the hidden states apart
@@ -21,7 +21,7 @@ KERNEL_NOISE = 1e-6  # relative: how far a GPU's decode and prefill kernels leav
 def _kernel_noise(module, inputs, hidden):
     """Perturb the final hidden states of passes over more than one token (the prompts and the training
     pass) by a relative KERNEL_NOISE; the decode step (one token) keeps its own. On this CPU the passes
-    agree bit for bit in fp32 (or to rounding where the decode runs on reordered weights, grpo/packed.py),
+    agree bit for bit in fp32 (or to rounding where the decode runs on reordered weights, grpo/sampling/packed_linear.py),
     so the difference a GPU's kernels make is added by hand."""
     if hidden.shape[1] == 1:
         return hidden

@@ -41,7 +41,7 @@ def test_gpu_check_runs_every_phase_on_the_cpu_without_the_optional_packages():
         rate = float(lines[phase].split(" tok/s")[0].split()[-1])
         assert tokens > 0 and rate > 0, lines[phase]
     assert "logp gap mean" in lines["train-ckpt tiny"], out  # --gradient-checkpointing trained its 3 steps
-    for phase in ("preflight tiny", "train tiny", "train-ckpt tiny"):  # grpo/memory.py's prediction beside it
+    for phase in ("preflight tiny", "train tiny", "train-ckpt tiny"):  # grpo/run/memory.py's prediction beside it
         assert "(predicted " in lines[phase] and "measured/predicted " in lines[phase], lines[phase]
     assert out.splitlines()[-1].startswith("gpu_check: every phase passed")
     assert f"grpo from {ROOT / 'grpo'}" in out
@@ -49,23 +49,23 @@ def test_gpu_check_runs_every_phase_on_the_cpu_without_the_optional_packages():
 
 def test_tokens_counted_from_the_steps_metrics_are_the_tokens_the_loop_sampled(tmp_path, monkeypatch):
     """Counts.add_step on metrics.jsonl's lines gives the completions' lengths that each generation round
-    of the loop really produced (read where the loop samples: grpo.batch.sample_and_score)."""
+    of the loop really produced (read where the loop samples: grpo.sampling.rounds.sample_and_score)."""
     from tiny_run import tiny_trainer
 
-    import grpo.batch
+    import grpo.sampling.rounds
 
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     gpu_check = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look their module up there
     spec.loader.exec_module(gpu_check)
-    produced, real = [], grpo.batch.sample_and_score
+    produced, real = [], grpo.sampling.rounds.sample_and_score
 
     def counted(*args, **kwargs):
         out = real(*args, **kwargs)
         produced.append(int(out[0].lengths.sum()))
         return out
 
-    monkeypatch.setattr(grpo.batch, "sample_and_score", counted)
+    monkeypatch.setattr(grpo.sampling.rounds, "sample_and_score", counted)
     trainer = tiny_trainer(steps=2, save_every=100, filter_groups=True, max_gen_rounds=2)
     trainer.train(tmp_path / "run")
     counts = gpu_check.Counts()

@@ -2,7 +2,7 @@
 
 ``cuda`` below stands for the driver: every patched call that would initialise CUDA in a real run
 (mem_get_info, set_device, moving a module to a GPU) marks it initialised, and torch.cuda.is_initialized
-reads the mark, as grpo/workers.py does to choose between forking its workers and a fresh interpreter.
+reads the mark, as grpo/system/workers.py does to choose between forking its workers and a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-import grpo.memory_check
-from grpo import workers
+import grpo.run.memory_check
+import grpo.system.workers as workers
 from grpo.config import ConfigError, TrainConfig
-from grpo.distributed import init_world
-from grpo.prompts import r1_zero_reward
 from grpo.rewards import combine_rewards
 from grpo.rewards.basic import final_number
-from grpo.setup import check_before_loading, resolve_run
-from grpo.tools import ToolCall
+from grpo.run.build import check_before_loading, resolve_run
+from grpo.sampling.prompts import r1_zero_reward
+from grpo.sampling.tools import ToolCall
+from grpo.system.distributed import init_world
 
 
 class FakeCuda:
@@ -34,8 +34,8 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "set_device", lambda *a: mark("set_device"))
         monkeypatch.setattr(torch.cuda, "init", lambda: mark("init"))
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a: True)  # autocast asks
-        # what a child interpreter reads (grpo.memory_check.cuda_memory): it starts CUDA there, not here
-        monkeypatch.setattr(grpo.memory_check, "cuda_memory", lambda index: (20 << 30, 24 << 30), raising=False)
+        # what a child interpreter reads (grpo.run.memory_check.cuda_memory): it starts CUDA there, not here
+        monkeypatch.setattr(grpo.run.memory_check, "cuda_memory", lambda index: (20 << 30, 24 << 30), raising=False)
         real_to = nn.Module.to
 
         def to(module, *args, **kwargs):  # a move to a GPU starts CUDA; the module stays where it is
@@ -82,7 +82,7 @@ def test_the_memory_check_and_init_world_do_not_start_cuda(monkeypatch):
 def test_free_gpu_memory_unreadable_is_one_line(monkeypatch):
     # this CPU build has no CUDA: the child interpreter's mem_get_info fails, and says so in one line
     with pytest.raises(ConfigError, match=r"^cannot read the free memory of cuda:0: [^\n]+$"):
-        grpo.memory_check.cuda_memory(0)
+        grpo.run.memory_check.cuda_memory(0)
 
 
 def test_a_builtin_r1_zero_reward_reaches_workers_started_from_a_fresh_interpreter(monkeypatch):
@@ -97,7 +97,7 @@ def test_a_builtin_r1_zero_reward_reaches_workers_started_from_a_fresh_interpret
 
 
 def _trainer(monkeypatch, **options):
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.trainer import GRPOTrainer
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cuda = FakeCuda(monkeypatch)
@@ -133,7 +133,7 @@ def test_a_scripts_tool_reaches_its_forked_worker_before_cuda_starts(monkeypatch
 
 
 def test_a_checkpoint_keeps_one_gpu_rng_state_and_resumes_where_fewer_gpus_are_visible(monkeypatch):
-    from grpo.checkpoint import global_rng_state, set_global_rng_state
+    from grpo.run.checkpoint import global_rng_state, set_global_rng_state
 
     states = {i: torch.full((16,), i, dtype=torch.uint8) for i in range(8)}  # 8 GPUs, as under --nproc 8
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -159,10 +159,10 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
     from contextlib import nullcontext
     from types import SimpleNamespace
 
-    import grpo.update
-    from grpo.distributed import World
-    from grpo.rollout import Rollout
-    from grpo.sides import Temperature
+    import grpo.learning.update
+    from grpo.sampling.rollout import Rollout
+    from grpo.sampling.step_parts import Temperature
+    from grpo.system.distributed import World
 
     events: list[str] = []
     calls: list[dict] = []
@@ -174,7 +174,7 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize"))
-    monkeypatch.setattr(grpo.update.time, "perf_counter", lambda: events.append("clock") or float(len(events)))
+    monkeypatch.setattr(grpo.learning.update.time, "perf_counter", lambda: events.append("clock") or float(len(events)))
     rollout = Rollout(prompt_ids=[[1, 2], [1, 2]], completion_ids=torch.ones((2, 3), dtype=torch.long),
                       mask=torch.ones((2, 3)), logprobs=torch.zeros((2, 3)), truncated=torch.zeros(2, dtype=torch.bool),
                       texts=["", ""], group_size=2)
@@ -183,7 +183,7 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
                                   tokenizer=SimpleNamespace(pad_token_id=0), autocast=nullcontext(),
                                   optimizer=SimpleNamespace(zero_grad=lambda **kw: None), temperature=Temperature(1.0),
                                   teacher=None)
-        grpo.update.update_seconds(learner, rollout)
+        grpo.learning.update.update_seconds(learner, rollout)
         assert calls[-1]["share_prefix"] is (not fsdp)  # as micro_step: one decoder call per micro-batch under FSDP
     # each reading of the clock waits for what the GPU was given
     assert events[:4] == ["synchronize", "clock", "forward", "synchronize"] and events[4] == "clock"
@@ -192,8 +192,8 @@ def test_preflights_timed_update_calls_the_policy_as_a_step_does_and_waits_for_t
 def test_under_fsdp_the_full_models_stay_on_the_cpu_until_sharding(monkeypatch):
     from conftest import make_model
 
-    import grpo.setup
-    from grpo.distributed import Policy, World
+    import grpo.run.build
+    from grpo.system.distributed import Policy, World
 
     where: list[tuple[str, torch.device]] = []
 
@@ -201,12 +201,12 @@ def test_under_fsdp_the_full_models_stay_on_the_cpu_until_sharding(monkeypatch):
         where.append(("sharded" if world.fsdp else "wrapped", next(model.parameters()).device))
         return Policy(model)
 
-    monkeypatch.setattr(grpo.setup, "shard_policy", shard)
+    monkeypatch.setattr(grpo.run.build, "shard_policy", shard)
     gpu = torch.device("meta")  # stands for the GPU: a move there is seen, and costs nothing
     for fsdp in (True, False):
         where.clear()
         config = TrainConfig(beta=0.04, fsdp=fsdp)
-        model, _, reference, _ = grpo.setup.build_policy(config, World(device=gpu, fsdp=fsdp), gpu, make_model(64))
+        model, _, reference, _ = grpo.run.build.build_policy(config, World(device=gpu, fsdp=fsdp), gpu, make_model(64))
         assert reference is not None and len(where) == 2  # the reference, then the policy
         expected = torch.device("cpu") if fsdp else gpu
         assert [d for _, d in where] == [expected, expected], (fsdp, where)
@@ -216,7 +216,7 @@ def test_under_fsdp_the_full_models_stay_on_the_cpu_until_sharding(monkeypatch):
 def test_the_first_cuda_call_takes_a_device_without_an_index(monkeypatch, name, index):
     """A world of one trains on pick_device's ``cuda`` (no index): torch's own set_device refuses a device
     without one, so use_device names the first GPU."""
-    from grpo.distributed import use_device
+    from grpo.system.distributed import use_device
 
     chosen = []
     monkeypatch.setattr(torch._C, "_cuda_setDevice", chosen.append, raising=False)

@@ -1,12 +1,12 @@
-"""Sampling reuses freed heap blocks (grpo/heap.py) and gives back the training process's release after."""
+"""Sampling reuses freed heap blocks (grpo/system/heap_settings.py) and gives back the training process's release after."""
 
 import threading
 
 import pytest
 import torch
 
-import grpo.heap as heap
-from grpo.rollout import generate
+import grpo.system.heap_settings as heap
+from grpo.sampling.rollout import generate
 
 
 class FakeLibc:

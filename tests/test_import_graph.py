@@ -87,9 +87,9 @@ def test_a_circle_is_found_even_when_one_edge_is_type_only(tmp_path):
 
 
 def test_the_trainer_hands_the_phases_no_forwarding_methods():
-    """The phases are module functions that take plain values (grpo/sides.py); the trainer's public
+    """The phases are module functions that take plain values (grpo/sampling/step_parts.py); the trainer's public
     methods are the run's own, none a round trip that hands ``self`` to a phase that reads it back."""
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.trainer import GRPOTrainer
 
     public = {name for name, value in vars(GRPOTrainer).items() if not name.startswith("_") and callable(value)}
     assert public == {"step", "train", "close", "checkpoint_parts"}
@@ -104,11 +104,11 @@ def test_the_config_is_assigned_once_and_the_sampler_built_once(tmp_path, monkey
     A run never assigns trainer.config again, and builds its prompt sampler once, after the check."""
     from tiny_run import tiny_trainer
 
-    import grpo.trainer
-    from grpo.trainer import GRPOTrainer
+    import grpo.run.trainer
+    from grpo.run.trainer import GRPOTrainer
 
     assigned, built = [], []
-    setattr_, make_sampler = GRPOTrainer.__setattr__, grpo.trainer.make_sampler
+    setattr_, make_sampler = GRPOTrainer.__setattr__, grpo.run.trainer.make_sampler
 
     def watch(self, name, value):
         if name == "config":
@@ -116,7 +116,7 @@ def test_the_config_is_assigned_once_and_the_sampler_built_once(tmp_path, monkey
         setattr_(self, name, value)
 
     monkeypatch.setattr(GRPOTrainer, "__setattr__", watch)
-    monkeypatch.setattr(grpo.trainer, "make_sampler", lambda *a, **kw: built.append(kw) or make_sampler(*a, **kw))
+    monkeypatch.setattr(grpo.run.trainer, "make_sampler", lambda *a, **kw: built.append(kw) or make_sampler(*a, **kw))
     # no token limit given, and none tuned for the task: the check samples at 256 and fits one (any "a" ends
     # a completion, so the tiny model's end soon and the check stops at the limit it will fit)
     checked = dict(preflight="warn", max_new_tokens=0, preflight_prompts=2, max_gen_rounds=1, stop=("a",),
@@ -181,9 +181,9 @@ def test_an_oversized_module_and_function_are_found(tmp_path):
     assert oversized(pkg) == []
 
 
-TRAINER_LINES = 400  # grpo/trainer.py is the loop alone: a new feature gets its own module and a line in it
+TRAINER_LINES = 400  # grpo/run/trainer.py is the loop alone: a new feature gets its own module and a line in it
 
 
 def test_the_trainer_module_stays_under_its_limit():
     lines = len((GRPO / "trainer.py").read_text().splitlines())
-    assert lines < TRAINER_LINES, f"grpo/trainer.py has {lines} lines (limit: under {TRAINER_LINES})"
+    assert lines < TRAINER_LINES, f"grpo/run/trainer.py has {lines} lines (limit: under {TRAINER_LINES})"

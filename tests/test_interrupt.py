@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from grpo.episodes import EnvTimeout, call_within
-from grpo.interrupt import StopRequests
-from grpo.launcher import exit_status, worker_env
+from grpo.sampling.episodes import EnvTimeout, call_within
+from grpo.system.interrupt import StopRequests
+from grpo.system.launcher import exit_status, worker_env
 
 
 def test_a_signal_on_any_rank_is_the_stop_every_rank_agrees_on():
@@ -50,11 +50,11 @@ def test_once_a_worker_failed_the_others_are_ended_after_the_grace(monkeypatch):
     import subprocess
     import sys
 
-    import grpo.launcher
+    import grpo.system.launcher
 
-    monkeypatch.setattr(grpo.launcher, "GRACE_S", 0.3)
+    monkeypatch.setattr(grpo.system.launcher, "GRACE_S", 0.3)
     procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(1)"]),
              subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]  # stuck, as in a collective
     start = time.monotonic()
-    assert grpo.launcher.wait_all(procs) == [1, -signal.SIGTERM]
+    assert grpo.system.launcher.wait_all(procs) == [1, -signal.SIGTERM]
     assert time.monotonic() - start < 10

@@ -96,7 +96,7 @@ def test_sigterm_checkpoints_says_where_and_the_run_resumes(tmp_path, tiny_model
 
 def latest_weights(run: Path) -> dict[str, list]:
     """The latest checkpoint's trainable weights, as lists (compared exactly)."""
-    from grpo import checkpoint
+    import grpo.run.checkpoint as checkpoint
 
     weights = torch.load(checkpoint.latest(run) / checkpoint.WEIGHTS, weights_only=True)
     return {name: tensor.tolist() for name, tensor in weights.items()}

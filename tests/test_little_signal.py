@@ -13,7 +13,7 @@ from grpo.cli import main
 def test_a_run_too_short_for_the_no_signal_alarm_ends_saying_it_trained_on_nothing(tmp_path, capsys):
     # 4 steps with no group varying (a reward that never pays): no_signal needs 5 in a row; the end says so
     # in one line, and not again where the alarm fired (--no-signal-steps 3); --threads 1: nothing measured, so
-    # no line of options that repeat the run (grpo/repeat.py)
+    # no line of options that repeat the run (grpo/run/repeat.py)
     tokenizer = make_tokenizer()
     model = tmp_path / "tiny"
     make_model(len(tokenizer), seed=3).save_pretrained(model)

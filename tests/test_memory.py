@@ -1,4 +1,4 @@
-"""The memory model (grpo/memory.py) by hand on a tiny shape; the check before the weights load adapts in
+"""The memory model (grpo/run/memory.py) by hand on a tiny shape; the check before the weights load adapts in
 its order, leaves what the user set alone, and refuses in one line with no run folder."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.memory import (
+from grpo.run.memory import (
     CHECKPOINT_SURPLUS_LAYER_INPUTS,
     CPU_BASELINE,
     LOGIT_CHUNK_COPIES,
@@ -22,7 +22,7 @@ from grpo.memory import (
     micro_batch_tokens,
     predict,
 )
-from grpo.memory_check import adapt_to_memory, measured_completion, trainer_prediction
+from grpo.run.memory_check import adapt_to_memory, measured_completion, trainer_prediction
 
 # L 2, H 8, I 16, 2 heads and 1 KV head of 4 dims, V 10, tied embeddings
 TINY = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, tied=True)
@@ -236,7 +236,7 @@ def test_adapting_undoes_changes_that_do_not_help_the_peak():
 
 
 def test_the_preflight_timing_runs_one_micro_batch_so_its_gradients_replace_activations():
-    # pre-flight times the first micro-batch of its 2 groups only (grpo/preflight.py update_seconds), its
+    # pre-flight times the first micro-batch of its 2 groups only (grpo/run/preflight.py update_seconds), its
     # gradients set to None before: at 20 tokens a micro-batch the step's update keeps the first
     # micro-batch's gradients (4 P) while the second runs, the timing only the output layer's (4 V H = 320)
     p = 1272
@@ -299,9 +299,9 @@ def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(m
     Over that, the line warns and names the largest term's option, as the check before loading refuses."""
     from types import SimpleNamespace
 
-    import grpo.memory_check as mc
-    from grpo.memory import GIB
-    from grpo.memory_check import memory_line
+    import grpo.run.memory_check as mc
+    from grpo.run.memory import GIB
+    from grpo.run.memory_check import memory_line
 
     trainer = _trainer(_config())
     trainer.world = SimpleNamespace(size=2)
@@ -326,7 +326,7 @@ def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(m
 def test_the_weight_push_buffer_counts_against_host_memory_only():
     # vLLM's push buffer (full fine-tuning) lies in /dev/shm: beside a CPU process's peak it counts, beside a
     # CUDA process's reserve (GPU memory) it does not
-    from grpo.memory_check import memory_line
+    from grpo.run.memory_check import memory_line
 
     run = dataclasses.replace(RUN, engine="vllm", vllm_bucket_mb=1.0, preflight_rows=0)
     for kind in ("cpu", "cuda"):

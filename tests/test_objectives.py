@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from grpo.algorithm import group_advantages, group_varies, policy_loss, tis_weights
 from grpo.config import ConfigError, TrainConfig
+from grpo.math.algorithm import group_advantages, group_varies, policy_loss, tis_weights
 
 ln = math.log
 

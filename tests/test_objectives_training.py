@@ -11,9 +11,9 @@ import pytest
 import torch
 from tiny_run import tiny_trainer
 
-import grpo.trainer
+import grpo.run.trainer
 from grpo.config import TrainConfig
-from grpo.update import trainer_logprobs
+from grpo.learning.update import trainer_logprobs
 
 OBJECTIVES = ("ppo", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl")
 
@@ -50,7 +50,7 @@ def step_logprob_change(monkeypatch, **settings) -> tuple[torch.Tensor, torch.Te
     metrics and the parameters after it."""
     trainer = tiny_trainer(reward=parity, epochs=2, steps=1, seed=1, **settings)
     seen = {}
-    update = grpo.trainer.update
+    update = grpo.run.trainer.update
 
     def spy(learner, rollout, adv, ref, lengths):
         before = (trainer_logprobs(learner, rollout) * rollout.mask).sum(dim=1)  # (N,)
@@ -59,7 +59,7 @@ def step_logprob_change(monkeypatch, **settings) -> tuple[torch.Tensor, torch.Te
         seen["adv"] = adv.clone()
         return stats
 
-    monkeypatch.setattr(grpo.trainer, "update", spy)
+    monkeypatch.setattr(grpo.run.trainer, "update", spy)
     m = trainer.step(1)
     return seen["adv"], seen["change"], m, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
@@ -95,8 +95,8 @@ def test_dynamic_sampling_trains_only_groups_that_teach_under_the_estimator(esti
     trainer = tiny_trainer(reward=parity, advantage_estimator=estimator, prompts_per_step=6, seed=5,
                            filter_groups=True, max_gen_rounds=3, steps=1)
     seen = []
-    update = grpo.trainer.update
-    monkeypatch.setattr(grpo.trainer, "update", lambda learner, rollout, adv, ref, lengths:
+    update = grpo.run.trainer.update
+    monkeypatch.setattr(grpo.run.trainer, "update", lambda learner, rollout, adv, ref, lengths:
                         seen.append(adv.clone()) or update(learner, rollout, adv, ref, lengths))
     m = trainer.step(1)
     grouped = seen[0].view(-1, 4)
@@ -112,7 +112,7 @@ def fifths(completion, example):
 
 
 def by_hand(estimator: str, rewards: list[float], lengths: list[int], g: int) -> list[float]:
-    """Each estimator's advantages from its formula (grpo/algorithm.py group_advantages), one group at a
+    """Each estimator's advantages from its formula (grpo/math/algorithm.py group_advantages), one group at a
     time in plain Python: the trainer's must match them."""
     groups = [rewards[i:i + g] for i in range(0, len(rewards), g)]
     if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
@@ -139,8 +139,8 @@ def by_hand(estimator: str, rewards: list[float], lengths: list[int], g: int) ->
 def test_the_trainer_trains_on_each_estimators_advantages(estimator, monkeypatch):
     trainer = tiny_trainer(reward=fifths, advantage_estimator=estimator, prompts_per_step=6, steps=1, seed=2)
     seen = []
-    update = grpo.trainer.update
-    monkeypatch.setattr(grpo.trainer, "update", lambda learner, rollout, adv, ref, lengths:
+    update = grpo.run.trainer.update
+    monkeypatch.setattr(grpo.run.trainer, "update", lambda learner, rollout, adv, ref, lengths:
                         seen.append((rollout.texts, adv.clone(), lengths.tolist()))
                         or update(learner, rollout, adv, ref, lengths))
     trainer.step(1)
@@ -190,8 +190,8 @@ def test_reinforce_pp_baseline_trains_its_all_equal_groups_and_the_metrics_say_s
     trainer = tiny_trainer(reward=parity, advantage_estimator="reinforce_pp_baseline", prompts_per_step=6,
                            seed=4, steps=1)
     seen = []
-    update = grpo.trainer.update
-    monkeypatch.setattr(grpo.trainer, "update", lambda learner, rollout, adv, ref, lengths:
+    update = grpo.run.trainer.update
+    monkeypatch.setattr(grpo.run.trainer, "update", lambda learner, rollout, adv, ref, lengths:
                         seen.append((rollout.texts, adv.clone())) or update(learner, rollout, adv, ref, lengths))
     m = trainer.step(1)
     texts, adv = seen[0]

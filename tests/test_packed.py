@@ -1,4 +1,4 @@
-"""Sampling on reordered weights (grpo/packed.py): the same products to fp32 rounding, only while it is safe."""
+"""Sampling on reordered weights (grpo/sampling/packed_linear.py): the same products to fp32 rounding, only while it is safe."""
 
 import threading
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 from conftest import make_model, make_tokenizer
 
-import grpo.packed as packed
-from grpo.forward import head_logits
-from grpo.logprobs import rollout_logprobs
-from grpo.memory import Device, ModelShape, RunShape, predict
-from grpo.packed import packed_linears, reordered
-from grpo.rollout import generate
+import grpo.sampling.packed_linear as packed
+from grpo.learning.logprobs import rollout_logprobs
+from grpo.run.memory import Device, ModelShape, RunShape, predict
+from grpo.sampling.forward import head_logits
+from grpo.sampling.packed_linear import packed_linears, reordered
+from grpo.sampling.rollout import generate
 
 needs_onednn = pytest.mark.skipif(not packed.onednn_here(), reason="reordered weights need an x86 CPU with oneDNN")
 
@@ -223,7 +223,7 @@ def test_on_other_cpus_or_when_turned_off_nothing_is_reordered_and_nothing_is_co
     assert not packed.packs_here()
     from tiny_run import tiny_config
 
-    from grpo.memory_check import run_device
+    from grpo.run.memory_check import run_device
 
     assert not run_device(tiny_config(), 1).packs_weights
     monkeypatch.delenv("GRPO_REORDERED_WEIGHTS")

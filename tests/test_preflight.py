@@ -12,13 +12,13 @@ import torch
 from conftest import make_model, make_tokenizer
 from tiny_run import count_a, metrics_lines, params, tiny_task, tiny_trainer
 
-from grpo.algorithm import policy_loss
 from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_LR, TrainConfig, settle_config
-from grpo.heldout import train_sample
-from grpo.interrupt import RunStopped
-from grpo.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit
-from grpo.run_state import RunState, planned_schedule
-from grpo.setup import step_budget
+from grpo.math.algorithm import policy_loss
+from grpo.observe.heldout import train_sample
+from grpo.run.build import step_budget
+from grpo.run.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit
+from grpo.run.run_state import RunState, planned_schedule
+from grpo.system.interrupt import RunStopped
 from grpo.tasks import Task, load_task
 
 
@@ -56,7 +56,7 @@ def right_or_raises(completion, example):
 
 
 def test_preflight_counts_the_groups_that_vary_over_the_rows_training_keeps():
-    from grpo.preflight import run_preflight
+    from grpo.run.preflight import run_preflight
 
     trainer = tiny_trainer(reward=right_or_raises, preflight="warn", max_gen_rounds=1)
     with pytest.warns(RuntimeWarning, match="calls failed"):
@@ -104,9 +104,9 @@ def test_checker_suspected_fires_on_a_run_that_games_its_training_reward(tmp_pat
     config = TrainConfig(temperature=1.0, sampler="uniform", filter_groups=False, steps=16, prompts_per_step=4,
                          group_size=4, max_new_tokens=6, lr=3e-2, warmup_steps=1, eval_size=8, eval_every=2,
                          device="cpu", save_model=False, reward_workers=0, preflight="off", log_every=0)
-    from grpo.process import setup_process
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     setup_process(config)
     model = make_model(len(tokenizer), seed=3)
@@ -134,9 +134,9 @@ def test_rewards_see_which_completions_hit_the_token_limit():
 
 
 def test_mask_truncated_leaves_cut_completions_out_of_the_sequence_normaliser(monkeypatch):
-    import grpo.batch
-    import grpo.update
-    from grpo.rollout import generate
+    import grpo.learning.update
+    import grpo.sampling.rounds
+    from grpo.sampling.rollout import generate
 
     def half_cut(*args, **kwargs):  # as if the first two completions of each group had hit the token limit
         rollout = generate(*args, **kwargs)
@@ -150,8 +150,8 @@ def test_mask_truncated_leaves_cut_completions_out_of_the_sequence_normaliser(mo
         seen.append(kwargs["total_sequences"])
         return policy_loss(*args, **kwargs)
 
-    monkeypatch.setattr(grpo.batch, "generate", half_cut)
-    monkeypatch.setattr(grpo.update, "policy_loss", loss)
+    monkeypatch.setattr(grpo.sampling.rounds, "generate", half_cut)
+    monkeypatch.setattr(grpo.learning.update, "policy_loss", loss)
     trainer = tiny_trainer(reward=odd_length, mask_truncated=True, aggregate="sequence", steps=1,
                            skip_zero_advantage=False)
     trainer.step(1)
@@ -159,15 +159,15 @@ def test_mask_truncated_leaves_cut_completions_out_of_the_sequence_normaliser(mo
 
 
 def test_mask_truncated_leaves_cut_completions_out_of_the_loss(monkeypatch):
-    import grpo.batch
-    from grpo.rollout import generate
+    import grpo.sampling.rounds
+    from grpo.sampling.rollout import generate
 
     def all_cut(*args, **kwargs):  # as if every completion had hit the token limit
         rollout = generate(*args, **kwargs)
         rollout.truncated[:] = True
         return rollout
 
-    monkeypatch.setattr(grpo.batch, "generate", all_cut)
+    monkeypatch.setattr(grpo.sampling.rounds, "generate", all_cut)
     masked = tiny_trainer(reward=odd_length, mask_truncated=True, steps=1)
     before = params(masked)
     metrics = masked.step(1)
@@ -305,7 +305,7 @@ def test_with_few_correct_the_limit_follows_what_an_answer_needs_not_the_ramblin
 def test_the_gold_answer_is_found_anywhere_in_a_completion():
     from conftest import make_tokenizer
 
-    from grpo.preflight import answer_reach
+    from grpo.run.preflight import answer_reach
 
     tokenizer = make_tokenizer()
     assert answer_reach(tokenizer, "ab b a", "b") == len(tokenizer.encode("ab", add_special_tokens=False))
@@ -350,7 +350,7 @@ def test_the_engine_starts_before_the_generation_estimate_is_timed():
     # with --engine vllm the first rollout started vLLM (167 s measured) inside the clock, and pre-flight
     # printed "about 433 s a step" for steps that took 23-26 s: the start now happens before it
 
-    from grpo.preflight import start_engine
+    from grpo.run.preflight import start_engine
 
     class Engine:
         conn = None
@@ -427,7 +427,7 @@ def test_first_tries_and_repeats_are_logged_and_survive_a_resume(tmp_path):
 
 def test_a_reward_that_fails_on_every_completion_is_the_fatal_problem_named():
     # a user's reward that raises on every completion: every row errored, so "no signal" would blame the data
-    from grpo.preflight import find_problems
+    from grpo.run.preflight import find_problems
 
     report = budget_report(varying_frac=0.0, all_wrong_frac=1.0, reward_errors={"exact_int": 128.0})
     problems = find_problems(report, ["exact_int"], [])
@@ -500,7 +500,7 @@ def test_the_announcement_says_that_rounds_of_new_prompts_follow_while_no_group_
     """A check of 16 prompts that found no varying group samples 64 (4 rounds): the first line says it may."""
     from types import SimpleNamespace
 
-    from grpo.preflight import _announce
+    from grpo.run.preflight import _announce
 
     world = SimpleNamespace(is_main=True)
     _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=4), world=world))
@@ -515,9 +515,9 @@ def test_only_a_time_budget_lets_the_measured_pace_change_a_run(tmp_path, monkey
     default without --steps) the pre-flight check's measured pace decides, when fewer than 10 steps fit,
     the run's group_size and generation rounds, so a run slowed by other work on the machine is another
     run. With no time budget the pace changes nothing: the runs are the same row by row (docs/gpu.md)."""
-    import grpo.trainer
+    import grpo.run.trainer
 
-    measured = grpo.trainer.run_preflight
+    measured = grpo.run.trainer.run_preflight
 
     def at_pace(seconds: float):
         def run_preflight(*args, **kwargs):
@@ -528,7 +528,7 @@ def test_only_a_time_budget_lets_the_measured_pace_change_a_run(tmp_path, monkey
 
     runs = []
     for name, seconds in (("idle", 0.01), ("busy", 60.0)):
-        monkeypatch.setattr(grpo.trainer, "run_preflight", at_pace(seconds))
+        monkeypatch.setattr(grpo.run.trainer, "run_preflight", at_pace(seconds))
         trainer = tiny_trainer(steps=3, minutes=minutes, preflight="warn", filter_groups=True,
                                    not_given=("group_size",))  # G 8, the default: the budget may adapt it
         trainer.train(tmp_path / name)

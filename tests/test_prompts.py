@@ -1,4 +1,4 @@
-"""Prompt formats (grpo/prompts.py): chat, plain, r1-zero, auto; few-shot examples; their stop strings
+"""Prompt formats (grpo/sampling/prompts.py): chat, plain, r1-zero, auto; few-shot examples; their stop strings
 and reward; a model whose tokenizer has no chat template, through train, eval and preflight."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 from conftest import make_model, make_tokenizer
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.prompts import (
+from grpo.rewards import final_number
+from grpo.sampling.prompts import (
     PromptFormat,
     encode_prompts,
     format_task,
@@ -19,7 +20,6 @@ from grpo.prompts import (
     r1_zero_reward,
     r1_zero_text,
 )
-from grpo.rewards import final_number
 from grpo.tasks import Task
 
 ASK = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "What is 2 + 3?"}]
@@ -111,7 +111,7 @@ def test_r1_zero_wraps_the_tasks_checker_once():
 
 
 def test_episodes_refuse_a_text_format_in_one_line():
-    from grpo.episodes import make_agent
+    from grpo.sampling.episodes import make_agent
     from grpo.tasks import get_task
 
     task = get_task("calc", heldout_size=4)
@@ -148,9 +148,9 @@ def test_a_model_without_chat_template_runs_train_eval_and_preflight(bare_model_
 def test_the_trainer_renders_and_stops_in_the_configured_format(capsys):
     from tiny_run import tiny_config, tiny_task
 
-    from grpo.preflight import run_preflight
-    from grpo.setup import resolve_run
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import resolve_run
+    from grpo.run.preflight import run_preflight
+    from grpo.run.trainer import GRPOTrainer
 
     tokenizer = bare_tokenizer()
     config = tiny_config(prompt_format="r1-zero", preflight="warn", preflight_prompts=2, max_gen_rounds=1)
@@ -172,7 +172,7 @@ def test_r1_zero_drops_the_tasks_tuned_token_limit():
     # add's 12 tokens hold "23 + 45 = 68", not <think> ... </think><answer> 68 </answer>: measured on the
     # embedded model, 97% of r1-zero completions were cut at 12 and no step had a reward to learn from
     from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
-    from grpo.prompts import format_task
+    from grpo.sampling.prompts import format_task
     from grpo.tasks import get_task
 
     task = get_task("add", heldout_size=8)

@@ -24,7 +24,7 @@ def test_public_names_are_defined_where_the_mapping_says():
 
 
 def test_no_public_name_is_a_submodule_name():
-    # `import grpo.evaluate` sets the attribute grpo.evaluate to the module, shadowing a function so named
+    # `import grpo.sampling.evaluate` sets the attribute grpo.sampling.evaluate to the module, shadowing a function so named
     submodules = {m.name for m in pkgutil.iter_modules(grpo.__path__)}
     assert not submodules & set(grpo.__all__)
 

@@ -36,14 +36,14 @@ def command(tiny_model_folder: Path, data: Path, run: Path, *extra: str, threads
 
 def stop_at(monkeypatch, step: int) -> None:
     """The time budget is spent after this step of the process, on any machine (no wall clock read)."""
-    from grpo.run_state import TimeBudget
+    from grpo.run.run_state import TimeBudget
 
     monkeypatch.setattr(TimeBudget, "spent", lambda self, steps_done, evaluates: steps_done >= step)
 
 
 def fake_clock(monkeypatch) -> list[float]:
     """The clock the time budget reads, as a list of one value that the test advances."""
-    from grpo.run_state import TimeBudget
+    from grpo.run.run_state import TimeBudget
 
     now = [0.0]
     monkeypatch.setattr(TimeBudget, "now", staticmethod(lambda: now[0]))
@@ -78,7 +78,7 @@ def test_a_timed_run_says_what_was_measured_and_its_repeat_gives_the_same_run(tm
     # that 0.02 minutes fit no step) sets the step budget's amendments, the clock (here one spent after step 6)
     # the last step; the evaluations are planned for the budget's 20 steps (every 4; --steps 6 plans every 2),
     # torch's threads are the machine's
-    from grpo import trainer as trainer_module
+    import grpo.run.trainer as trainer_module
 
     def slow(*args, **kwargs):
         report = preflight(*args, **kwargs)
@@ -129,8 +129,8 @@ def test_the_repeat_of_a_run_no_clock_ended_gives_its_planned_steps_and_an_autom
     # schedule evaluates where the run did and the alarm stops it at step 7 as well; --eval-every 0 given
     # is as automatic as none given, and the repeat names the schedule it planned
     from grpo.config import TrainConfig
-    from grpo.repeat import repeat_options
-    from grpo.run_state import RunState
+    from grpo.run.repeat import repeat_options
+    from grpo.run.run_state import RunState
 
     config = TrainConfig(steps=20, minutes=1.0, eval_every=0, alarm_window=10, threads=1, preflight="off")
     state = RunState(step=7, eval_every=4, alarm_window=10)
@@ -144,7 +144,7 @@ def test_the_repeat_of_a_run_no_clock_ended_gives_its_planned_steps_and_an_autom
 
 
 def test_the_budget_counts_the_scheduled_evaluation_before_it_runs(monkeypatch):
-    from grpo.run_state import TimeBudget
+    from grpo.run.run_state import TimeBudget
 
     now = fake_clock(monkeypatch)
     budget = TimeBudget(10.0, 0.0, evaluation=4.0, start=0.0)  # the start's evaluation took 4 s
@@ -162,8 +162,8 @@ def test_a_timed_run_ends_within_its_budget_whatever_its_evaluations_cost(tmp_pa
     # After step 1 (0.5 s) and step 2 (3 s) an evaluation and one more step fit; after step 3 (5.5 s) the
     # evaluation does not, so the run stops there (a budget read before the step's evaluation but blind to it
     # ran that evaluation, and ended at 8 s)
-    from grpo import trainer as trainer_module
-    from grpo.trainer import GRPOTrainer
+    import grpo.run.trainer as trainer_module
+    from grpo.run.trainer import GRPOTrainer
 
     now, began = fake_clock(monkeypatch), []
 
@@ -186,7 +186,7 @@ def test_a_timed_run_ends_within_its_budget_whatever_its_evaluations_cost(tmp_pa
 
 def test_evaluations_change_no_training_row_nor_weight(tmp_path):
     # issue 52: two runs of one command parted at step 5, the first step after the first interim evaluation.
-    # Evaluations draw from streams of their own (grpo/streams.py, step 0) and leave the model as they found
+    # Evaluations draw from streams of their own (grpo/sampling/random_streams.py, step 0) and leave the model as they found
     # it, so a run evaluated every step trains what a run evaluated only at its start and end does
     training = {}
     for every in (1, -1):

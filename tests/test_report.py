@@ -7,7 +7,7 @@ import math
 import pytest
 
 from grpo.cli import main
-from grpo.report import load_run, write_report
+from grpo.observe.report import load_run, write_report
 
 
 def make_run(path, steps=12, total=20, finished=False, reward_slope=0.03):
@@ -68,7 +68,7 @@ def test_a_slow_progress_note_is_shown_apart_and_never_as_an_alarm(tmp_path):
     assert run.alarms() == {}
     import re
 
-    from grpo.report.page import headline
+    from grpo.observe.report.page import headline
 
     rows = {cells[0]: cells[1] for row in headline([run]).split("<tr>")
             if len(cells := re.findall(r"<td>(.*?)</td>", row)) == 2}
@@ -150,7 +150,7 @@ def test_the_held_out_panel_tells_the_full_evaluation_from_the_alarms_subset(tmp
     with_subset = [json.dumps({**json.loads(line), "heldout_subset_accuracy": 0.2})
                    if json.loads(line)["step"] % 4 == 0 else line for line in lines]
     (run_dir / "metrics.jsonl").write_text("\n".join(with_subset) + "\n")
-    from grpo.report import PANELS, figure
+    from grpo.observe.report import PANELS, figure
 
     fig = figure([load_run(run_dir)])
     held_out = fig.axes[[title for title, _, _ in PANELS].index("held-out accuracy")]
@@ -168,7 +168,7 @@ def test_the_held_out_panel_tells_the_full_evaluation_from_the_alarms_subset(tmp
 
 
 def test_three_runs_in_the_png_one_colour_each_and_no_two_series_of_a_panel_alike(tmp_path):
-    from grpo.report import PANELS, figure
+    from grpo.observe.report import PANELS, figure
 
     runs = [make_run(tmp_path / name, finished=True) for name in "abc"]
     for run in runs:  # the two panels whose two series were drawn alike: wasted generation, the screen's calibration

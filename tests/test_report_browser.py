@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tiny_run import tiny_trainer
 
-from grpo.report import write_report
+from grpo.observe.report import write_report
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -14,7 +14,7 @@ import yaml
 from grpo.cli.parser import build_parser, flag
 from grpo.cli.train import _config_from_args
 from grpo.config import ConfigError, TrainConfig, option_fields, resolve_config
-from grpo.setup import resolve_run
+from grpo.run.build import resolve_run
 from grpo.tasks import get_task
 
 
@@ -265,7 +265,7 @@ def nothing_loads(monkeypatch):
         raise AssertionError(f"loaded or started before the refusal: {args[:1]}")
 
     monkeypatch.setattr("grpo.models.load_policy", forbidden)
-    monkeypatch.setattr("grpo.setup.load_policy", forbidden)
+    monkeypatch.setattr("grpo.run.build.load_policy", forbidden)
     monkeypatch.setattr(safetensors, "safe_open", forbidden)
     monkeypatch.setattr(safetensors.torch, "load_file", forbidden)
     monkeypatch.setattr(torch, "load", forbidden)
@@ -300,16 +300,16 @@ def _tiny_run(tmp_path, name, config, *, memory=None, monkeypatch=None):
     """A one-step run of the tiny model; its config.json."""
     from conftest import make_model, make_tokenizer
 
-    from grpo.process import setup_process
-    from grpo.setup import check_before_loading
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import check_before_loading
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)
     setup_process(config)
     run = resolve_run(config, model=model, processes=1)
     if memory is not None:  # what the check before loading adapts, as on a machine short of memory
-        monkeypatch.setattr("grpo.memory_check.adapt_to_memory", lambda *a, **k: (memory, types.SimpleNamespace(host={})))
+        monkeypatch.setattr("grpo.run.memory_check.adapt_to_memory", lambda *a, **k: (memory, types.SimpleNamespace(host={})))
         run = check_before_loading(run, 1)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     try:
@@ -351,7 +351,7 @@ def test_the_trainer_keeps_what_was_given():
     clip_low, lr, sampler, prompt_format, ...)."""
     from conftest import make_model, make_tokenizer
 
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)
@@ -409,7 +409,7 @@ def test_nproc_resolves_once_and_hands_the_processes_its_configuration_with_sour
     from grpo.cli.train import run_from_args
 
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])
-    monkeypatch.setattr("grpo.memory_check.adapt_to_memory",
+    monkeypatch.setattr("grpo.run.memory_check.adapt_to_memory",
                         lambda *a, **k: ({"micro_batch_tokens": 512}, types.SimpleNamespace(host={})))
     started = []
 
@@ -427,7 +427,7 @@ def test_nproc_resolves_once_and_hands_the_processes_its_configuration_with_sour
         def poll(self):
             return 0
 
-    monkeypatch.setattr("grpo.launcher.subprocess", types.SimpleNamespace(Popen=Process))
+    monkeypatch.setattr("grpo.system.launcher.subprocess", types.SimpleNamespace(Popen=Process))
     assert main(["train", "--nproc", "2", "--steps", "3", "--output", str(tmp_path / "run")]) == 0
     assert len(started) == 2
     for run in started:
@@ -576,10 +576,10 @@ def test_a_tokenizer_given_without_a_model_is_the_one_the_run_uses(monkeypatch):
     import torch
     from conftest import make_tokenizer
 
-    from grpo.setup import load_model
+    from grpo.run.build import load_model
 
     mine, loaded = make_tokenizer(), make_tokenizer()
-    monkeypatch.setattr("grpo.setup.load_policy",
+    monkeypatch.setattr("grpo.run.build.load_policy",
                         lambda name, device: types.SimpleNamespace(model="the model", tokenizer=loaded))
     assert load_model(TrainConfig(), torch.device("cpu"), None, mine) == ("the model", mine)
     assert load_model(TrainConfig(), torch.device("cpu"), None, None) == ("the model", loaded)

@@ -6,11 +6,11 @@ import pytest
 from unguarded import in_process_score
 
 from grpo.config import TrainConfig
-from grpo.process import setup_process
 from grpo.rewards.code import code_tests
-from grpo.setup import resolve_run
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
 from grpo.tasks import get_task
-from grpo.trainer import GRPOTrainer
 
 NAMES = ("add_k", "scale", "count_letter", "above")  # every function the code task asks for
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from grpo.forward import common_prefix_length
-from grpo.logprobs import length_buckets, rollout_logprobs, token_logprobs
-from grpo.rollout import Rollout, filter_logits, generate
+from grpo.learning.logprobs import length_buckets, rollout_logprobs, token_logprobs
+from grpo.sampling.forward import common_prefix_length
+from grpo.sampling.rollout import Rollout, filter_logits, generate
 
 
 def _prompts(tokenizer, questions):
@@ -109,7 +109,7 @@ def test_stop_strings_end_a_completion_at_the_token_that_completes_them(tiny_mod
 
 @pytest.mark.unit  # a pure function: make mutants runs it
 def test_sampling_follows_the_softmax_of_logits_over_temperature():
-    from grpo.rollout import sample_next
+    from grpo.sampling.rollout import sample_next
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
     gen = torch.Generator().manual_seed(0)
@@ -127,7 +127,7 @@ def test_sampling_follows_the_softmax_of_logits_over_temperature():
 def test_a_uniform_of_zero_never_draws_a_masked_token():
     # top-k/top-p leave the first tokens with probability 0, so the CDF starts [0, 0, ...]; a uniform
     # of exactly 0 (one in 2^24 per token) must still land on the first token that has mass.
-    from grpo.rollout import inverse_cdf, sample_next
+    from grpo.sampling.rollout import inverse_cdf, sample_next
 
     probs = torch.tensor([[0.0, 0.0, 0.3, 0.0, 0.7], [0.0, 0.5, 0.0, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]])
     token = inverse_cdf(probs, torch.zeros(3))
@@ -142,7 +142,7 @@ def test_a_uniform_of_zero_never_draws_a_masked_token():
 def test_the_draw_is_unchanged_for_positive_uniforms():
     # Against the plain search (searchsorted with right=False, the draw before the u = 0 fix): for
     # u > 0 they must pick the same token, on CDFs with masked entries, and never a masked one.
-    from grpo.rollout import inverse_cdf
+    from grpo.sampling.rollout import inverse_cdf
 
     gen = torch.Generator().manual_seed(0)
     probs = torch.rand(4096, 50, generator=gen) ** 4
@@ -236,7 +236,7 @@ def test_fused_token_logprobs_under_bf16_autocast_keep_dtypes_and_values():
 
 
 def test_grouped_kv_attention_keeps_only_the_grouped_keys_for_backward(tiny_model, tokenizer, monkeypatch):
-    # What grouped_kv_attention (grpo/forward.py) is for: without TRANSFORMERS_SDPA_FORCE_GQA, transformers
+    # What grouped_kv_attention (grpo/sampling/forward.py) is for: without TRANSFORMERS_SDPA_FORCE_GQA, transformers
     # repeats each key/value head for its query heads before SDPA whenever there is a mask (always here), and
     # autograd keeps those copies; with it SDPA gets the 2 key/value heads and enable_gqa. The tiny model has
     # 4 query heads over 2 key/value heads, so a repeated copy is twice the size of the keys it repeats and
@@ -301,7 +301,7 @@ def test_rows_without_tokens_cost_nothing_and_score_zero(tiny_model, tokenizer):
 def test_the_recorded_log_prob_is_that_of_the_truncated_distribution_the_token_was_drawn_from():
     # logits / T = [2, 1, 0, -1] at T = 0.5: softmax = [0.644, 0.237, 0.087, 0.032]; top_k = 2 keeps the
     # first two, renormalised: [0.731, 0.269] = softmax([2, 1]); top_p = 0.7 keeps the same two
-    from grpo.rollout import sample_next
+    from grpo.sampling.rollout import sample_next
 
     logits = torch.tensor([[1.0, 0.5, 0.0, -0.5]]).expand(400, 4)
     kept = torch.tensor([2.0, 1.0]).log_softmax(dim=-1)  # log [0.731, 0.269]
@@ -355,7 +355,7 @@ PINNED = {  # the tiny model's completions for streams (7, 1, 0, row), as sample
 @pytest.mark.parametrize("case,options", [("plain", {}), ("truncated", {"top_k": 20, "top_p": 0.9, "temperature": 0.7})])
 def test_a_fixed_stream_samples_the_pinned_completions(tiny_model, tokenizer, case, options):
     """Making a token cheaper must not change which token is drawn: a run's numbers stay those of its seed."""
-    from grpo.streams import stream_keys
+    from grpo.sampling.random_streams import stream_keys
 
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)["input_ids"]
                for q in ("1+2?", "What is 30+4?")]

@@ -4,8 +4,8 @@ import json
 
 from test_trainer import _trainer
 
-from grpo.metrics import MetricsLogger, repeated_ngram_frac
-from grpo.report import write_report
+from grpo.observe.metrics import MetricsLogger, repeated_ngram_frac
+from grpo.observe.report import write_report
 
 STEP_KEYS = {
     "reward_mean", "reward_std", "reward/count_a", "reward/count_a_std", "accuracy", "adv_mean", "adv_std",

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpo.algorithm import group_advantages, group_varies
 from grpo.config import ConfigError, TrainConfig
-from grpo.sampler import FrontierSampler, UniformSampler, expected_power, mixed_probability
+from grpo.math.algorithm import group_advantages, group_varies
+from grpo.sampling.prompt_samplers import FrontierSampler, UniformSampler, expected_power, mixed_probability
 
 G = 4
 

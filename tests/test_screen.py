@@ -1,4 +1,4 @@
-"""Screening (grpo/screen.py): the predictor's fit, the choice of candidates, exploration, and a tiny-model run
+"""Screening (grpo/sampling/screen.py): the predictor's fit, the choice of candidates, exploration, and a tiny-model run
 in which the screen generates fewer zero-variance groups than the plain draw."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 import torch
 from tiny_run import metrics_lines, tiny_trainer
 
-from grpo import screen as screen_module
-from grpo.batch import PROBE_STREAMS, probe_features, sample_and_score
+import grpo.sampling.screen as screen_module
 from grpo.config import ConfigError, TrainConfig
-from grpo.sampler import FrontierSampler, UniformSampler
-from grpo.screen import PassRatePredictor, Screen, choose, fit_logistic, mixed_chance
-from grpo.step_metrics import RunTotals
-from grpo.streams import stream_keys
+from grpo.run.step_metrics import RunTotals
+from grpo.sampling.prompt_samplers import FrontierSampler, UniformSampler
+from grpo.sampling.random_streams import stream_keys
+from grpo.sampling.rounds import PROBE_STREAMS, probe_features, sample_and_score
+from grpo.sampling.screen import PassRatePredictor, Screen, choose, fit_logistic, mixed_chance
 
 
 def test_mixed_chance_by_hand():

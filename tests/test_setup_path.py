@@ -10,9 +10,9 @@ import types
 import pytest
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.prompts import format_task, r1_zero_reward
 from grpo.rewards import code_tests
 from grpo.rewards.sandbox import needs_sandbox
+from grpo.sampling.prompts import format_task, r1_zero_reward
 from grpo.tasks import get_task
 
 
@@ -34,7 +34,7 @@ def test_the_memory_check_before_loading_sees_the_task_as_the_trainer_formats_it
         seen["defaults"], seen["reward"], seen["limit"] = dict(task.defaults), task.reward, config.max_new_tokens
         raise SystemExit(0)
 
-    monkeypatch.setattr("grpo.memory_check.check_memory", stop)
+    monkeypatch.setattr("grpo.run.memory_check.check_memory", stop)
     with pytest.raises(SystemExit):
         main(["train", "--task", "add", "--prompt-format", "r1-zero", "--steps", "1"])
     assert "max_new_tokens" not in seen["defaults"] and seen["limit"] == 256  # resolved as the trainer runs it
@@ -54,7 +54,7 @@ def test_grpo_preflight_refuses_a_run_that_cannot_fit_in_one_line(monkeypatch, c
     """`grpo preflight` runs grpo train's memory check before the weights load (it once loaded them)."""
     from grpo.cli import main
 
-    monkeypatch.setattr("grpo.trainer.GRPOTrainer", nothing_loads)
+    monkeypatch.setattr("grpo.run.trainer.GRPOTrainer", nothing_loads)
     code = main(["preflight", *(f"--{k.replace('_', '-')}={v}" for k, v in TOO_BIG.items())])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
@@ -65,7 +65,7 @@ def test_grpo_train_in_python_refuses_a_run_that_cannot_fit_before_loading(monke
     """grpo.train() runs the same check, and refuses with the ConfigError its other refusals raise."""
     import grpo
 
-    monkeypatch.setattr("grpo.trainer.GRPOTrainer", nothing_loads)
+    monkeypatch.setattr("grpo.run.trainer.GRPOTrainer", nothing_loads)
     with pytest.raises(ConfigError, match=r"^not enough memory: the run needs about ") as refused:
         grpo.train(TrainConfig(**TOO_BIG), run_dir=tmp_path / "run", progress=False)
     assert "\n" not in str(refused.value)
@@ -133,8 +133,8 @@ def test_an_environment_given_by_env_that_runs_code_gets_the_sandbox(tmp_path, m
 
     path, _ = user_file(tmp_path, "coding_env_36")
     checked, set_up = [], []
-    monkeypatch.setattr("grpo.setup.check_sandbox", lambda mode=None: checked.append(mode) or mode)
-    monkeypatch.setattr("grpo.setup.set_sandbox", set_up.append)  # not the process's: other tests run after
+    monkeypatch.setattr("grpo.run.build.check_sandbox", lambda mode=None: checked.append(mode) or mode)
+    monkeypatch.setattr("grpo.run.build.set_sandbox", set_up.append)  # not the process's: other tests run after
     monkeypatch.delitem(sys.modules, "coding_env_36", raising=False)
     trainer = agent_trainer(env=None, env_spec=f"{path}:CodingEnv", sandbox="weak")
     try:
@@ -148,7 +148,7 @@ def test_an_environment_given_by_env_that_runs_code_gets_the_sandbox(tmp_path, m
 def test_the_memory_check_leaves_alone_what_a_python_config_set(monkeypatch):
     """An option given in Python is the user's, even at its default (eval_batch_size=128), and the check
     before loading may not adapt it (only micro_batch_tokens, the one not given here)."""
-    from grpo.setup import check_before_loading, resolve_run
+    from grpo.run.build import check_before_loading, resolve_run
 
     seen = {}
 
@@ -156,7 +156,7 @@ def test_the_memory_check_leaves_alone_what_a_python_config_set(monkeypatch):
         seen["adaptable"] = set(adaptable)
         return {}, types.SimpleNamespace(host={})  # a prediction with no host terms
 
-    monkeypatch.setattr("grpo.memory_check.adapt_to_memory", record)
+    monkeypatch.setattr("grpo.run.memory_check.adapt_to_memory", record)
     config = TrainConfig(gradient_checkpointing=True, eval_batch_size=128)
     check_before_loading(resolve_run(config, processes=1), 1)
     assert seen["adaptable"] == {"micro_batch_tokens"}

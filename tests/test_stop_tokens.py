@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import CHAT_TEMPLATE, make_model
 
-from grpo.rollout import _ends_with_stop, end_of_turn_ids, generate
+from grpo.sampling.rollout import _ends_with_stop, end_of_turn_ids, generate
 
 CORPUS = ["<think>two and two</think><answer>4</answer>", "the answer is 42</answer>\n\nDone.",
           "<answer>7</answer> and then more text"] * 20

@@ -1,11 +1,11 @@
-"""Random streams keyed by what is sampled (grpo/streams.py) and generation that uses them."""
+"""Random streams keyed by what is sampled (grpo/sampling/random_streams.py) and generation that uses them."""
 
 from __future__ import annotations
 
 import torch
 
-from grpo.rollout import generate
-from grpo.streams import _mix, _mul32, stream_keys, stream_uniforms
+from grpo.sampling.random_streams import _mix, _mul32, stream_keys, stream_uniforms
+from grpo.sampling.rollout import generate
 
 
 def test_mul32_is_the_product_modulo_2_to_the_32():

@@ -8,8 +8,8 @@ import math
 import pytest
 from tiny_run import metrics_lines, tiny_trainer
 
-from grpo.algorithm import TEMPERATURE_RANGE, adapted_temperature
 from grpo.config import ConfigError, TrainConfig
+from grpo.math.algorithm import TEMPERATURE_RANGE, adapted_temperature
 
 
 def test_adapted_temperature_by_hand():
@@ -48,7 +48,7 @@ def test_each_step_samples_at_the_temperature_the_step_before_set(tmp_path):
     last = math.nan if steps[-1]["entropy"] is None else steps[-1]["entropy"]
     assert trainer.config.temperature == 1.0
     assert trainer.temperature.value == pytest.approx(adapted_temperature(steps[-1]["temperature"], last, 1.0))
-    from grpo.checkpoint import latest, read_meta
+    from grpo.run.checkpoint import latest, read_meta
 
     assert read_meta(latest(tmp_path / "run"))["config"]["temperature"] == 1.0
 

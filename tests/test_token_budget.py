@@ -12,10 +12,10 @@ import pytest
 import torch
 from tiny_run import tiny_trainer
 
-from grpo.batch import sample_batch
-from grpo.heldout import evaluate_heldout
-from grpo.logprobs import rollout_logprobs
-from grpo.update import scored_logprobs
+from grpo.learning.logprobs import rollout_logprobs
+from grpo.learning.update import scored_logprobs
+from grpo.observe.heldout import evaluate_heldout
+from grpo.sampling.rounds import sample_batch
 
 BUDGET = 48  # a tiny-task prompt is ~25 tokens, a group 4 x 6 completion tokens: most passes must split
 
@@ -56,7 +56,7 @@ def test_every_model_call_of_a_step_and_an_evaluation_keeps_within_the_token_bud
         trainer.step(1)
         trained = len(calls)
         evaluate_heldout(trainer.sampling)
-        from grpo.update import update_seconds
+        from grpo.learning.update import update_seconds
 
         update_seconds(trainer.learner, batch.rollout)
         assert sampled > 0 and trained > sampled and len(calls) > trained
@@ -88,7 +88,7 @@ def test_an_episodes_prefills_keep_within_the_budget_and_sample_the_same(reencod
     from conftest import make_model, make_tokenizer
     from test_episodes import ROWS, Echo
 
-    from grpo.episodes import Agent
+    from grpo.sampling.episodes import Agent
 
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3)

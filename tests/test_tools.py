@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from grpo.sampling.tools import ToolBox, ToolCall, ToolError, load_functions, parse_tool_calls, tool_schema
 from grpo.tasks.calc import calculator
-from grpo.tools import ToolBox, ToolCall, ToolError, load_functions, parse_tool_calls, tool_schema
 
 
 def lookup(key: str, default: int = 0) -> str:
@@ -143,7 +143,7 @@ def test_a_process_that_never_closes_its_toolbox_still_exits():
     import subprocess
     import sys
 
-    code = ("from grpo.tasks.calc import calculator\nfrom grpo.tools import ToolBox, parse_tool_calls\n"
+    code = ("from grpo.tasks.calc import calculator\nfrom grpo.sampling.tools import ToolBox, parse_tool_calls\n"
             "box = ToolBox([calculator])\n"
             "print(box.run(parse_tool_calls('<tool>calculator(\"6 * 7\")</tool>'))[0].text)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

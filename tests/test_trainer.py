@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from grpo.config import TrainConfig
-from grpo.process import setup_process
-from grpo.setup import resolve_run
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
 from grpo.tasks import Task
-from grpo.trainer import GRPOTrainer
 
 
 def count_a(completion, example):
@@ -105,7 +105,7 @@ def test_micro_batches_give_the_same_update_as_one_batch(tokenizer, aggregate):
 def test_micro_batches_split_a_group_over_the_budget_into_parts_of_its_rows():
     from types import SimpleNamespace
 
-    from grpo.update import micro_batches
+    from grpo.learning.update import micro_batches
 
     # 3 groups of 4: prompts of 5 tokens, longest completions 10, 2 and 3 tokens: costs 45, 13 and 17
     mask = torch.zeros(12, 10)
@@ -211,15 +211,15 @@ def test_gradient_checkpointing_gives_the_update_without_it(tokenizer):
 def test_each_minibatch_is_normalised_by_its_own_tokens_and_sequences(tokenizer, monkeypatch, aggregate):
     # two minibatches, some completions cut and masked whole (mask_truncated): each optimiser step's loss
     # divides by the policy tokens and the sequences with tokens of that minibatch alone
-    import grpo.update
+    import grpo.learning.update
 
-    calls, loss = [], grpo.update.policy_loss
+    calls, loss = [], grpo.learning.update.policy_loss
 
     def recording_loss(logp, old_logp, adv, mask, **kw):
         calls.append((float(mask.sum()), int((mask.sum(dim=1) > 0).sum()), kw["total_tokens"], kw["total_sequences"]))
         return loss(logp, old_logp, adv, mask, **kw)
 
-    monkeypatch.setattr(grpo.update, "policy_loss", recording_loss)
+    monkeypatch.setattr(grpo.learning.update, "policy_loss", recording_loss)
     from conftest import make_model
 
     trainer = _trainer(make_model(len(tokenizer), seed=3), tokenizer, seed=5, reward=first_char_parity,
@@ -240,7 +240,7 @@ def test_each_minibatch_is_normalised_by_its_own_tokens_and_sequences(tokenizer,
 
 
 def test_a_runs_default_folder_is_named_after_its_data_file_or_its_task():
-    from grpo.trainer import default_run_dir
+    from grpo.run.trainer import default_run_dir
 
     assert default_run_dir(TrainConfig(data="/tmp/my rows.jsonl")).name.endswith("-my-rows")
     assert default_run_dir(TrainConfig(data="rows/")).name.endswith("-rows")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.vllm_engine import EngineError, find_python
+from grpo.sampling.vllm_engine import EngineError, find_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

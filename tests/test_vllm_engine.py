@@ -15,13 +15,13 @@ from conftest import make_model, make_tokenizer
 from test_episodes import Echo
 
 from grpo.config import TrainConfig
-from grpo.logprobs import rollout_logprobs
-from grpo.process import setup_process
-from grpo.setup import resolve_run
-from grpo.streams import stream_keys
+from grpo.learning.logprobs import rollout_logprobs
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
+from grpo.sampling.random_streams import stream_keys
+from grpo.sampling.vllm_engine import EngineError, find_python
 from grpo.tasks import Task
-from grpo.trainer import GRPOTrainer
-from grpo.vllm_engine import EngineError, find_python
 
 try:
     find_python()
@@ -76,7 +76,7 @@ def _fixed(trainer: GRPOTrainer) -> tuple[list[list[int]], list[list[int]]]:
 
 def _trainer_scores(trainer: GRPOTrainer, prompts, completions) -> list[torch.Tensor]:
     """The trainer's log-probs (temperature 1) of each fixed completion, one prompt at a time."""
-    from grpo.rollout import Rollout
+    from grpo.sampling.rollout import Rollout
 
     out = []
     for p, c in zip(prompts, completions, strict=True):
@@ -110,7 +110,7 @@ def test_step0_logprobs_match_on_completions_and_episodes_and_full_weights_follo
 def _check_truncated(trainer: GRPOTrainer) -> None:
     """Under top-k and top-p vLLM records the log-prob of the truncated, renormalised distribution, as the own
     sampler does (docs/sampler-logprobs.md): here computed directly from the trainer's logits."""
-    from grpo.rollout import filter_logits
+    from grpo.sampling.rollout import filter_logits
 
     rollout = trainer.engine.generate(trainer.train_prompts[:2], group_size=3, max_new_tokens=8, temperature=0.7,
                                       top_k=5, top_p=0.9, streams=stream_keys(0, 1, 0, torch.arange(6)))
@@ -176,7 +176,7 @@ def test_lora_adapter_follows_the_update(lora):
 
 
 def test_too_little_memory_is_one_line_that_names_the_option():
-    from grpo.vllm_engine import VLLMEngine
+    from grpo.sampling.vllm_engine import VLLMEngine
 
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), seed=3, layers=LAYERS, hidden=HIDDEN)

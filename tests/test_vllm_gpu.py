@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import grpo
-import grpo.vllm_engine
+import grpo.sampling.vllm_engine
 from grpo.config import ConfigError, TrainConfig
-from grpo.distributed import World
-from grpo.memory import GIB, Device, ModelShape, RunShape, other_processes
-from grpo.vllm_device import VLLM_GPU_ALLOWANCE, check_room, engine_dtype, vllm_share
-from grpo.vllm_engine import EngineError, VLLMEngine
+from grpo.run.memory import GIB, Device, ModelShape, RunShape, other_processes
+from grpo.sampling.vllm_device import VLLM_GPU_ALLOWANCE, check_room, engine_dtype, vllm_share
+from grpo.sampling.vllm_engine import EngineError, VLLMEngine
+from grpo.system.distributed import World
 
 # Qwen2.5-1.5B's config.json sizes: 1.54 B parameters, 3.1 GB in bf16
 QWEN_1_5B = {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 1536, "intermediate_size": 8960,
@@ -49,7 +49,7 @@ def test_the_memory_prediction_counts_the_share_vllm_is_given():
 def test_the_engine_is_given_its_share_for_the_run(monkeypatch):
     from conftest import make_model
 
-    from grpo.setup import engine_share
+    from grpo.run.build import engine_share
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 10**9, 24 * 10**9))
     model = make_model(64)
@@ -90,7 +90,7 @@ def test_the_cpu_backends_whole_batch_prefill_is_not_asked_of_a_gpu():
 def test_dev_shm_without_room_for_the_weights_is_refused_before_they_are_written(monkeypatch, tmp_path):
     from conftest import make_model
 
-    monkeypatch.setattr(grpo.vllm_engine, "find_python", lambda configured="": "python")
+    monkeypatch.setattr(grpo.sampling.vllm_engine, "find_python", lambda configured="": "python")
     engine = VLLMEngine(make_model(64), SimpleNamespace(pad_token_id=0, eos_token_id=1), max_model_len=64)
     try:
         free = SimpleNamespace(total=10**9, used=10**9 - 1000, free=1000)  # 1000 bytes left
@@ -106,7 +106,7 @@ def test_dev_shm_without_room_for_the_weights_is_refused_before_they_are_written
 
 
 def _gpu_prediction(**run_options):
-    from grpo.memory import predict
+    from grpo.run.memory import predict
 
     model = ModelShape.from_config(QWEN_1_5B)
     options = dict(group_size=8, prompts_per_step=16, max_new_tokens=512, prompt_tokens=128, micro_batch_tokens=8192,
@@ -116,7 +116,7 @@ def _gpu_prediction(**run_options):
 
 
 def test_on_a_gpu_host_memory_is_counted_apart_from_the_gpus():
-    from grpo.memory import WORKER_BYTES
+    from grpo.run.memory import WORKER_BYTES
 
     model, pred, _ = _gpu_prediction(engine="vllm", vllm_memory=0.3)
     # the workers, the push buffer (none: LoRA pushes an adapter) and the save buffer are host memory
@@ -127,7 +127,7 @@ def test_on_a_gpu_host_memory_is_counted_apart_from_the_gpus():
 
 
 def test_a_gpus_sampling_counts_fp32_keys_and_the_bf16_weights():
-    from grpo.memory import kv_cache_bytes, sampling_terms
+    from grpo.run.memory import kv_cache_bytes, sampling_terms
 
     model = ModelShape.from_config(QWEN_1_5B)
     gpu, cpu = Device("cuda", 1, None, 16 * GIB), Device("cpu", 1, None, 16 * GIB)
@@ -139,7 +139,7 @@ def test_a_gpus_sampling_counts_fp32_keys_and_the_bf16_weights():
 
 
 def test_host_memory_short_of_a_gpu_runs_host_terms_is_refused_in_one_line():
-    from grpo.memory_check import check_host
+    from grpo.run.memory_check import check_host
 
     _, pred, _ = _gpu_prediction()
     check_host(pred, 64 * GIB)  # fits

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from grpo.vllm_engine import VLLMEngine
+from grpo.sampling.vllm_engine import VLLMEngine
 
 
 def _engine(sleep: bool) -> tuple[VLLMEngine, list]:
@@ -76,7 +76,7 @@ class Recorder:
         self.trainer, self.events, self.asleep = trainer, [], False
 
     def generate(self, prompts, **sampling):
-        from grpo.rollout import generate
+        from grpo.sampling.rollout import generate
 
         self.events.append("generate")
         with torch.no_grad():
@@ -99,10 +99,10 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
     from conftest import make_model, make_tokenizer
 
     from grpo.config import TrainConfig
-    from grpo.process import setup_process
-    from grpo.setup import resolve_run
+    from grpo.run.build import resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
     from grpo.tasks import Task
-    from grpo.trainer import GRPOTrainer
 
     tokenizer = make_tokenizer()
     rows = [{"prompt": f"say a {i}", "answer": "a"} for i in range(20)]
@@ -114,7 +114,7 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
     model = make_model(len(tokenizer), seed=3)
     run = resolve_run(config, task=Task("tiny", rows[:16], rows[16:], reward), model=model)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
-    engine = trainer.sampling.engine = Recorder(trainer)  # the sampling side (grpo/sides.py) holds the engine
+    engine = trainer.sampling.engine = Recorder(trainer)  # the sampling side (grpo/sampling/step_parts.py) holds the engine
     m = trainer.step(1)
     assert m["optimizer_steps"] == 1
     events = engine.events
@@ -146,7 +146,7 @@ def test_a_start_past_its_deadline_fails_with_the_log_named(tmp_path):
     import time
     from multiprocessing import Pipe
 
-    from grpo.vllm_engine import START_SECONDS, EngineError
+    from grpo.sampling.vllm_engine import START_SECONDS, EngineError
 
     # below NCCL's default collective timeout (600 s), so a slow start fails here, not as a hung collective
     assert START_SECONDS["cuda"] < 600
@@ -162,7 +162,7 @@ def test_a_start_past_its_deadline_fails_with_the_log_named(tmp_path):
 def _starting(tmp_path, monkeypatch, announce: bool, ready: bool) -> VLLMEngine:
     """An engine whose start() runs with no worker: nothing written, no process, the worker's replies
     stubbed (ready, or past its deadline)."""
-    import grpo.vllm_engine as ve
+    import grpo.sampling.vllm_engine as ve
 
     for name in ("_write_model", "_shutdown"):  # no model files; no process group to end
         monkeypatch.setattr(ve, name, lambda *a: None)
@@ -183,7 +183,7 @@ def _starting(tmp_path, monkeypatch, announce: bool, ready: bool) -> VLLMEngine:
 
 
 def test_the_start_says_it_may_take_minutes_its_limit_and_log_then_when_it_is_ready(tmp_path, monkeypatch, capsys):
-    from grpo.vllm_engine import START_SECONDS, EngineError
+    from grpo.sampling.vllm_engine import START_SECONDS, EngineError
 
     _starting(tmp_path, monkeypatch, announce=True, ready=True).start()
     out = capsys.readouterr().out.splitlines()
@@ -241,7 +241,7 @@ def test_a_full_push_sends_every_weight_through_one_shared_buffer_a_layer_never_
 
 
 def test_weight_buckets_keep_each_block_and_each_module_whole():
-    from grpo.vllm_engine import weight_buckets
+    from grpo.sampling.vllm_engine import weight_buckets
 
     names = ["model.embed_tokens.weight", "model.layers.1.q.weight", "model.layers.1.mlp.experts.0.w",
              "model.layers.1.mlp.experts.1.w", "model.layers.10.q.weight", "model.layers.10.k.weight",

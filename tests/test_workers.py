@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from grpo import workers
+import grpo.system.workers as workers
+from grpo.sampling.tools import ToolBox, load_functions, parse_tool_calls
 from grpo.tasks.calc import calculator
-from grpo.tools import ToolBox, load_functions, parse_tool_calls
 
 TRIPLE = '''
 def triple(x: int) -> int:

@@ -9,10 +9,10 @@ import torch
 from conftest import make_model, make_tokenizer
 
 from grpo.config import TrainConfig
-from grpo.process import setup_process
-from grpo.setup import resolve_run
+from grpo.run.build import resolve_run
+from grpo.run.process_setup import setup_process
+from grpo.run.trainer import GRPOTrainer
 from grpo.tasks import Task
-from grpo.trainer import GRPOTrainer
 
 TIMING = ("seconds_env", "seconds_tools", "time_generate", "time_generate_zero_var", "time_screen", "time_screen_skipped", "generate_wasted_frac", "time_reward", "time_update", "time_step", "time_eval", "tokens_per_second", "time_wait_sampler", "time_wait_trainer", "time_sync")
 

@@ -28,7 +28,7 @@ __all__ = ["EPISODE_FIELDS", "RESUMABLE", "build_parser", "check_run_dir", "cmd_
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from grpo.report import write_report
+    from grpo.observe.report import write_report
 
     png, page = write_report(args.runs, args.output)
     print(f"wrote {png} and {page}")
@@ -36,7 +36,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo.report import ReportError
+    from grpo.observe.report import ReportError
     from grpo.rewards import RewardError
     from grpo.tasks import TaskError, describe_tasks
 
@@ -82,10 +82,10 @@ def _report_stop(command: str, err: Exception) -> int:
     if isinstance(err, ModelError):
         print(f"grpo {command}: error: {err}", file=sys.stderr)
         return 2
-    from grpo.checkpoint import CheckpointError  # torch: only once a run has started
-    from grpo.episodes import EpisodeError
-    from grpo.interrupt import RunStopped
-    from grpo.vllm_engine import EngineError
+    from grpo.run.checkpoint import CheckpointError  # torch: only once a run has started
+    from grpo.sampling.episodes import EpisodeError
+    from grpo.sampling.vllm_engine import EngineError
+    from grpo.system.interrupt import RunStopped
 
     if isinstance(err, (EngineError, EpisodeError)):
         print(f"grpo {command}: error: {err}", file=sys.stderr)

@@ -26,7 +26,7 @@ def _data_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from grpo.prompts import config_task, format_task
+    from grpo.sampling.prompts import config_task, format_task
 
     if args.limit < 0 or args.workers < 0 or not 0 <= args.max_gold_failure <= 1:
         raise ConfigError("--limit and --workers must be >= 0 and --max-gold-failure in [0, 1]")
@@ -71,7 +71,7 @@ def _prompt_lines(config: TrainConfig, task: Task) -> list[str]:
     from transformers import AutoTokenizer
 
     from grpo.models import resolve_model_path
-    from grpo.prompts import prompt_format, run_prompts
+    from grpo.sampling.prompts import prompt_format, run_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model))
     fmt = prompt_format(tokenizer, config.prompt_format, config.chat_template)

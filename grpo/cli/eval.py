@@ -87,7 +87,7 @@ def _data_heldout(args: argparse.Namespace, config: TrainConfig) -> list:
 def _training_rows(args: argparse.Namespace, config: TrainConfig) -> list:
     """The rows the run trained on (before its few-shot examples left them): its data or task, split as
     training split it."""
-    from grpo.prompts import run_task
+    from grpo.sampling.prompts import run_task
 
     return list(run_task(replace(config, few_shot=0), require_answer=not args.rewards).train)
 
@@ -226,13 +226,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from grpo.config import settle_config
-    from grpo.episodes import make_agent
-    from grpo.evaluate import evaluate
     from grpo.models import check_model, load_policy
-    from grpo.process import gpu_autocast, pick_device
-    from grpo.progress import eval_progress
-    from grpo.prompts import loaded_format, run_prompts, run_task
+    from grpo.observe.progress import eval_progress
     from grpo.rewards import combine_rewards
+    from grpo.run.process_setup import gpu_autocast, pick_device
+    from grpo.sampling.episodes import make_agent
+    from grpo.sampling.evaluate import evaluate
+    from grpo.sampling.prompts import loaded_format, run_prompts, run_task
 
     _check_eval_size(args)
     run = _run_config(args.model)

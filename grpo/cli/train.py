@@ -14,7 +14,7 @@ from grpo.cli.parser import flag
 from grpo.config import USER_SOURCES, ConfigError, TrainConfig, load_config_file, option_fields, with_given
 
 if TYPE_CHECKING:
-    from grpo.setup import RunSetup
+    from grpo.run.build import RunSetup
 
 # What --resume may change: how the run is kept and shown, how long it goes on, how it is spread over
 # processes (--nproc, --fsdp: a checkpoint is whole, whatever wrote it), not its maths. --steps N trains on
@@ -35,7 +35,7 @@ def _given_options(args: argparse.Namespace) -> dict:
 def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
     """The config file's values (grpo's or TRL's keys, see grpo.trl_config), overridden by the options
     given on the command line; and where each given option came from (cli or file)."""
-    from grpo.teacher.trl import grpo_config_part, is_distillation_config, translate_config
+    from grpo.learning.teacher.trl import grpo_config_part, is_distillation_config, translate_config
     from grpo.trl_config import is_trl_config, trl_implied
 
     given = _given_options(args)
@@ -62,7 +62,7 @@ def _config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, 
 def _resume_config(args: argparse.Namespace) -> tuple[TrainConfig, Path, dict[str, str]]:
     """The config of the run being resumed, with the few options that may change, and where each value came
     from (the run's config.json, the changed ones from the command line)."""
-    from grpo.checkpoint import latest, read_meta
+    from grpo.run.checkpoint import latest, read_meta
 
     run_dir = Path(args.resume)
     if args.config:
@@ -125,14 +125,14 @@ def _without_nproc(argv: list[str]) -> list[str]:
 
 def resolved_text(run: RunSetup) -> str:
     """The run's resolved (and amended) configuration, its sources and what the user gave, as JSON: what
-    `grpo train --nproc N` hands the processes it starts (grpo/launcher.py), so that they resolve nothing again."""
+    `grpo train --nproc N` hands the processes it starts (grpo/system/launcher.py), so that they resolve nothing again."""
     return json.dumps({"config": run.config.to_dict(), "sources": run.sources, "given": sorted(run.config.given)})
 
 
 def launched_config() -> tuple[TrainConfig, dict[str, str]] | None:
     """In a process `grpo train --nproc N` started: the configuration the launching process resolved, and
     where each value came from; None elsewhere (torchrun started by hand: each process resolves its own)."""
-    from grpo.launcher import RESOLVED_ENV
+    from grpo.system.launcher import RESOLVED_ENV
 
     path = os.environ.get(RESOLVED_ENV)
     if not path or "WORLD_SIZE" not in os.environ:
@@ -156,7 +156,7 @@ def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, P
         (config, origin), run_dir, resumed = _config_from_args(args), None, None
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {args.nproc}")
-    from grpo.setup import resolve_run
+    from grpo.run.build import resolve_run
 
     # the configuration resolved, the task, the rewards, the refusals
     run = resolve_run(config, processes=processes, origin=origin, resumed=resumed)
@@ -175,8 +175,8 @@ def refuse_used(run_dir: Path) -> None:
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     # Everything that can be checked cheaply is checked before a run directory exists.
-    from grpo.combinations import world_size
-    from grpo.setup import check_before_loading
+    from grpo.refusals import world_size
+    from grpo.run.build import check_before_loading
     from grpo.tasks import say_data
 
     run, run_dir = run_from_args(args, world_size(args.nproc))
@@ -189,12 +189,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         print("\n".join(dry_run_lines(run)))
         return 0
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from grpo.launcher import launch
+        from grpo.system.launcher import launch
 
         return launch(args.nproc, _without_nproc(argv), resolved=resolved_text(run))
-    from grpo.distributed import init_world  # torch: slow to import, so after the checks
-    from grpo.process import setup_process
-    from grpo.trainer import GRPOTrainer, default_run_dir
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer, default_run_dir
+    from grpo.system.distributed import init_world  # torch: slow to import, so after the checks
 
     world = init_world(config.device, fsdp=config.fsdp)
     try:
@@ -219,8 +219,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def dry_run_lines(run: RunSetup) -> list[str]:
     """`grpo train --dry-run`: every option's resolved value and its source, then what may still change it
-    once the model loads (grpo.setup.pending_amendments)."""
-    from grpo.setup import pending_amendments
+    once the model loads (grpo.run.build.pending_amendments)."""
+    from grpo.run.build import pending_amendments
 
     values = run.config.to_dict()
     width = max(map(len, values))
@@ -244,8 +244,8 @@ def end_lines(summary: dict, run_dir: Path, *, saved: bool = True) -> list[str]:
         lines.append(f"stopped early after step {steps} of {summary['steps_planned']}: {summary['stopped_early']}")
     if summary.get("little_signal"):
         lines.append(summary["little_signal"])
-    if summary.get("repeat"):  # what a measurement chose, as options (grpo/repeat.py)
-        from grpo.repeat import as_options
+    if summary.get("repeat"):  # what a measurement chose, as options (grpo/run/repeat.py)
+        from grpo.run.repeat import as_options
 
         lines.append(f"repeat it step for step: {as_options(summary['repeat'])}")
     return lines
@@ -253,7 +253,7 @@ def end_lines(summary: dict, run_dir: Path, *, saved: bool = True) -> list[str]:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`grpo preflight`: the check a run starts with, printed; nothing is trained or written."""
-    from grpo.setup import check_before_loading, resolve_run
+    from grpo.run.build import check_before_loading, resolve_run
     from grpo.tasks import say_data
 
     config, origin = _config_from_args(args)
@@ -261,10 +261,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     say_data(run.task)
     run = check_before_loading(run, 1)  # the memory check, as grpo train's
     config = run.config
-    from grpo.preflight import run_preflight
-    from grpo.process import setup_process
-    from grpo.setup import step_budget
-    from grpo.trainer import GRPOTrainer
+    from grpo.run.build import step_budget
+    from grpo.run.preflight import run_preflight
+    from grpo.run.process_setup import setup_process
+    from grpo.run.trainer import GRPOTrainer
 
     setup_process(config)
     trainer = GRPOTrainer(run, progress=False)

@@ -25,7 +25,7 @@ def was_truncated(example: Mapping) -> bool:
 
 def no_reward(completion: str, example: Mapping) -> float:
     """--rewards none: 0 for every completion. A run with it learns from its teacher alone (pure on-policy
-    distillation, grpo/teacher/), which it needs."""
+    distillation, grpo/learning/teacher/), which it needs."""
     return 0.0
 
 
@@ -137,7 +137,7 @@ def think_format(completion: str, example: Mapping) -> float:
 
 def r1_zero_format(completion: str, example: Mapping) -> float:
     """``think_format`` of a completion sampled after R1-Zero's cue, which ends in ``<think>``
-    (grpo/prompts.py): the completion starts inside the reasoning, so the cue's tag is put back first."""
+    (grpo/sampling/prompts.py): the completion starts inside the reasoning, so the cue's tag is put back first."""
     return think_format("<think>" + completion, example)
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from grpo.rewards.base import RewardError, RewardFn
 from grpo.rewards.styles import CallResult, call_batch, detect_style
-from grpo.workers import ForkPool
+from grpo.system.workers import ForkPool
 
 
 class RewardCallError(RewardError):

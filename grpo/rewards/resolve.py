@@ -18,7 +18,7 @@ from grpo.rewards.basic import (
 )
 from grpo.rewards.code import code_tests, code_tests_all
 from grpo.rewards.math import math_answer
-from grpo.user_code import import_user_module
+from grpo.system.user_code import import_user_module
 
 # the rewards named without a module (--rewards math_answer), and the functions they are
 _BUILTINS: dict[str, RewardFn] = {

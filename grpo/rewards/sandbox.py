@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from grpo.parent_death import die_with_parent
 from grpo.rewards.base import RewardError
+from grpo.system.parent_death import die_with_parent
 
 MODES = ("strict", "weak")
 _CLONE_NEWNET = 0x40000000

@@ -16,7 +16,7 @@ class TaskError(ValueError):
 class Task:
     """Rows with at least ``prompt`` (the user message) and ``answer``; a reward; a system prompt;
     the settings tuned for it (``defaults``: TrainConfig fields a run leaves at 0 take these); for an
-    agentic task, the tools the policy may call or the environment class it plays (grpo/episodes.py)."""
+    agentic task, the tools the policy may call or the environment class it plays (grpo/sampling/episodes.py)."""
 
     name: str
     train: Sequence[Mapping]
@@ -30,7 +30,7 @@ class Task:
     data: Mapping[str, object] = field(default_factory=dict)  # a data source's splits as read (grpo/tasks/data.py)
 
     def messages(self, row: Mapping) -> list[dict[str, str]]:
-        """The chat messages for a row (grpo/prompts.py renders them in the run's format): the system
+        """The chat messages for a row (grpo/sampling/prompts.py renders them in the run's format): the system
         prompt, each worked example as a user and an assistant turn (its prompt and answer), then the
         row's prompt; a conversational row's prompt is its messages already (the examples go before them)."""
         shots = [{"role": role, "content": str(ex[key])} for ex in self.examples

@@ -89,7 +89,7 @@ def _prompt(record: Mapping, field: str, where: str) -> str | list:
 def all_answered(rows: Sequence[Mapping], checker: object = None) -> bool:
     """Whether every row carries what the task's ``checker`` reads: its ``reads`` attribute, else the answer (the
     built-in code task's checker reads the row's tests). Then a run's held-out accuracy is the checker on them,
-    whatever rewards it trained on (grpo.setup.build_scorer), the alarms watch it, and grpo eval of the run
+    whatever rewards it trained on (grpo.run.build.build_scorer), the alarms watch it, and grpo eval of the run
     scores the same."""
     field = getattr(checker, "reads", "answer")
     return bool(rows) and all(row.get(field) not in (None, "", [], ()) and str(row[field]).strip() for row in rows)

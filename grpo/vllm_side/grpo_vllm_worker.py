@@ -1,7 +1,7 @@
 """The vLLM side of ``--engine vllm``: a process that holds a vLLM engine and answers the trainer.
 
 It runs under vLLM's own Python (``make vllm`` builds ``.venv-vllm``), so it
-imports nothing of grpo: only the standard library, vLLM and torch. The trainer (grpo/vllm_engine.py) starts it as
+imports nothing of grpo: only the standard library, vLLM and torch. The trainer (grpo/sampling/vllm_engine.py) starts it as
 ``python grpo_vllm_worker.py ADDRESS``, with the connection's key in
 ``GRPO_VLLM_AUTHKEY``; it listens on that Unix socket for the trainer,
 receives the engine's settings, and then serves requests, one at a time, until told to close:
@@ -80,7 +80,7 @@ def engine_options(settings: dict) -> dict:
 
     ``processed_logprobs``: each sampled token's log-prob under the distribution it was drawn from, after
     temperature, top-k and top-p (renormalised over the kept tokens), the one definition of the sampler's
-    log-prob that the own engine records too (grpo/rollout.py ``sample_next``; docs/sampler-logprobs.md).
+    log-prob that the own engine records too (grpo/sampling/rollout.py ``sample_next``; docs/sampler-logprobs.md).
     """
     kwargs = dict(
         model=settings["model"], tokenizer=settings["model"], dtype=settings["dtype"], seed=settings["seed"],
