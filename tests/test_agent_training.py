@@ -51,7 +51,7 @@ def agent_trainer(env=Talk, tools=None, task=None, env_spec="", tools_spec="", *
 
 def watch_trained_logprobs(trainer: GRPOTrainer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Every (mask, env_mask, gradient of the loss with respect to the log-probs) of the training passes: the
-    log-probs the update's loss is built on come out of the policy (grpo.system.distributed.Policy) with gradients."""
+    log-probs the update's loss is built on come out of the policy (grpo.system.distributed.ModelCalls) with gradients."""
     seen = []
 
     def hook(module, args, output):

@@ -254,3 +254,27 @@ def test_a_run_resumed_in_a_new_process_is_bitwise_the_straight_run(tmp_path):
     assert lines[0] == lines[1]
 
 
+
+
+def test_a_state_written_before_the_modules_moved_is_read_under_their_new_names(tmp_path, monkeypatch):
+    """A state.pt written before the package was put in folders by part names the old modules for the objects
+    it pickled (--async-lag's batches sampled ahead: Rollout, then grpo.rollout): it reads as today's."""
+    import sys
+
+    from grpo.sampling.rollout import Rollout
+
+    empty = torch.zeros(0, 0)
+    rollout = Rollout(prompt_ids=[], completion_ids=empty.long(), mask=empty, logprobs=empty,
+                      truncated=torch.zeros(0, dtype=torch.bool), texts=[], group_size=2)
+    monkeypatch.setitem(sys.modules, "grpo.rollout", sys.modules["grpo.sampling.rollout"])
+    monkeypatch.setattr(Rollout, "__module__", "grpo.rollout")
+    torch.save({"parts": {"batches": {"ready": {3: rollout}}}}, tmp_path / checkpoint.STATE)
+    monkeypatch.undo()  # the old module is gone, as after the move
+    assert "grpo.rollout" not in sys.modules
+    try:  # without the renaming the old name is not found (or, beside an older install, is another class)
+        plain = type(torch.load(tmp_path / checkpoint.STATE, weights_only=False)["parts"]["batches"]["ready"][3])
+    except ModuleNotFoundError:
+        plain = None
+    assert plain is not Rollout
+    state = checkpoint.read_state(tmp_path)
+    assert type(state["parts"]["batches"]["ready"][3]) is Rollout

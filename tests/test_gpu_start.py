@@ -193,13 +193,13 @@ def test_under_fsdp_the_full_models_stay_on_the_cpu_until_sharding(monkeypatch):
     from conftest import make_model
 
     import grpo.run.build
-    from grpo.system.distributed import Policy, World
+    from grpo.system.distributed import ModelCalls, World
 
     where: list[tuple[str, torch.device]] = []
 
     def shard(model, world):  # FSDP2's fully_shard moves each rank's shards to the mesh's device itself
         where.append(("sharded" if world.fsdp else "wrapped", next(model.parameters()).device))
-        return Policy(model)
+        return ModelCalls(model)
 
     monkeypatch.setattr(grpo.run.build, "shard_policy", shard)
     gpu = torch.device("meta")  # stands for the GPU: a move there is seen, and costs nothing

@@ -185,5 +185,57 @@ TRAINER_LINES = 400  # grpo/run/trainer.py is the loop alone: a new feature gets
 
 
 def test_the_trainer_module_stays_under_its_limit():
-    lines = len((GRPO / "trainer.py").read_text().splitlines())
+    lines = len((GRPO / "run" / "trainer.py").read_text().splitlines())
     assert lines < TRAINER_LINES, f"grpo/run/trainer.py has {lines} lines (limit: under {TRAINER_LINES})"
+
+
+# The parts of the package, lowest first: a module may import its own part and the parts below it, never one
+# above (README.md, "Layout"). The modules at the top of grpo/ are the configuration's floor (config,
+# trl_config, models, refusals: read before anything loads) or the entry points (api, __main__, __init__).
+PARTS = ("math", "system", "rewards", "tasks", "base", "sampling", "learning", "observe", "run", "cli", "top")
+BASE = ("config", "trl_config", "models", "refusals")
+TOP_MODULES = 12  # at most this many modules at the top of grpo/, folders aside
+
+
+def part_of(module: str) -> str:
+    """The part a module of the package belongs to: its folder under grpo/, or base or top for the modules at the top."""
+    inside = module.split(".")[1:]
+    if not inside or inside[0] in ("api", "__main__"):
+        return "top"
+    if inside[0] in BASE:
+        return "base"
+    if inside[0] == "vllm_side":  # vLLM's worker extension: runs in vLLM's process and imports nothing of grpo's
+        return "math"
+    return inside[0]
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Each import from a part above the importer's, as 'importer (its part) -> imported (its part)'."""
+    out = []
+    for name, imports in sorted(import_graph(root).items()):
+        for other in sorted(imports):
+            here, there = part_of(name), part_of(other)
+            if PARTS.index(there) > PARTS.index(here):
+                out.append(f"{name} ({here}) -> {other} ({there})")
+    return out
+
+
+def test_each_part_imports_only_its_own_and_the_parts_below_it():
+    assert upward_imports(GRPO) == []
+    assert {part_of(name) for name in import_graph(GRPO)} == set(PARTS)  # every part named, none left out
+
+
+def test_an_import_from_a_part_above_is_found(tmp_path):
+    pkg = tmp_path / "grpo"
+    for folder in ("math", "run"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "run" / "loop.py").write_text("from grpo.math import losses\n")
+    (pkg / "math" / "losses.py").write_text("def f():\n    from grpo.run.loop import g\n")  # late, still upward
+    assert upward_imports(pkg) == ["grpo.math.losses (math) -> grpo.run.loop (run)"]
+
+
+def test_few_modules_at_the_top_of_the_package():
+    top = sorted(path.name for path in GRPO.glob("*.py"))
+    assert len(top) <= TOP_MODULES, top

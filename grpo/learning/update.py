@@ -39,7 +39,7 @@ from grpo.learning.teacher.scoring import (
 from grpo.math.algorithm import policy_loss, tis_weights
 from grpo.sampling.rollout import Rollout, group_rows
 from grpo.sampling.step_parts import Learner
-from grpo.system.distributed import Policy, World, pad_micro_batches, to_float
+from grpo.system.distributed import ModelCalls, World, pad_micro_batches, to_float
 
 if TYPE_CHECKING:
     from grpo.sampling.vllm_engine import VLLMEngine
@@ -328,7 +328,7 @@ def reference_logprobs(learner: Learner, rollout: Rollout) -> Tensor | None:
     return scored_logprobs(learner, learner.policy, rollout, learner.model.disable_adapter())
 
 
-def scored_logprobs(learner: Learner, policy: Policy, rollout: Rollout, context: object = None) -> Tensor:
+def scored_logprobs(learner: Learner, policy: ModelCalls, rollout: Rollout, context: object = None) -> Tensor:
     """``policy``'s log-probs of the rollout's tokens, (N, T), without grad, inside ``context``, micro-batch
     by micro-batch as the update packs them (within micro_batch_tokens); a process with no group of the
     batch joins the FSDP gathers and returns the rollout's own."""

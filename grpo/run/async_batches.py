@@ -61,7 +61,7 @@ from grpo.learning.update import StepStats
 from grpo.run.checkpoint import CheckpointError
 from grpo.sampling.rounds import Batch, sample_batch
 from grpo.sampling.step_parts import Learner, Sampling
-from grpo.system.distributed import Policy
+from grpo.system.distributed import ModelCalls
 
 
 @dataclass
@@ -84,7 +84,7 @@ class SamplingAhead:
         # stand-in (the engine holds the weights); the rest of what sampling reads is shared
         if sampling.engine is None:
             model = copy.deepcopy(learner.model).eval().requires_grad_(False)
-            self.sampling = replace(sampling, model=model, policy=Policy(model))
+            self.sampling = replace(sampling, model=model, policy=ModelCalls(model))
         else:
             self.sampling = replace(sampling, model=nn.Module())
         self.held: int | None = None  # the version of the weights the sampler holds (None: not known)

@@ -40,7 +40,7 @@ from grpo.sampling.episodes import Agent
 from grpo.sampling.prompts import config_task, format_settled, format_task, has_chat_template
 from grpo.sampling.tools import load_functions
 from grpo.sampling.vllm_engine import VLLMEngine, cpu_share
-from grpo.system.distributed import Policy, World, full_state_dict, shard_policy
+from grpo.system.distributed import ModelCalls, World, full_state_dict, shard_policy
 from grpo.system.interrupt import RunStopped
 from grpo.tasks import Task
 
@@ -199,7 +199,7 @@ def load_model(config: TrainConfig, device: torch.device, model: nn.Module | Non
 
 
 def build_policy(config: TrainConfig, world: World, device: torch.device, model: nn.Module
-                 ) -> tuple[nn.Module, Policy, Policy | None, torch.optim.Optimizer]:
+                 ) -> tuple[nn.Module, ModelCalls, ModelCalls | None, torch.optim.Optimizer]:
     """The policy's module (on the device, LoRA-wrapped when asked, the same on every process), its calls
     that FSDP can see, the frozen reference for the KL term, and the optimiser. Under FSDP the full models
     stay on the CPU (host memory) until sharding moves each rank's shards to its device: a whole model on
@@ -218,7 +218,7 @@ def build_policy(config: TrainConfig, world: World, device: torch.device, model:
     return model, policy, reference, optimizer
 
 
-def reference_model(config: TrainConfig, world: World, model: nn.Module) -> Policy | None:
+def reference_model(config: TrainConfig, world: World, model: nn.Module) -> ModelCalls | None:
     """The frozen reference for the KL term (sharded as the policy is); none when beta = 0.
     LoRA reuses the base weights."""
     if config.beta == 0.0 or trains_adapter(model):

@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 import tempfile
+import types
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
@@ -58,6 +60,47 @@ LOG_FILES = ("metrics.jsonl", "completions.jsonl")
 _NAME = re.compile(r"^step-(\d+)$")
 _TMP = ".tmp-"
 FORMAT = 2  # state.pt's layout (upgrade reads the older ones)
+
+
+# The modules that held grpo's classes before the package was put in folders by part (CHANGELOG, issue 55):
+# a state.pt written then names them for the objects it pickled (the batches sampled ahead under
+# --async-lag), and is read under the new names.
+MOVED = {f"grpo.{old}": f"grpo.{new}" for old, new in {
+    "ahead": "run.async_batches", "alarm_noise": "observe.alarm_noise", "alarms": "observe.alarms",
+    "algorithm": "math.algorithm", "batch": "sampling.rounds", "checkpoint": "run.checkpoint",
+    "combinations": "refusals", "distributed": "system.distributed", "episode_scores": "sampling.episode_scores",
+    "episodes": "sampling.episodes", "evaluate": "sampling.evaluate", "forward": "sampling.forward",
+    "heap": "system.heap_settings", "heldout": "observe.heldout", "interrupt": "system.interrupt",
+    "launcher": "system.launcher", "logprobs": "learning.logprobs", "memory": "run.memory",
+    "memory_check": "run.memory_check", "metrics": "observe.metrics", "objectives": "math.objectives",
+    "packed": "sampling.packed_linear", "parent_death": "system.parent_death", "preflight": "run.preflight",
+    "process": "run.process_setup", "progress": "observe.progress", "prompts": "sampling.prompts",
+    "repeat": "run.repeat", "report": "observe.report", "rollout": "sampling.rollout",
+    "run_state": "run.run_state", "sampler": "sampling.prompt_samplers", "screen": "sampling.screen",
+    "setup": "run.build", "sides": "sampling.step_parts", "source": "run.batch_source",
+    "step_metrics": "run.step_metrics", "streams": "sampling.random_streams", "teacher": "learning.teacher",
+    "tools": "sampling.tools", "trainer": "run.trainer", "turns": "sampling.turn_takers",
+    "update": "learning.update", "user_code": "system.user_code", "vllm_device": "sampling.vllm_device",
+    "vllm_engine": "sampling.vllm_engine", "workers": "system.workers",
+}.items()}
+
+
+class _MovedNames(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        for old, new in MOVED.items():
+            if module == old or module.startswith(old + "."):
+                module = new + module[len(old):]
+                break
+        return super().find_class(module, name)
+
+
+_PICKLE = types.SimpleNamespace(__name__="pickle", Unpickler=_MovedNames, load=pickle.load)
+
+
+def read_state(path: Path) -> dict:
+    """A checkpoint's state.pt, the run's own file: it holds RNG tuples and arbitrary sampler states, so a full
+    unpickle, with the modules' names of before the move read as today's."""
+    return torch.load(path / STATE, map_location="cpu", weights_only=False, pickle_module=_PICKLE)
 
 
 class CheckpointError(RuntimeError):
@@ -290,8 +333,7 @@ def restore(
     shards = path / SHARDS if (path / SHARDS).is_dir() else None
     try:
         weights = None if shards else torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
-        # the run's own file: it holds RNG tuples and arbitrary sampler states, so a full unpickle
-        state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+        state = read_state(path)
     except (OSError, RuntimeError, EOFError) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
     if weights is not None:

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from grpo.sampling.prompt_samplers import FrontierSampler, UniformSampler
-    from grpo.system.distributed import Policy, World
+    from grpo.system.distributed import ModelCalls, World
 
 MIN_GROUPS = 16  # groups observed before the predictor ranks candidates
 DATA_HALF_LIFE = 5.0  # steps after which an observed group's weight in the fit halves
@@ -191,7 +191,7 @@ class Screened(Protocol):
     train_prompts: list[list[int]]
     tokenizer: object
     model: torch.nn.Module
-    policy: Policy
+    policy: ModelCalls
     autocast: AbstractContextManager
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from grpo.sampling.screen import Screen
     from grpo.sampling.tools import ToolBox
     from grpo.sampling.vllm_engine import VLLMEngine
-    from grpo.system.distributed import Policy, World
+    from grpo.system.distributed import ModelCalls, World
     from grpo.tasks import Task
 
 
@@ -48,7 +48,7 @@ class Sampling:
     task: Task
     tokenizer: object
     model: nn.Module  # the policy's module, put in eval mode to sample (sampling ahead: its own copy)
-    policy: Policy  # calls of the model that FSDP can see
+    policy: ModelCalls  # calls of the model that FSDP can see
     autocast: AbstractContextManager
     train_prompts: list[list[int]]  # the task's rows as prompt tokens
     heldout_prompts: list[list[int]]
@@ -71,8 +71,8 @@ class Learner:
     config: TrainConfig
     world: World
     model: nn.Module  # the policy's module (LoRA-wrapped when asked)
-    policy: Policy
-    reference: Policy | None  # the frozen reference for the KL term; None: beta = 0, or LoRA's base weights
+    policy: ModelCalls
+    reference: ModelCalls | None  # the frozen reference for the KL term; None: beta = 0, or LoRA's base weights
     optimizer: torch.optim.Optimizer
     tokenizer: object  # its pad id pads the micro-batches
     autocast: AbstractContextManager

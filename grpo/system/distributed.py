@@ -31,7 +31,7 @@ With ``fsdp`` the parameters, gradients and optimiser state are sharded with
 FSDP2 (``fully_shard``): one unit per decoder layer, resharded after its
 forward, then the root (embeddings, final norm, output layer), with
 gradients summed (divide factor 1). The policy is called through
-:class:`Policy`, whose ``forward`` runs any function of the model under the
+:class:`ModelCalls`, whose ``forward`` runs any function of the model under the
 root unit. Layer units pair their collectives across ranks call by call, so:
 
 - the training pass makes one decoder call per micro-batch (no shared
@@ -195,7 +195,7 @@ def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
     return World(rank=rank, size=size, local_rank=local_rank, device=dev, fsdp=fsdp and size > 1)
 
 
-class Policy(nn.Module):
+class ModelCalls(nn.Module):
     """Calls of the policy that FSDP can see: ``policy(fn, *args)`` runs ``fn(model, *args)``.
 
     The trainer's passes (sampling, log-probs, evaluation) use the model's
@@ -241,7 +241,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(model.get_decoder().layers)
 
 
-def shard_policy(model: nn.Module, world: World) -> Policy:
+def shard_policy(model: nn.Module, world: World) -> ModelCalls:
     """Wrap the model for calls; under FSDP shard it over the ranks, one unit per decoder layer, then the root.
 
     Each layer's parameters are gathered for its forward and freed after it
@@ -250,7 +250,7 @@ def shard_policy(model: nn.Module, world: World) -> Policy:
     in full. On CUDA the layers compute in bf16 and reduce gradients in fp32;
     the sharded (master) parameters and the optimiser state stay fp32.
     """
-    policy = Policy(model)
+    policy = ModelCalls(model)
     if not world.fsdp:
         return policy
     from torch.distributed.device_mesh import init_device_mesh
