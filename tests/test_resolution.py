@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from pathlib import Path
 
 import pytest
 import yaml
@@ -632,6 +633,67 @@ def test_a_folder_without_a_chat_template_resolves_to_plain_with_its_stops(no_we
     assert (run.config.stop, run.sources["stop"]) == (("\n", "Question:"), "model")
     chat = resolve_run(TrainConfig(model=_tiny_folder(tmp_path, chat=True)), processes=1)
     assert (chat.config.prompt_format, chat.sources["prompt_format"]) == ("chat", "model")
+
+
+def test_an_empty_chat_template_file_is_no_template_and_a_processors_json_is_not_the_tokenizers(no_weights, tmp_path):
+    """transformers reads chat_template.jinja over tokenizer_config.json (an empty one: no template, as
+    save_pretrained writes for a tokenizer whose template is ""), and never a chat_template.json (a
+    processor's): auto follows what the loaded tokenizer will say, not the files' names."""
+    from grpo.models import model_has_chat_template
+
+    chat, base = _tiny_folder(tmp_path, chat=True), _tiny_folder(tmp_path, chat=False)
+    Path(chat, "chat_template.jinja").write_text("")
+    Path(base, "chat_template.json").write_text('{"chat_template": "{{ messages }}"}')
+    assert (model_has_chat_template(chat), model_has_chat_template(base)) == (False, False)
+    run = resolve_run(TrainConfig(model=chat), processes=1)
+    assert (run.config.prompt_format, run.sources["prompt_format"]) == ("plain", "model")
+    Path(base, "chat_template.jinja").write_text("{{ messages }}")
+    assert model_has_chat_template(base) is True
+
+
+def _gguf(path, *fields: bytes, count: int | None = None) -> str:
+    import struct
+
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(fields) if count is None else count) + b"".join(fields))
+    return str(path)
+
+
+def _gguf_key(name: str, kind: int, value: bytes) -> bytes:
+    import struct
+
+    return struct.pack("<Q", len(name)) + name.encode() + struct.pack("<I", kind) + value
+
+
+def test_a_gguf_header_is_read_to_its_key_and_a_broken_one_leaves_the_tokenizer_to_decide(no_weights, tmp_path):
+    """A user's GGUF: the chat template read from its header past keys of each kind; a header that runs past
+    the file's end, counts more keys than it holds, or nests arrays is a ValueError (no traceback from
+    resolution: auto waits on the loaded tokenizer), read without walking gigabytes."""
+    import struct
+
+    from grpo.models import gguf_string, model_has_chat_template
+
+    text = lambda s: struct.pack("<Q", len(s)) + s.encode()  # noqa: E731
+    fields = [_gguf_key("general.architecture", 8, text("llama")), _gguf_key("n", 4, struct.pack("<I", 7)),
+              _gguf_key("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + text("a") + text("b")),
+              _gguf_key("scores", 9, struct.pack("<IQ", 6, 2) + struct.pack("<ff", 0.5, 1.5)),
+              _gguf_key("tokenizer.chat_template", 8, text("{{ messages }}"))]
+    good = _gguf(tmp_path / "good.gguf", *fields)
+    assert gguf_string(Path(good), "tokenizer.chat_template") == "{{ messages }}"
+    assert gguf_string(Path(good), "absent") is None and model_has_chat_template(good) is True
+    assert model_has_chat_template(_gguf(tmp_path / "none.gguf", *fields[:4])) is False
+    broken = {
+        "a string longer than the file": _gguf(tmp_path / "long.gguf", struct.pack("<Q", 2**63 + 5) + b"x"),
+        "more keys than bytes": _gguf(tmp_path / "count.gguf", *fields[:1], count=2**40),
+        "an array of arrays": _gguf(tmp_path / "nest.gguf", _gguf_key("a", 9, struct.pack("<IQ", 9, 1) * 5000)),
+        "an array longer than the file": _gguf(tmp_path / "arr.gguf", _gguf_key("a", 9, struct.pack("<IQ", 10, 2**60))),
+        "cut short": _gguf(tmp_path / "cut.gguf", fields[0][:10]),
+    }
+    for why, path in broken.items():
+        with pytest.raises((ValueError, struct.error)):
+            gguf_string(Path(path), "tokenizer.chat_template")
+        assert model_has_chat_template(path) is None, why
+        run = resolve_run(TrainConfig(model=path), processes=1)
+        assert run.config.prompt_format == "auto", why  # settled by the tokenizer once it loads
 
 
 def test_a_given_format_and_stop_stand_on_a_chat_model(no_weights, capsys, monkeypatch):

@@ -334,7 +334,7 @@ def restore(
     try:
         weights = None if shards else torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
         state = read_state(path)
-    except (OSError, RuntimeError, EOFError) as err:
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ImportError, AttributeError) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable: {err}") from err
     if weights is not None:
         check_weights(model, weights)
