@@ -78,8 +78,9 @@ def repredict(folder: Path, saved: dict) -> dict:
     import dataclasses
 
     from grpo.config import TrainConfig
-    from grpo.run.memory import Device, RunShape, predict
+    from grpo.run.memory import predict
     from grpo.run.memory_check import measured_completion, model_shape, read_model_config
+    from grpo.run.memory_shapes import Device, RunShape
 
     config = TrainConfig.from_dict(json.loads((folder / "config.json").read_text()))
     model = model_shape(read_model_config(config.model))
@@ -109,8 +110,9 @@ def measured_commands(out: Path) -> dict[str, str]:
 def before_loading(config: object, model: object, device: object) -> int:
     """The check before the weights load: the prompt's length estimated from its characters (a built-in
     task's longest prompt, with its few-shot examples), every completion at the token limit."""
-    from grpo.run.memory import RunShape, estimate_prompt_tokens, predict
+    from grpo.run.memory import predict
     from grpo.run.memory_check import longest_prompt_chars
+    from grpo.run.memory_shapes import RunShape, estimate_prompt_tokens
     from grpo.tasks.builtin import get_task
 
     tokens = estimate_prompt_tokens(longest_prompt_chars(get_task(config.task)) * (1 + config.few_shot))

@@ -202,8 +202,9 @@ def test_a_teacher_the_run_cannot_use_is_refused_in_one_line(folders, args, mess
 
 def test_the_memory_model_counts_the_teacher_unless_it_is_the_reference(teacher_folder):
     from grpo.config import TrainConfig
-    from grpo.run.memory import Device, ModelShape, RunShape, predict
+    from grpo.run.memory import predict
     from grpo.run.memory_check import read_model_config, with_teacher
+    from grpo.run.memory_shapes import Device, ModelShape, RunShape
 
     shape = ModelShape.from_config(read_model_config(str(teacher_folder)))
     run = RunShape(group_size=4, prompts_per_step=4, max_new_tokens=8, prompt_tokens=16, micro_batch_tokens=256)

@@ -15,14 +15,12 @@ from grpo.run.memory import (
     LOGIT_CHUNK_TOKENS,
     SAMPLING_LOGIT_COPIES,
     TOKENIZER_BYTES_PER_TOKEN,
-    Device,
-    ModelShape,
-    RunShape,
     checkpoint_surplus_per_token,
     micro_batch_tokens,
     predict,
 )
 from grpo.run.memory_check import adapt_to_memory, measured_completion, trainer_prediction
+from grpo.run.memory_shapes import Device, ModelShape, RunShape
 
 # L 2, H 8, I 16, 2 heads and 1 KV head of 4 dims, V 10, tied embeddings
 TINY = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, tied=True)
@@ -300,8 +298,8 @@ def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(m
     from types import SimpleNamespace
 
     import grpo.run.memory_check as mc
-    from grpo.run.memory import GIB
     from grpo.run.memory_check import memory_line
+    from grpo.run.memory_shapes import GIB
 
     trainer = _trainer(_config())
     trainer.world = SimpleNamespace(size=2)

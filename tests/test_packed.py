@@ -8,7 +8,8 @@ from conftest import make_model, make_tokenizer
 
 import grpo.sampling.packed_linear as packed
 from grpo.learning.logprobs import rollout_logprobs
-from grpo.run.memory import Device, ModelShape, RunShape, predict
+from grpo.run.memory import predict
+from grpo.run.memory_shapes import Device, ModelShape, RunShape
 from grpo.sampling.forward import head_logits
 from grpo.sampling.packed_linear import packed_linears, reordered
 from grpo.sampling.rollout import generate

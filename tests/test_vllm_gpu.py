@@ -15,7 +15,8 @@ import torch
 import grpo
 import grpo.sampling.vllm_engine
 from grpo.config import ConfigError, TrainConfig
-from grpo.run.memory import GIB, Device, ModelShape, RunShape, other_processes
+from grpo.run.memory import other_processes
+from grpo.run.memory_shapes import GIB, Device, ModelShape, RunShape
 from grpo.sampling.vllm_device import VLLM_GPU_ALLOWANCE, check_room, engine_dtype, vllm_share
 from grpo.sampling.vllm_engine import EngineError, VLLMEngine
 from grpo.system.distributed import World

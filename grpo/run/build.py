@@ -252,7 +252,7 @@ def build_engine(config: TrainConfig, world: World, device: torch.device, model:
 def engine_share(config: TrainConfig, world: World, device: torch.device, model: nn.Module, longest: int) -> float:
     """vLLM's share of the device: --vllm-memory, else sized for a round (grpo.sampling.vllm_device.vllm_share): its
     16-bit weights and the KV cache of this process's share of a round's sequences at the longest."""
-    from grpo.run.memory import Device, ModelShape
+    from grpo.run.memory_shapes import Device, ModelShape
     from grpo.sampling.vllm_device import VLLM_CPU_SHARE, vllm_share
 
     if config.vllm_memory or device.type != "cuda":

@@ -20,7 +20,8 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from grpo.config import ConfigError
-from grpo.run.memory import Device, ModelShape, Prediction, RunShape, estimate_prompt_tokens, gib, predict
+from grpo.run.memory import predict
+from grpo.run.memory_shapes import Device, ModelShape, Prediction, RunShape, estimate_prompt_tokens, gib
 
 # the option a user changes to shrink each term, for the refusal's line
 SHRINKS = {

@@ -28,7 +28,7 @@ class EngineError(RuntimeError):
 
 
 def vllm_gpu_bytes(model: object, rows: int, tokens: int) -> int:
-    """What vLLM needs on a GPU to sample a round (``model``: a grpo.run.memory.ModelShape): its 16-bit
+    """What vLLM needs on a GPU to sample a round (``model``: a grpo.run.memory_shapes.ModelShape): its 16-bit
     weights (2 P), the KV cache of ``rows`` sequences of ``tokens`` (16-bit: rows x tokens x 2 x L x KV
     heads x head_dim x 2), and VLLM_GPU_ALLOWANCE."""
     return 2 * model.params + rows * tokens * model.kv_bytes_per_token(2) + VLLM_GPU_ALLOWANCE
