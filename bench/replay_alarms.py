@@ -19,7 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-from grpo.observe.alarms import AlarmConfig, AlarmMonitor
+from grpo.observe.alarms import AlarmConfig
+
+from grpo.observe.alarm_monitor import AlarmMonitor
 
 
 def replay(run: Path) -> dict[str, int]:

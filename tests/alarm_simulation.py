@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo.config import alarm_window_for
-from grpo.observe.alarms import OVERDISPERSION, AlarmConfig, AlarmMonitor
+from grpo.observe.alarm_monitor import AlarmMonitor
+from grpo.observe.alarms import OVERDISPERSION, AlarmConfig
 from grpo.run.run_state import planned_schedule
 
 HELDOUT, TRAIN, COMPLETIONS, HELDOUT_ALL = 96, 32, 64, 256

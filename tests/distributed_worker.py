@@ -145,7 +145,7 @@ def run_stop_case(rank_that_stops: int) -> dict:
     """A 3-step run whose alarms say "stop" on one rank only (as when each rank's own timing moves its
     alarm window): the ranks must agree, on rank 0's verdict, or one leaves the loop while the others
     wait in a collective. Returns the steps each rank ran."""
-    from grpo.observe.alarms import AlarmMonitor
+    from grpo.observe.alarm_monitor import AlarmMonitor
 
     if int(os.environ["RANK"]) == rank_that_stops:
         AlarmMonitor.stopping = lambda self: f"no_signal (forced on rank {rank_that_stops})"

@@ -6,8 +6,10 @@ import alarm_simulation as sim
 import numpy as np
 import pytest
 
+import grpo.observe.alarm_monitor as alarm_monitor
 import grpo.observe.alarms as alarms
-from grpo.observe.alarms import AlarmConfig, AlarmMonitor, fitted_change, memorising
+from grpo.observe.alarm_monitor import AlarmMonitor
+from grpo.observe.alarms import AlarmConfig, fitted_change, memorising
 
 STEPS = 40
 CFG = AlarmConfig()  # window 20
@@ -159,7 +161,7 @@ def test_each_failure_is_caught_only_by_its_rule(monkeypatch, rule, failure):
     kind, names = sim.FAILURES[failure]
     caught = lambda: sum(bool(m.raised & set(names)) for m in sim.runs(kind))  # noqa: E731
     assert caught() == RATES[failure][0]
-    monkeypatch.setattr(alarms, rule, lambda *args, **kw: None)
+    monkeypatch.setattr(alarm_monitor, rule, lambda *args, **kw: None)
     assert caught() == 0
 
 
@@ -321,7 +323,7 @@ def test_the_slow_progress_note_never_counts_towards_a_stop(monkeypatch):
     from grpo.observe.alarms import ALARMS
 
     monitor = AlarmMonitor(40, AlarmConfig(window=6))
-    monkeypatch.setattr(alarms, "slow_progress", lambda *args, **kw: "slow progress: x")
+    monkeypatch.setattr(alarm_monitor, "slow_progress", lambda *args, **kw: "slow progress: x")
     turns = iter([{"stall": "stall: a"}, {}, {}, {}, {"stall": "stall: b"}])
     monkeypatch.setattr(monitor, "_check", lambda step: {**dict.fromkeys(ALARMS), **next(turns)})
     flags, said = monitor.observe(1, {"heldout_subset_accuracy": 0.2})
@@ -455,7 +457,7 @@ def test_a_resumed_run_keeps_the_notes_said_before_its_checkpoint(monkeypatch):
     # run's log starts with it (grpo.run.step_metrics.open_log seeds its notes from ``said``) and says it no more
     import json
 
-    monkeypatch.setattr(alarms, "slow_progress", lambda *args, **kw: "slow progress: x")
+    monkeypatch.setattr(alarm_monitor, "slow_progress", lambda *args, **kw: "slow progress: x")
     monitor = AlarmMonitor(40, AlarmConfig(window=6))
     said = {}
     for step in (1, 2):

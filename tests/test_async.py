@@ -232,7 +232,7 @@ def test_an_alarm_stop_drops_the_batches_not_started_and_a_resume_samples_them_f
     """A stopping verdict after step 3 (K = 2) while the thread is on batch 4: batch 5, handed over and not
     started, is dropped; the checkpoint's batches ahead are a run of steps from 4 that next_step continues.
     Resumed, the run reaches its last step, and batch 5 samples with fresher weights, said so."""
-    from grpo.observe.alarms import AlarmMonitor
+    from grpo.observe.alarm_monitor import AlarmMonitor
 
     calls = []
     monkeypatch.setattr(AlarmMonitor, "stopping", lambda self: calls.append(1) or ("stall: by the test" if len(calls) == 3 else None))

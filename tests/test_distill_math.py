@@ -140,7 +140,8 @@ def test_the_teacher_loss_is_its_coefficient_times_the_aggregated_term(aggregate
 
 def test_the_divergence_alarm_warns_on_a_rise_only():
     from grpo.learning.teacher.alarm import divergence_rising
-    from grpo.observe.alarms import AlarmConfig, AlarmMonitor
+    from grpo.observe.alarm_monitor import AlarmMonitor
+    from grpo.observe.alarms import AlarmConfig
 
     rising = [0.2 + 0.02 * i for i in range(6)]  # 0.2 -> 0.3: +50% of its start
     assert "divergence rising: teacher_kl 0.200 -> 0.300" in divergence_rising(rising, 6)

@@ -381,7 +381,8 @@ def test_without_a_reward_the_sampler_is_uniform_unless_given_and_length_is_not_
     import numpy as np
 
     from grpo.config import resolve_config
-    from grpo.observe.alarms import AlarmConfig, AlarmMonitor
+    from grpo.observe.alarm_monitor import AlarmMonitor
+    from grpo.observe.alarms import AlarmConfig
 
     def settled(**kw):
         return resolve_config(tiny_config(teacher=str(teacher_folder), not_given=("sampler",), **kw),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpo.run.checkpoint as checkpoint
 from grpo.config import TrainConfig, alarm_window_for, planned_steps
-from grpo.observe.alarms import AlarmMonitor
+from grpo.observe.alarm_monitor import AlarmMonitor
 from grpo.sampling.step_parts import Learner
 from grpo.system.distributed import load_shards, load_training_state, save_shards, training_state
 from grpo.system.interrupt import RunStopped

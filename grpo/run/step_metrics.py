@@ -18,7 +18,8 @@ from torch import Tensor
 
 from grpo.learning.update import StepStats, learning_rate
 from grpo.math.algorithm import group_varies
-from grpo.observe.alarms import NOTES, AlarmConfig, AlarmMonitor, little_signal
+from grpo.observe.alarm_monitor import AlarmMonitor
+from grpo.observe.alarms import NOTES, AlarmConfig, little_signal
 from grpo.observe.heldout import subset_size, train_sample_size
 from grpo.observe.metrics import MetricsLogger, repeated_ngram_frac
 from grpo.observe.progress import StepProgress, errored_line, summary_line

@@ -1,4 +1,4 @@
-"""The distillation alarm, ``divergence_rising`` (a warning, read by grpo/observe/alarms.py's monitor): the
+"""The distillation alarm, ``divergence_rising`` (a warning, read by grpo/observe/alarm_monitor.py): the
 student's divergence from its teacher, ``teacher_kl``, rising over the alarm window. Distillation should
 bring it down; a rise means the student is moving away from the teacher it learns from (a reward pulling
 the other way, a learning rate too high, or a teacher scoring prompts it was not trained on)."""
