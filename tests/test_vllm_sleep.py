@@ -146,7 +146,8 @@ def test_a_start_past_its_deadline_fails_with_the_log_named(tmp_path):
     import time
     from multiprocessing import Pipe
 
-    from grpo.sampling.vllm_engine import START_SECONDS, EngineError
+    from grpo.sampling.vllm_engine import EngineError
+    from grpo.sampling.vllm_process import START_SECONDS
 
     # below NCCL's default collective timeout (600 s), so a slow start fails here, not as a hung collective
     assert START_SECONDS["cuda"] < 600
@@ -183,7 +184,8 @@ def _starting(tmp_path, monkeypatch, announce: bool, ready: bool) -> VLLMEngine:
 
 
 def test_the_start_says_it_may_take_minutes_its_limit_and_log_then_when_it_is_ready(tmp_path, monkeypatch, capsys):
-    from grpo.sampling.vllm_engine import START_SECONDS, EngineError
+    from grpo.sampling.vllm_engine import EngineError
+    from grpo.sampling.vllm_process import START_SECONDS
 
     _starting(tmp_path, monkeypatch, announce=True, ready=True).start()
     out = capsys.readouterr().out.splitlines()
@@ -241,7 +243,7 @@ def test_a_full_push_sends_every_weight_through_one_shared_buffer_a_layer_never_
 
 
 def test_weight_buckets_keep_each_block_and_each_module_whole():
-    from grpo.sampling.vllm_engine import weight_buckets
+    from grpo.sampling.vllm_weights import weight_buckets
 
     names = ["model.embed_tokens.weight", "model.layers.1.q.weight", "model.layers.1.mlp.experts.0.w",
              "model.layers.1.mlp.experts.1.w", "model.layers.10.q.weight", "model.layers.10.k.weight",

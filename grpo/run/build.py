@@ -39,7 +39,8 @@ from grpo.run.preflight import PreflightReport, mean_tokens
 from grpo.sampling.episodes import Agent
 from grpo.sampling.prompts import config_task, format_settled, format_task, has_chat_template
 from grpo.sampling.tools import load_functions
-from grpo.sampling.vllm_engine import VLLMEngine, cpu_share
+from grpo.sampling.vllm_engine import VLLMEngine
+from grpo.sampling.vllm_process import cpu_share
 from grpo.system.distributed import ModelCalls, World, full_state_dict, shard_policy
 from grpo.system.interrupt import RunStopped
 from grpo.tasks import Task

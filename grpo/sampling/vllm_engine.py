@@ -31,7 +31,6 @@ shares each prompt's keys and values across its group.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -50,18 +49,10 @@ from torch import Tensor, nn
 from grpo.models import adapter_rank, base_weights
 from grpo.sampling.rollout import Rollout, end_of_turn_ids
 from grpo.sampling.vllm_device import EngineError, check_room, engine_dtype
+from grpo.sampling.vllm_process import START_SECONDS, TORCHRUN_VARS, WORKER, _explain, _root_cause, _shutdown
+from grpo.sampling.vllm_weights import _distinct, _write_model, weight_buckets
 
-WORKER = Path(__file__).parents[1] / "vllm_side" / "grpo_vllm_worker.py"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
-# vLLM's whole start (our model write, its load, memory profiling, compilation, warm-up) may take this long at
-# most: under torchrun every rank starts its engine at its first rollout, and a rank with no group in that
-# draw (or a faster start) waits for the others in the step's first collective, which NCCL ends after 600 s
-# by default (torch's default_pg_nccl_timeout). Below that, a slow start fails here, with a message that
-# names vLLM's log, rather than as a collective timeout; gloo (the CPU) waits 30 minutes by default.
-# Raising the process group's timeout instead would delay every real hang's report as much.
-START_SECONDS = {"cuda": 480, "cpu": 900}
-TORCHRUN_VARS = frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"))
 BUCKET_MB = 1024.0  # a full push's buffer in shared memory holds this much of the model at a time (a layer at least)
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep mode frees, by the tags its wake_up takes
 _GOLDEN = 0x9E3779B97F4A7C15  # spreads a turn's offset over the seed's bits
@@ -82,39 +73,6 @@ def find_python(configured: str = "") -> str:
     if subprocess.run([python, "-c", check], capture_output=True).returncode != 0:
         raise EngineError(f"--engine vllm: vLLM is not installed for {python}; {INSTALL_HINT}")
     return python
-
-
-def _distinct(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Every name with a tensor of its own: safetensors refuses shared storage, so a tied weight (lm_head and
-    the embeddings) is written under each name; vLLM's CPU backend keeps a repacked lm_head of its own."""
-    seen, out = set(), {}
-    for name, value in state.items():
-        key = (value.data_ptr(), value.shape)
-        value = value.detach().to("cpu")
-        out[name] = value.clone() if key in seen else value.contiguous()
-        seen.add(key)
-    return out
-
-
-def _write_model(folder: Path, model: nn.Module, state: dict[str, Tensor]) -> None:
-    """The folder vLLM loads: config.json and the weights in one safetensors file.
-
-    Written here rather than by ``save_pretrained``, which writes on rank 0
-    alone once torch.distributed is up, while under torchrun every process
-    starts an engine of its own. The architecture is the model's class when
-    the config does not say (a model built from a config).
-    """
-    import copy
-
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    config = copy.deepcopy(model.config)
-    config.architectures = config.architectures or [type(model).__name__]
-    config.to_json_file(folder / "config.json", use_diff=False)
-    if getattr(model, "generation_config", None) is not None:  # as save_pretrained writes it
-        model.generation_config.to_json_file(folder / "generation_config.json")
-    save_file(_distinct(state), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 class VLLMEngine:
@@ -425,76 +383,5 @@ class VLLMEngine:
         self.sleeping = [tag for tag in self.sleeping if tag not in waking]
 
 
-def weight_buckets(sizes: dict[str, int], limit: int) -> list[list[str]]:
-    """The weights' names in buckets of at most ``limit`` bytes, in order; a block's weights (a decoder
-    layer, ``...layers.N.``) always share a bucket, one larger than ``limit`` alone: vLLM loads a module's
-    fused weights (q, k and v into one; a layer's experts) only once it has all of them, and a module half
-    loaded would be filled from uninitialised memory, so a block never straddles two loads."""
-    units: dict[str, list[str]] = {}  # by block, in the order of each block's first weight
-    for name in sizes:
-        # a block: the name up to its first numbered part (model.layers.3, transformer.h.3, visual.blocks.3;
-        # a mixture of experts' experts with their layer, fused by vLLM); outside blocks, a module's weights
-        match = re.match(r"(.*?\.\d+)\.", name)
-        units.setdefault(match.group(1) if match else name.rpartition(".")[0], []).append(name)
-    buckets: list[list[str]] = []
-    used = 0
-    for unit in units.values():
-        n = sum(sizes[k] for k in unit)
-        if buckets and used + n <= limit:
-            buckets[-1] += unit
-            used += n
-        else:
-            buckets.append(list(unit))
-            used = n
-    return buckets
-
-
-def _root_cause(log: Path) -> str:
-    """The last error line in the worker's log that is not vLLM's own "see the root cause above"."""
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
-    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line) and "root cause above" not in line]
-    return errors[-1] if errors else ""
-
-
-def cpu_share(local_rank: int, local_size: int, cores: int) -> str:
-    """The cores of one of ``local_size`` processes on a machine, as vLLM's thread binding writes them
-    ("0-3"): whole equal shares, so engines sampling at the same time do not fight over cores."""
-    per = max(1, cores // local_size)
-    first = (local_rank * per) % cores
-    return str(first) if per == 1 else f"{first}-{first + per - 1}"
-
-
 def _vllm_lora_rank(rank: int) -> int:
     return next((r for r in LORA_RANKS if r >= rank), rank) if rank else 0
-
-
-def _explain(kind: str, text: str, starting: bool, memory: float, log: Path) -> str:
-    """One line: what failed and what to do about it."""
-    first = " ".join(text.split())[:400]
-    if kind == "memory":
-        return (f"--engine vllm: not enough memory for vLLM ({first}); lower --vllm-memory (now {memory:g}) "
-                f"if the machine is short of memory, raise it if vLLM found too little room for its KV cache "
-                f"(log: {log})")
-    if kind == "killed":  # SIGKILL comes from outside: a user, or the kernel when memory runs out
-        return (f"--engine vllm: {first} (if not by hand, the out-of-memory killer: check `dmesg`, and lower "
-                f"--vllm-memory, now {memory:g}, if the machine is short of memory) (log: {log})")
-    what = "could not start" if starting else "failed"
-    hint = "; check the engine's options" if kind == "option" else ""
-    return f"--engine vllm: vLLM {what}: {first}{hint} (log: {log})"
-
-
-def _shutdown(folder: Path, procs: list) -> None:
-    """End the worker (when there is one) and remove its files; safe to call twice."""
-    proc = procs[0]
-    if proc is not None:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)  # the worker and the engine processes vLLM started
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    shutil.rmtree(folder, ignore_errors=True)
