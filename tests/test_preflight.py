@@ -16,8 +16,9 @@ from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_LR, TrainConfig, settle_con
 from grpo.math.algorithm import policy_loss
 from grpo.observe.heldout import train_sample
 from grpo.run.build import step_budget
-from grpo.run.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit
+from grpo.run.preflight import PreflightReport
 from grpo.run.run_state import RunState, planned_schedule
+from grpo.run.token_limit import fit_token_limit, stop_at_fitted_limit
 from grpo.system.interrupt import RunStopped
 from grpo.tasks import Task, load_task
 
@@ -305,7 +306,7 @@ def test_with_few_correct_the_limit_follows_what_an_answer_needs_not_the_ramblin
 def test_the_gold_answer_is_found_anywhere_in_a_completion():
     from conftest import make_tokenizer
 
-    from grpo.run.preflight import answer_reach
+    from grpo.run.preflight_samples import answer_reach
 
     tokenizer = make_tokenizer()
     assert answer_reach(tokenizer, "ab b a", "b") == len(tokenizer.encode("ab", add_special_tokens=False))

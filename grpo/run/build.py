@@ -35,7 +35,8 @@ from grpo.refusals import config_trains_adapter, refuse_unbuilt, world_size
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
 from grpo.rewards.styles import check_style
-from grpo.run.preflight import PreflightReport, mean_tokens
+from grpo.run.preflight import PreflightReport
+from grpo.run.token_limit import mean_tokens
 from grpo.sampling.episodes import Agent
 from grpo.sampling.prompts import config_task, format_settled, format_task, has_chat_template
 from grpo.sampling.tools import load_functions

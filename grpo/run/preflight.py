@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,8 +41,9 @@ import torch
 
 from grpo.math.algorithm import group_varies
 from grpo.run.memory_check import memory_line, trainer_prediction
-from grpo.sampling.evaluate import check_all
-from grpo.sampling.rounds import reordered_rounds, row_errors, sample_and_score
+from grpo.run.preflight_samples import _sample_round, _Samples
+from grpo.run.token_limit import correct_floor, fit_token_limit, mean_tokens
+from grpo.sampling.rounds import reordered_rounds
 from grpo.sampling.step_parts import Learner, Sampling
 
 if TYPE_CHECKING:
@@ -52,11 +53,6 @@ from grpo.sampling.vllm_engine import VLLMEngine
 
 FEW_VARY = 0.25  # below this share of varying groups, most of each step's generation teaches nothing
 MOSTLY_CUT = 0.5  # above this share of completions at the limit, the limit is too low
-FIT_CUT = 0.1  # fit a lower limit only when at most this share hit the probe's
-FIT_FLOOR = 48  # never below: a model that starts terse must still have room to learn to show its work
-FIT_QUANTILE = 0.95  # the fitted limit is 1.5 x this quantile of the lengths of completions that ended ...
-FIT_MIN_CORRECT = 5  # ... or, with at least this many correct completions, 1.5 x their median length if lower
-KEEP_CORRECT = 0.9  # whatever else it follows, the fitted limit keeps at least this share of the correct completions
 
 
 @dataclass(frozen=True)
@@ -175,60 +171,6 @@ def draw_prompts(n_train: int, count: int, seed: int) -> list[int]:
     return random.Random(seed).sample(range(n_train), min(count, n_train))
 
 
-def fit_token_limit(lengths: Sequence[int], truncated: Sequence[bool], correct: Sequence[bool],
-                    probe_limit: int, *, reach: Sequence[int | None] = (),
-                    answer_lengths: Sequence[int] = ()) -> int | None:
-    """The token limit a run on this data needs, rounded up to a multiple of 8, in [FIT_FLOOR, probe_limit];
-    None when too many completions hit the probe's limit to tell and nothing says what an answer needs.
-
-    1.5 x the 95th percentile of the lengths of completions that ended on their own; lower, 1.5 x the
-    median length of the correct ones, when at least FIT_MIN_CORRECT were correct. A model asked for a
-    short answer often explains at length instead: the answers that score need less room, and since the
-    longest completion sets a batch's generation time, a run pays for the rambling on every step. On a
-    file of "Compute 9 times 84. Answer with just the number." the 95th percentile was 165 tokens, the
-    correct completions' median 41 (most of them 5 to 18 tokens, a few explanations up to 111).
-
-    With fewer correct ones than that, the limit follows what a correct answer needs, not the ramblings:
-    1.5 x the fewest tokens in which a completion reached the gold answer (``reach``: where the gold
-    answer ends in each completion that contains it anywhere, None where it does not), or, when none
-    did, 1.5 x the 95th percentile of the gold answers' own lengths (``answer_lengths``); never above
-    the ramblings' fit. A cut completion scores 0 and is counted, which teaches the policy to answer
-    within the limit. Whichever rule applies, the limit keeps KEEP_CORRECT of the correct completions
-    (``correct_floor``).
-    """
-    natural = sorted(n for n, cut in zip(lengths, truncated, strict=True) if not cut)
-    fitted = None
-    if natural and 1 - len(natural) / len(lengths) <= FIT_CUT:
-        p95 = natural[min(len(natural) - 1, math.ceil(FIT_QUANTILE * len(natural)) - 1)]
-        solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
-        median = solved[(len(solved) - 1) // 2] if solved else p95
-        fitted = _rounded_limit(min(p95, median) if len(solved) >= FIT_MIN_CORRECT else p95, probe_limit)
-    if sum(correct) < FIT_MIN_CORRECT:
-        reached = [r for r in reach if r]
-        gold = sorted(answer_lengths)
-        if reached or gold:
-            need = min(reached) if reached else gold[min(len(gold) - 1, math.ceil(FIT_QUANTILE * len(gold)) - 1)]
-            fitted = min(_rounded_limit(need, probe_limit), fitted or probe_limit)
-    keep = correct_floor(lengths, truncated, correct, probe_limit)
-    return fitted if fitted is None or keep is None else max(fitted, keep)
-
-
-def correct_floor(lengths: Sequence[int], truncated: Sequence[bool], correct: Sequence[bool],
-                  probe_limit: int) -> int | None:
-    """The lowest multiple of 8 (at most probe_limit) that keeps KEEP_CORRECT of the correct completions
-    that ended on their own: their ceil(0.9 n)-th shortest length, rounded up; None with none correct.
-
-    The fits above follow the typical completion, and a policy that explains before it answers writes
-    correct completions longer than that: on a file of two-digit subtractions the limit fitted to 48
-    tokens cut 21% of the check's completions, correct ones among them, and the pass rate fell from 7.8%
-    to 3.1%. The correct completions are what GRPO learns from; a limit must not cut them away."""
-    solved = sorted(n for n, ok, cut in zip(lengths, correct, truncated, strict=True) if ok and not cut)
-    if not solved:
-        return None
-    need = solved[math.ceil(KEEP_CORRECT * len(solved)) - 1]
-    return int(min(probe_limit, 8 * math.ceil(need / 8)))
-
-
 def find_problems(report: PreflightReport, reward_names: Sequence[str], constant: Sequence[str], *,
                   tuned_limit: bool = False) -> list[Problem]:
     """What is wrong, in plain words, with what to try. ``tuned_limit``: the token limit is the task's own
@@ -302,76 +244,6 @@ def _examples(texts: Sequence[str], correct: Sequence[bool], truncated: Sequence
     return out
 
 
-@dataclass
-class _Samples:
-    """What the check sampled, over its rounds: one entry per completion."""
-
-    texts: list[str] = field(default_factory=list)
-    last: object = None  # the last round's Rollout, for timing an update
-    lengths: list[int] = field(default_factory=list)
-    truncated: list[bool] = field(default_factory=list)
-    correct: list[bool] = field(default_factory=list)
-    reach: list[int | None] = field(default_factory=list)  # tokens to the end of the gold answer, if it appears
-    answer_lengths: list[int] = field(default_factory=list)  # the gold answers' tokens, one per prompt
-    rewards: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round
-    valid: list[torch.Tensor] = field(default_factory=list)  # (B_round * G,) per round: the rows that did not error
-    metrics: list[dict[str, float]] = field(default_factory=list)  # the scorer's, per round
-
-    def grouped(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rewards (B, G) and which of them are verdicts (B, G): training's errored rows are not."""
-        return torch.cat(self.rewards).view(-1, g), torch.cat(self.valid).view(-1, g)
-
-
-def answer_reach(tokenizer: object, text: str, answer: str) -> int | None:
-    """Tokens of ``text`` up to the end of the first occurrence of the gold ``answer`` (None if absent)."""
-    at = text.find(answer.strip()) if answer.strip() else -1
-    if at < 0:
-        return None
-    return len(tokenizer.encode(text[: at + len(answer.strip())], add_special_tokens=False))
-
-
-def _rounded_limit(tokens: float, probe_limit: int) -> int:
-    """1.5 x tokens, rounded up to a multiple of 8, in [FIT_FLOOR, probe_limit]."""
-    return int(min(probe_limit, max(FIT_FLOOR, 8 * math.ceil(1.5 * tokens / 8))))
-
-
-def stop_at_fitted_limit(rows: int, probe_limit: int) -> Callable[[int, int], bool]:
-    """For ``generate``: once 95% of the rows have ended (at t tokens), stop at the limit that the fit will
-    choose, 1.5 t: the rows still running would be cut there in training too, so they need not run on."""
-    ended_at: list[int] = []
-
-    def stop(tokens: int, running: int) -> bool:
-        if not ended_at and running <= (1 - FIT_QUANTILE) * rows:
-            ended_at.append(tokens)
-        return bool(ended_at) and tokens >= _rounded_limit(ended_at[0], probe_limit)
-
-    return stop
-
-
-def _sample_round(
-    sampling: Sampling, chosen: Sequence[int], generator: torch.Generator, out: _Samples, *, fit: bool
-) -> None:
-    """Sample a group for each chosen training prompt and score it, as a training round would."""
-    cfg, g = sampling.config, sampling.config.group_size
-    stop_early = stop_at_fitted_limit(len(chosen) * g, cfg.max_new_tokens) if fit else None
-    rollout, rewards, metrics, _ = sample_and_score(sampling, chosen, generator, stop_early)
-    out.last = rollout
-    group_rows = [sampling.task.train[i] for i in chosen for _ in range(g)]
-    lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
-    checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
-    out.correct += [s >= 1.0 for s in check_all(sampling.checker, rollout.texts, checked)]
-    out.reach += [answer_reach(sampling.tokenizer, t, str(r.get("answer") or "")) for t, r in
-                  zip(rollout.texts, group_rows, strict=True)]
-    out.answer_lengths += [len(sampling.tokenizer.encode(str(sampling.task.train[i].get("answer") or ""),
-                                                         add_special_tokens=False)) for i in chosen]
-    out.texts += rollout.texts
-    out.lengths += lengths
-    out.truncated += truncated
-    out.rewards.append(rewards.nan_to_num(0.0))  # a failed call scores 0 here, as in evaluation
-    out.valid.append(row_errors(rewards, rollout, mask_truncated=cfg.mask_truncated) == 0)  # as training leaves out
-    out.metrics.append(metrics)
-
-
 def _announce(sampling: Sampling) -> None:
     """What the check is about to do (rank 0 prints; the vLLM engine says its own start and its seconds)."""
     cfg = sampling.config
@@ -404,6 +276,24 @@ def _summary(samples: _Samples, grouped: torch.Tensor, valid: torch.Tensor, cfg:
         examples=_examples(samples.texts, samples.correct, samples.truncated), seconds=0.0,
         prompt_format=cfg.prompt_format, stop=tuple(cfg.stop), rewarded="none" not in cfg.rewards,
     )
+
+
+def _step_costs(report: PreflightReport, samples: _Samples, sampling: Sampling, learner: Learner) -> None:
+    """What a training step can expect to cost, in the report: its generation seconds and its update's, at the
+    fitted token limit where there is one."""
+    cfg = sampling.config
+    report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
+                                                dynamic=cfg.filter_groups and not cfg.teacher)  # a teacher: one round
+    if report.fitted_max_new_tokens is not None and samples.lengths:
+        # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
+        report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))
+    if samples.last is not None and samples.last.completion_ids.numel():
+        # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
+        limit = report.fitted_max_new_tokens or cfg.max_new_tokens
+        per_row = mean_tokens(samples.lengths, limit)
+        report.update_seconds = update_seconds(learner, samples.last, sampling.engine) * cfg.completions_per_step \
+            * per_row
+        report.sample_lengths = list(samples.lengths)
 
 
 def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limit: bool = False
@@ -439,18 +329,7 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
     if cfg.teacher:  # every group has the teacher's signal, whatever its rewards
         report.problems = [p for p in report.problems if p.kind not in ("no signal", "few groups vary")]
     report.seconds = time.perf_counter() - start
-    report.step_seconds = expected_step_seconds(report, cfg.prompts_per_step, cfg.max_gen_rounds,
-                                                dynamic=cfg.filter_groups and not cfg.teacher)  # a teacher: one round
-    if report.fitted_max_new_tokens is not None and samples.lengths:
-        # a batch decodes as many steps as its longest row: at the fitted limit, that many at most
-        report.step_seconds *= min(1.0, report.fitted_max_new_tokens / max(samples.lengths))
-    if samples.last is not None and samples.last.completion_ids.numel():
-        # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
-        limit = report.fitted_max_new_tokens or cfg.max_new_tokens
-        per_row = mean_tokens(samples.lengths, limit)
-        report.update_seconds = update_seconds(learner, samples.last, sampling.engine) * cfg.completions_per_step \
-            * per_row
-        report.sample_lengths = list(samples.lengths)
+    _step_costs(report, samples, sampling, learner)
     if cfg.teacher and samples.last is not None:  # a teacher stops after one round: samples.last is all
         report.teacher_kl = teacher_divergence(learner, samples.last)
     prediction, available = trainer_prediction(sampling, samples.lengths, samples.truncated)
@@ -471,11 +350,6 @@ def start_engine(engine: VLLMEngine | None) -> float | None:
     start = time.perf_counter()
     engine.start()
     return time.perf_counter() - start
-
-
-def mean_tokens(lengths: Sequence[int], limit: int) -> float:
-    """The mean completion length at a token limit of ``limit`` (0.0 without lengths)."""
-    return sum(min(n, limit) for n in lengths) / len(lengths) if lengths else 0.0
 
 
 def expected_step_seconds(report: PreflightReport, prompts_per_step: int, max_rounds: int, *,
