@@ -639,7 +639,7 @@ def test_an_empty_chat_template_file_is_no_template_and_a_processors_json_is_not
     """transformers reads chat_template.jinja over tokenizer_config.json (an empty one: no template, as
     save_pretrained writes for a tokenizer whose template is ""), and never a chat_template.json (a
     processor's): auto follows what the loaded tokenizer will say, not the files' names."""
-    from grpo.models import model_has_chat_template
+    from grpo.chat_template import model_has_chat_template
 
     chat, base = _tiny_folder(tmp_path, chat=True), _tiny_folder(tmp_path, chat=False)
     Path(chat, "chat_template.jinja").write_text("")
@@ -670,7 +670,7 @@ def test_a_gguf_header_is_read_to_its_key_and_a_broken_one_leaves_the_tokenizer_
     resolution: auto waits on the loaded tokenizer), read without walking gigabytes."""
     import struct
 
-    from grpo.models import gguf_string, model_has_chat_template
+    from grpo.chat_template import gguf_string, model_has_chat_template
 
     text = lambda s: struct.pack("<Q", len(s)) + s.encode()  # noqa: E731
     fields = [_gguf_key("general.architecture", 8, text("llama")), _gguf_key("n", 4, struct.pack("<I", 7)),

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from grpo.chat_template import model_has_chat_template
 from grpo.config import (
     DATA_MAX_NEW_TOKENS,
     STANDING,
@@ -30,7 +31,7 @@ from grpo.config import (
     with_given,
 )
 from grpo.learning.teacher.options import check_teacher, check_vocabulary, vocabulary
-from grpo.models import add_lora, check_model, load_policy, model_has_chat_template, trains_adapter
+from grpo.models import add_lora, check_model, load_policy, trains_adapter
 from grpo.refusals import config_trains_adapter, refuse_unbuilt, world_size
 from grpo.rewards import RewardScorer, combine_rewards, resolve_reward
 from grpo.rewards.sandbox import check_sandbox, needs_sandbox, set_sandbox
