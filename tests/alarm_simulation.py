@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo.config import alarm_window_for
+from grpo.config_resolution import alarm_window_for
 from grpo.observe.alarm_monitor import AlarmMonitor
 from grpo.observe.alarms import OVERDISPERSION, AlarmConfig
 from grpo.run.run_state import planned_schedule

@@ -380,7 +380,7 @@ def test_without_a_reward_the_sampler_is_uniform_unless_given_and_length_is_not_
     as the default's choice); length_without_reward has no reward to compare with and stays off."""
     import numpy as np
 
-    from grpo.config import resolve_config
+    from grpo.config_resolution import resolve_config
     from grpo.observe.alarm_monitor import AlarmMonitor
     from grpo.observe.alarms import AlarmConfig
 

@@ -191,9 +191,10 @@ def test_the_trainer_module_stays_under_its_limit():
 
 # The parts of the package, lowest first: a module may import its own part and the parts below it, never one
 # above (docs/architecture.md, "The source tree"). The modules at the top of grpo/ are the configuration's floor (config,
-# trl_config, models, chat_template, refusals: read before anything loads) or the entry points (api, __main__, __init__).
+# config_resolution, trl_config, models, chat_template, refusals: read before anything loads) or the entry points (api,
+# __main__, __init__).
 PARTS = ("math", "system", "rewards", "tasks", "base", "sampling", "learning", "observe", "run", "cli", "top")
-BASE = ("config", "trl_config", "models", "chat_template", "refusals")
+BASE = ("config", "config_resolution", "trl_config", "models", "chat_template", "refusals")
 TOP_MODULES = 12  # at most this many modules at the top of grpo/, folders aside
 
 

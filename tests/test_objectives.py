@@ -233,7 +233,7 @@ def test_sequence_ratio_mask_and_truncation_on_the_product_ratio():
 
 
 def test_each_objective_takes_its_recommended_settings_when_the_user_sets_none():
-    from grpo.config import settle_config
+    from grpo.config_resolution import settle_config
     from grpo.tasks import get_task
 
     task = get_task("add")

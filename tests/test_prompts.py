@@ -171,7 +171,8 @@ def test_the_trainer_renders_and_stops_in_the_configured_format(capsys):
 def test_r1_zero_drops_the_tasks_tuned_token_limit():
     # add's 12 tokens hold "23 + 45 = 68", not <think> ... </think><answer> 68 </answer>: measured on the
     # embedded model, 97% of r1-zero completions were cut at 12 and no step had a reward to learn from
-    from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig, settle_config
+    from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
+    from grpo.config_resolution import settle_config
     from grpo.sampling.prompts import format_task
     from grpo.tasks import get_task
 

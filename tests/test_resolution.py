@@ -1,5 +1,5 @@
 """One configuration, resolved once before anything loads: what the user gave stands, through the command
-line, a config file and Python alike; one rule fills the rest (grpo.config.resolve_config); what a run
+line, a config file and Python alike; one rule fills the rest (grpo.config_resolution.resolve_config); what a run
 would refuse is refused before a weight is read or a worker starts."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import yaml
 
 from grpo.cli.parser import build_parser, flag
 from grpo.cli.train import _config_from_args
-from grpo.config import ConfigError, TrainConfig, option_fields, resolve_config
+from grpo.config import ConfigError, TrainConfig, option_fields
+from grpo.config_resolution import resolve_config
 from grpo.run.build import resolve_run
 from grpo.tasks import get_task
 

@@ -225,7 +225,7 @@ def _start_line(args: argparse.Namespace, prompts: int, limit: int) -> str | Non
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from grpo.config import settle_config
+    from grpo.config_resolution import settle_config
     from grpo.models import check_model, load_policy
     from grpo.observe.progress import eval_progress
     from grpo.rewards import combine_rewards

@@ -142,7 +142,7 @@ def launched_config() -> tuple[TrainConfig, dict[str, str]] | None:
 
 
 def run_from_args(args: argparse.Namespace, processes: int) -> tuple[RunSetup, Path | None]:
-    """The run a command line means, for ``processes`` processes, resolved (grpo.config.resolve_config)
+    """The run a command line means, for ``processes`` processes, resolved (grpo.config_resolution.resolve_config)
     and through every check `grpo train` makes before a weight loads but the memory check (the one that
     depends on this machine), and the resumed run's directory. tests/test_docs.py runs the docs' train
     lines through it."""

@@ -22,14 +22,8 @@ import torch
 from torch import nn
 
 from grpo.chat_template import model_has_chat_template
-from grpo.config import (
-    DATA_MAX_NEW_TOKENS,
-    STANDING,
-    ConfigError,
-    TrainConfig,
-    resolve_config,
-    with_given,
-)
+from grpo.config import DATA_MAX_NEW_TOKENS, STANDING, ConfigError, TrainConfig, with_given
+from grpo.config_resolution import resolve_config
 from grpo.learning.teacher.options import check_teacher, check_vocabulary, vocabulary
 from grpo.models import add_lora, check_model, load_policy, trains_adapter
 from grpo.refusals import config_trains_adapter, refuse_unbuilt, world_size
@@ -54,7 +48,7 @@ EPISODE_OPENING_TOKENS = 1024  # --engine vllm: what an episode's opening may ad
 @dataclass(frozen=True)
 class RunSetup:
     """A run as its options resolve it, before anything loads: the config resolved (what was not given
-    filled, grpo.config.resolve_config) and where each value came from, the task (the given one, else the
+    filled, grpo.config_resolution.resolve_config) and where each value came from, the task (the given one, else the
     config's; formatted by the trainer, grpo.sampling.prompts.format_task) and the rewards (the given, else the
     config's, resolved; none: the task's own checker); the user's tool and environment files as checked
     (imported here, once; the agent is made from them)."""
@@ -83,7 +77,7 @@ def resolve_run(config: TrainConfig, *, task: Task | None = None, rewards: Seque
                 model: nn.Module | None = None, processes: int | None = None, origin: Mapping[str, str] | None = None,
                 resumed: Mapping[str, str] | None = None, tokenizer: object | None = None) -> RunSetup:
     """The one setup path of `grpo train`, `grpo preflight` and grpo.train(): the configuration resolved
-    once (grpo.config.resolve_config; ``origin``: where each given option came from, cli or file; the prompt
+    once (grpo.config_resolution.resolve_config; ``origin``: where each given option came from, cli or file; the prompt
     format auto from the model's files, grpo.sampling.prompts.format_settled), the task
     and the rewards, and every refusal that depends only on the options, the task, the model's files and the
     number of ``processes`` (torchrun's WORLD_SIZE when not given), each one line (ConfigError,

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpo.run.checkpoint as checkpoint
-from grpo.config import TrainConfig, alarm_window_for, planned_steps
+from grpo.config import TrainConfig
+from grpo.config_resolution import alarm_window_for, planned_steps
 from grpo.observe.alarm_monitor import AlarmMonitor
 from grpo.sampling.step_parts import Learner
 from grpo.system.distributed import load_shards, load_training_state, save_shards, training_state

@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from grpo.config import STANDING, TrainConfig, settle_config, with_given
+from grpo.config import STANDING, TrainConfig, with_given
+from grpo.config_resolution import settle_config
 from grpo.learning.teacher.scoring import load_teacher
 from grpo.learning.update import StepStats, learning_rate, reference_logprobs, update
 from grpo.math.algorithm import adapted_temperature, group_advantages

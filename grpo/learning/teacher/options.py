@@ -20,7 +20,7 @@ NOT_BUILT = "teacher with {what} is not built: {instead}"
 
 def check_teacher(config: TrainConfig, processes: int, *, resumed: bool = False) -> None:
     """Raise ConfigError, one line naming the option, for a teacher setting a run cannot use. A teacher's
-    option given without a teacher is refused, as grpo.config.refuse_unread refuses the others, unless the
+    option given without a teacher is refused, as grpo.config_resolution.refuse_unread refuses the others, unless the
     run is ``resumed`` (its saved config names every option)."""
     if NO_REWARD in config.rewards:
         check_no_reward(config, resumed=resumed)
