@@ -385,7 +385,17 @@ def policy_loss(
     params = Params(clip_low, clip_high, ratio_cap, sapo_tau_pos, sapo_tau_neg, ratio_level)
     adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
     out = chosen(logp, old_logp, adv, mask, params)
-    per_token = out.loss  # (N, T)
+    per_token, kl = with_weight_and_kl(out.loss, logp, ref_logp, beta, tis_weight)  # (N, T)
+    loss = aggregate_loss(per_token, mask, mode=aggregate or RECOMMENDED[objective].aggregate,
+                          max_tokens=max_tokens, total_tokens=total_tokens, total_sequences=total_sequences)
+    return loss, loss_metrics(out, adv, mask, kl)
+
+
+
+def with_weight_and_kl(per_token: Tensor, logp: Tensor, ref_logp: Tensor | None, beta: float,
+                       tis_weight: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The surrogate's per-token loss (N, T) times the TIS weight, plus beta * KL(pi_theta || pi_ref) (k3)
+    when beta > 0; and that KL (N, T), None without it."""
     if tis_weight is not None:
         per_token = per_token * tis_weight
     kl = None
@@ -394,10 +404,7 @@ def policy_loss(
             raise ValueError("beta > 0 needs ref_logp")
         kl = k3_kl(logp, ref_logp)  # (N, T)
         per_token = per_token + beta * kl
-    loss = aggregate_loss(per_token, mask, mode=aggregate or RECOMMENDED[objective].aggregate,
-                          max_tokens=max_tokens, total_tokens=total_tokens, total_sequences=total_sequences)
-    return loss, loss_metrics(out, adv, mask, kl)
-
+    return per_token, kl
 
 @torch.no_grad()
 def loss_metrics(out: Surrogate, adv: Tensor, mask: Tensor, kl: Tensor | None) -> dict[str, Tensor]:
