@@ -13,7 +13,7 @@ from conftest import make_model, make_tokenizer
 from tiny_run import count_a, metrics_lines, params, tiny_task, tiny_trainer
 
 from grpo.config import DATA_MAX_NEW_TOKENS, DEFAULT_LR, TrainConfig, settle_config
-from grpo.math.algorithm import policy_loss
+from grpo.math.loss import policy_loss
 from grpo.observe.heldout import train_sample
 from grpo.run.build import step_budget
 from grpo.run.preflight import PreflightReport, fit_token_limit, stop_at_fitted_limit

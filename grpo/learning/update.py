@@ -7,7 +7,7 @@ device; the bookkeeping over groups (orders, minibatches, micro-batches and
 masks over them) is on the CPU. Indexing a device tensor with a CPU index is
 fine; a CPU tensor is never indexed with a device mask (CUDA refuses it).
 
-The surrogate itself is :func:`grpo.math.algorithm.policy_loss`; here is only how
+The surrogate itself is :func:`grpo.math.loss.policy_loss`; here is only how
 the batch is cut and fed to it. With mu = 1 and one minibatch the update is
 on-policy and the ratio is 1. A group whose advantages are all zero adds
 nothing to the gradient when beta = 0, so its passes are skipped (the
@@ -36,7 +36,8 @@ from grpo.learning.teacher.scoring import (
     teacher_loss,
     teacher_pass,
 )
-from grpo.math.algorithm import policy_loss, tis_weights
+from grpo.math.algorithm import tis_weights
+from grpo.math.loss import policy_loss
 from grpo.sampling.rollout import Rollout, group_rows
 from grpo.sampling.step_parts import Learner
 from grpo.system.distributed import ModelCalls, World, pad_micro_batches, to_float
