@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from grpo.config import TrainConfig
-from grpo.learning.update import StepStats, learning_rate
+from grpo.learning.step_stats import StepStats
+from grpo.learning.update import learning_rate
 from grpo.math.algorithm import group_varies
 from grpo.observe.alarms import NOTES, AlarmConfig, AlarmMonitor, little_signal
 from grpo.observe.heldout import subset_size, train_sample_size

@@ -41,8 +41,9 @@ import torch
 from torch import Tensor, nn
 
 from grpo.config import STANDING, TrainConfig, settle_config, with_given
+from grpo.learning.step_stats import StepStats
 from grpo.learning.teacher.scoring import load_teacher
-from grpo.learning.update import StepStats, learning_rate, reference_logprobs, update
+from grpo.learning.update import learning_rate, reference_logprobs, update
 from grpo.math.algorithm import adapted_temperature, group_advantages
 from grpo.observe.heldout import full_evaluation, interim_evaluation
 from grpo.run.batch_source import batch_source
@@ -282,8 +283,7 @@ class GRPOTrainer:
             if log.logger is not None:
                 log.logger.close()
         summary = run_summary(self.config, self.sources, self.task, self.totals, state, log, preflight, first, last,
-                              metrics, heldout_size=len(self.heldout_prompts), stopped=stopped,
-                              out_of_time=out_of_time, train_seconds=train_seconds, start=start)
+                              metrics, len(self.heldout_prompts), stopped, out_of_time, train_seconds, start)
         save_final(self.model, self.tokenizer, self.world, self.config, run_dir, self.run_dir, summary)
         return summary
 
