@@ -448,6 +448,12 @@ def generate(
         temperature=temperature, top_p=top_p, top_k=top_k, stop_strings=stop_strings, generator=generator,
         stop_early=stop_early, streams=streams,
     )
+    return _rollout_of(turn, tokenizer, prompt_ids, group_size, device)
+
+
+def _rollout_of(turn: Turn, tokenizer: object, prompt_ids: list[list[int]], group_size: int, device: torch.device
+                ) -> Rollout:
+    """:func:`generate`'s Rollout from its one turn: cut to the longest completion, the mask, the texts."""
     width = max(int(turn.lengths.max().item()), 1)
     mask = (torch.arange(width, device=device) < turn.lengths.unsqueeze(1)).float()  # (N, T)
     tokens, logprobs = turn.tokens[:, :width], turn.logprobs[:, :width] * mask
