@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import prompt_rows  # noqa: E402
 
 import grpo.sampling.rollout as rollout  # noqa: E402
-from grpo.system.heap_settings import release_freed_memory, reuse_freed_memory  # noqa: E402
 from grpo.models import load_policy  # noqa: E402
 from grpo.sampling.prompts import prompt_format  # noqa: E402
 from grpo.sampling.random_streams import stream_keys  # noqa: E402
+from grpo.system.heap_settings import release_freed_memory, reuse_freed_memory  # noqa: E402
 
 PARTS = {  # the own engine's functions timed, and what each is
     "decode": "decoder forward (decode steps)",

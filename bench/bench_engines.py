@@ -33,10 +33,10 @@ import time
 
 import torch
 
-from grpo.sampling.evaluate import encode_prompts
 from grpo.models import add_lora, load_policy
-from grpo.sampling.rollout import generate
+from grpo.sampling.evaluate import encode_prompts
 from grpo.sampling.random_streams import stream_keys
+from grpo.sampling.rollout import generate
 from grpo.sampling.vllm_engine import VLLMEngine
 
 TOPICS = ("the history of the bicycle", "how bread is made", "the water cycle", "a lighthouse keeper's day",

@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from grpo.sampling.episodes import Agent, ToolEnv, template_features
 from grpo.models import load_policy
+from grpo.sampling.episodes import Agent, ToolEnv, template_features
+from grpo.sampling.tools import ToolBox
 from grpo.tasks import get_task
 from grpo.tasks.calc import EXAMPLE
-from grpo.sampling.tools import ToolBox
 
 
 def run(agent: Agent, policy: object, rows: list, group_size: int) -> tuple[float, object]:

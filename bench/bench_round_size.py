@@ -21,11 +21,11 @@ import time
 
 import torch
 
-from grpo.system.heap_settings import reuse_freed_memory
 from grpo.models import load_policy
 from grpo.sampling.packed_linear import packed_linears
-from grpo.sampling.rollout import generate
 from grpo.sampling.random_streams import stream_keys
+from grpo.sampling.rollout import generate
+from grpo.system.heap_settings import reuse_freed_memory
 
 
 def prompt_ids(tokenizer: object, path: str, n: int) -> list[list[int]]:

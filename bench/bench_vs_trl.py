@@ -216,12 +216,12 @@ def run_ours(work: Workload, chan: Channel) -> None:
     import torch
 
     from grpo.config import TrainConfig
-    from grpo.run.process_setup import setup_process
     from grpo.rewards.basic import final_number
-    from grpo.sampling.prompt_samplers import UniformSampler
     from grpo.run.build import resolve_run
-    from grpo.tasks import Task
+    from grpo.run.process_setup import setup_process
     from grpo.run.trainer import GRPOTrainer
+    from grpo.sampling.prompt_samplers import UniformSampler
+    from grpo.tasks import Task
 
     torch.set_num_threads(work.threads)
     clock = PhaseClock()

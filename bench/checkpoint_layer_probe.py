@@ -31,10 +31,10 @@ def status(key: str) -> float:
 
 def main() -> None:
     from grpo.config import TrainConfig
-    from grpo.sampling.forward import grouped_kv_attention
-    from grpo.run.memory_shapes import ModelShape
     from grpo.models import load_policy
+    from grpo.run.memory_shapes import ModelShape
     from grpo.run.process_setup import setup_process
+    from grpo.sampling.forward import grouped_kv_attention
 
     setup_process(TrainConfig())  # the allocator setting a run uses
     model = load_policy("smollm2").model

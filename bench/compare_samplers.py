@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpo.config import TrainConfig  # noqa: E402
 from grpo.observe.heldout import evaluate_heldout  # noqa: E402
-from grpo.run.process_setup import setup_process  # noqa: E402
 from grpo.run.build import resolve_run  # noqa: E402
+from grpo.run.process_setup import setup_process  # noqa: E402
 from grpo.run.trainer import GRPOTrainer  # noqa: E402
 
 CONFIGS = {

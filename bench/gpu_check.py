@@ -433,9 +433,9 @@ def fsdp_run(folder: str, device_type: str, run_dir: str) -> int:
     import torch.distributed as dist
 
     from grpo import GRPOTrainer, TrainConfig
-    from grpo.system.distributed import World, backend_for
-    from grpo.run.process_setup import setup_process
     from grpo.run.build import check_before_loading, resolve_run
+    from grpo.run.process_setup import setup_process
+    from grpo.system.distributed import World, backend_for
 
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     config = TrainConfig(model=folder, task="add", device=str(device), beta=0.04, save_model=True, fsdp=True,

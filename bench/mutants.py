@@ -1,7 +1,7 @@
 """`make mutants`: hand-chosen mutations of the GRPO math, run against the unit and equivalence tests.
 
 Each mutant is one small edit a plausible bug would make (a sign, a bound, a
-normaliser, a mask, a stop-gradient) in grpo/math/algorithm.py, grpo/math/objectives.py and grpo/learning/teacher/, the sampler's draw,
+normaliser, a mask, a stop-gradient) in grpo/math/algorithm.py, grpo/math/loss.py, grpo/math/objectives.py and grpo/learning/teacher/, the sampler's draw,
 the advantage normalisation and its estimators, the objectives, the loss aggregation and its normalisers,
 and the way the objective and estimator options reach the loss. The repository is
 copied to a temporary folder, each mutant applied there alone, and the tests of
@@ -40,6 +40,7 @@ MENU = ["tests/test_objectives_training.py"]
 A, R, U, B, S = "grpo/math/algorithm.py", "grpo/sampling/rollout.py", "grpo/learning/update.py", "grpo/sampling/rounds.py", "grpo/sampling/prompt_samplers.py"
 P = "grpo/math/objectives.py"  # the policy objectives
 T = "grpo/run/trainer.py"
+L = "grpo/math/loss.py"  # the loss: aggregation, the KL and TIS terms, its metrics
 D = "grpo/learning/teacher/divergence.py"  # the teacher term's math
 MUTANTS = [  # (file, original, mutated, what the bug would be)
     (A, "centred = grouped - grouped.mean(dim=1, keepdim=True)", "centred = grouped - grouped.mean()",
@@ -102,18 +103,18 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "sequence_ratio's ratio a mean over the padded length, not the completion's product"),
     (A, "            inside = seq.abs() <= math.log(cap)", "            inside = seq <= math.log(cap)",
      "sequence-level TIS masks one side only"),
-    (A, "    n_seq = float((mask.sum(dim=1) > 0).sum()) if total_sequences is None",
+    (L, "    n_seq = float((mask.sum(dim=1) > 0).sum()) if total_sequences is None",
      "    n_seq = float(per_token.shape[0]) if total_sequences is None", "masked sequences counted"),
-    (A, "        return masked.sum() / max(float(n_tok), 1.0)", "        return masked.sum() / max(float(mask.numel()), 1.0)",
+    (L, "        return masked.sum() / max(float(n_tok), 1.0)", "        return masked.sum() / max(float(mask.numel()), 1.0)",
      "token mean over padding too"),
-    (A, "        return (masked.sum(dim=1) / lengths).sum() / max(n_seq, 1.0)",
+    (L, "        return (masked.sum(dim=1) / lengths).sum() / max(n_seq, 1.0)",
      "        return masked.sum(dim=1).sum() / max(n_seq, 1.0)", "sequence mean without 1/|o_i|"),
-    (A, "        return masked.sum() / (max(n_seq, 1.0) * max_tokens)", "        return masked.sum() / max(n_seq, 1.0)",
+    (L, "        return masked.sum() / (max(n_seq, 1.0) * max_tokens)", "        return masked.sum() / max(n_seq, 1.0)",
      "Dr. GRPO's constant without max_tokens"),
-    (A, "        per_token = per_token + beta * kl", "        per_token = per_token - beta * kl",
+    (L, "        per_token = per_token + beta * kl", "        per_token = per_token - beta * kl",
      "the KL penalty rewarded"),
-    (A, "        per_token = per_token * tis_weight", "        per_token = per_token", "TIS weights ignored"),
-    (A, "    low = out.clipped & (adv < 0)  # (N, T)", "    low = out.clipped & (adv > 0)  # (N, T)",
+    (L, "        per_token = per_token * tis_weight", "        per_token = per_token", "TIS weights ignored"),
+    (L, "    low = out.clipped & (adv < 0)  # (N, T)", "    low = out.clipped & (adv > 0)  # (N, T)",
      "clip_frac_low counts the wrong side"),
     (R, "        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)",
      "        logp = torch.log_softmax(logits, dim=-1)", "the sampler ignores the temperature"),

@@ -19,9 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from grpo.observe.alarms import AlarmConfig
-
 from grpo.observe.alarm_monitor import AlarmMonitor
+from grpo.observe.alarms import AlarmConfig
 
 
 def replay(run: Path) -> dict[str, int]:

@@ -39,12 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grpo.sampling.rounds import Round, generate_round, probe_rows, reordered_rounds  # noqa: E402
 from grpo.config import TrainConfig  # noqa: E402
-from grpo.run.process_setup import setup_process  # noqa: E402
-from grpo.sampling.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
 from grpo.run.build import resolve_run  # noqa: E402
+from grpo.run.process_setup import setup_process  # noqa: E402
 from grpo.run.trainer import GRPOTrainer  # noqa: E402
+from grpo.sampling.rounds import Round, generate_round, probe_rows, reordered_rounds  # noqa: E402
+from grpo.sampling.screen import RIDGES, fit_logistic, log_loss, mixed_chance, sigmoid  # noqa: E402
 
 
 def layer_states(model: torch.nn.Module, prompts: list[list[int]]) -> np.ndarray:

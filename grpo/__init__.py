@@ -21,7 +21,7 @@ _LAZY = {
     "Rollout": "grpo.sampling.rollout",
     "group_advantages": "grpo.math.algorithm",
     "rollout_logprobs": "grpo.learning.logprobs",
-    "policy_loss": "grpo.math.algorithm",
+    "policy_loss": "grpo.math.loss",
     "greedy_accuracy": "grpo.sampling.evaluate",
 }
 

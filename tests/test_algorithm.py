@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo.math.algorithm import aggregate_loss, group_advantages, k3_kl, policy_loss, tis_weights
+from grpo.math.algorithm import group_advantages, k3_kl, tis_weights
+from grpo.math.loss import aggregate_loss, policy_loss
 
 
 def test_group_advantages_standardises_within_each_group():

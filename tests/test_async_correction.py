@@ -15,7 +15,8 @@ The advantage is A(o) = r(o) - b with a constant b, so an expectation is a plain
 import pytest
 import torch
 
-from grpo.math.algorithm import policy_loss, tis_weights
+from grpo.math.algorithm import tis_weights
+from grpo.math.loss import policy_loss
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import torch
 
 from grpo.config import ConfigError
 from grpo.learning.logprobs import rollout_logprobs
-from grpo.math.algorithm import policy_loss
+from grpo.math.loss import policy_loss
 from grpo.sampling.episode_scores import episode_metrics, scored_tokens
 from grpo.sampling.episodes import Agent, Episode, EpisodeError
 from grpo.sampling.random_streams import stream_keys, stream_seeds

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from grpo.config import ConfigError, TrainConfig
-from grpo.math.algorithm import group_advantages, group_varies, policy_loss, tis_weights
+from grpo.math.algorithm import group_advantages, group_varies, tis_weights
+from grpo.math.loss import policy_loss
 
 ln = math.log
 

@@ -14,7 +14,7 @@ from tiny_run import count_a, metrics_lines, params, tiny_task, tiny_trainer
 
 from grpo.config import DATA_MAX_NEW_TOKENS, TrainConfig
 from grpo.config_resolution import DEFAULT_LR, settle_config
-from grpo.math.algorithm import policy_loss
+from grpo.math.loss import policy_loss
 from grpo.observe.heldout import train_sample
 from grpo.run.build import step_budget
 from grpo.run.preflight import PreflightReport

@@ -14,6 +14,9 @@ from grpo.config import DATA_MAX_NEW_TOKENS, ConfigError, TrainConfig
 
 if typing.TYPE_CHECKING:
     from grpo.rewards.resolve import RewardFn
+    from grpo.sampling.episodes import Agent
+    from grpo.sampling.evaluate import EvalResult
+    from grpo.sampling.tools import ToolBox
     from grpo.tasks import Task
 
 
@@ -225,12 +228,10 @@ def _start_line(args: argparse.Namespace, prompts: int, limit: int) -> str | Non
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from grpo.config_resolution import settle_config
     from grpo.models import check_model, load_policy
     from grpo.observe.progress import eval_progress
     from grpo.rewards import combine_rewards
     from grpo.run.process_setup import gpu_autocast, pick_device
-    from grpo.sampling.episodes import make_agent
     from grpo.sampling.evaluate import evaluate
     from grpo.sampling.prompts import loaded_format, run_prompts, run_task
 
@@ -255,12 +256,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     prompts = run_prompts(policy.tokenizer, task, shaped, task.heldout)
     limit = (args.max_new_tokens or _run_token_limit(args.model)
              or int(task.defaults.get("max_new_tokens", DATA_MAX_NEW_TOKENS)))
-    # a task with tools or an environment is scored on whole episodes: with the run's own tools and turn
-    # settings when the model is a run's, else the task's; its openings in the run's format and template
-    same = {k: run[k] for k in EPISODE_FIELDS if k in run}
-    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=shaped.prompt_format,
-                                         chat_template=shaped.chat_template, **same), task)
-    agent, toolbox = make_agent(episodes, task, policy.tokenizer)
+    agent, toolbox = _eval_agent(run, task, shaped, limit, policy.tokenizer)
     policy.model.to(device)
     said = _start_line(args, len(prompts), limit)
     try:  # greedy, then the samples: each pass advances the bar by every prompt
@@ -275,10 +271,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
         reward.close()
         if toolbox is not None:
             toolbox.close()
+    _say_result(args, result)
+    return 0
+
+
+def _eval_agent(run: dict, task: Task, shaped: TrainConfig, limit: int, tokenizer: object
+                ) -> tuple[Agent | None, ToolBox | None]:
+    """The episodes' agent and its tool workers (None, None: single-turn)."""
+    from grpo.config_resolution import settle_config
+    from grpo.sampling.episodes import make_agent
+
+    # a task with tools or an environment is scored on whole episodes: with the run's own tools and turn
+    # settings when the model is a run's, else the task's; its openings in the run's format and template
+    same = {k: run[k] for k in EPISODE_FIELDS if k in run}
+    episodes = settle_config(TrainConfig(task=task.name, max_new_tokens=limit, prompt_format=shaped.prompt_format,
+                                         chat_template=shaped.chat_template, **same), task)
+    return make_agent(episodes, task, tokenizer)
+
+
+def _say_result(args: argparse.Namespace, result: EvalResult) -> None:
+    """The evaluation's line, or with --json its record."""
     name = args.data or args.task
     if args.json:
         print(json.dumps({"model": args.model, "task": name, "heldout_size": result.size,
                           "samples": result.samples, **result.metrics()}))
     else:
         print(f"held-out {name}: {result.describe()}")
-    return 0

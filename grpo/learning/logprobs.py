@@ -227,15 +227,7 @@ def completion_hidden(
     device = completion_ids.device
     n, t = completion_ids.shape
     if not share_prefix:
-        rows = [p for p in prompt_ids for _ in range(group_size)]
-        ids, attn = left_pad(rows, pad_id, device)  # (N, L)
-        width = ids.shape[1]
-        ids = torch.cat([ids, completion_ids], dim=1)
-        attn = torch.cat([attn, attn.new_ones((n, t))], dim=1)
-        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).last_hidden_state
-        valid = torch.arange(t, device=device) < lengths.unsqueeze(1)  # (N, T)
-        flat = torch.arange(n * t, device=device).view(n, t)
-        return hidden[:, width - 1 : width - 1 + t][valid], flat[valid]
+        return full_sequences_hidden(decoder, prompt_ids, completion_ids, lengths, group_size, pad_id)
     embed = TokenEmbeddings(model, torch.cat([
         torch.tensor([pad_id] + [i for p in prompt_ids for i in p], device=device), completion_ids.reshape(-1)]))
     state = encode_prompt_batch(decoder, prompt_ids, group_size, pad_id, embed)
@@ -259,6 +251,23 @@ def completion_hidden(
     if not parts:  # no completion has a token
         return state.last_hidden[:0], torch.zeros(0, dtype=torch.long, device=device)
     return torch.cat(parts), torch.cat(places)
+
+
+def full_sequences_hidden(decoder: nn.Module, prompt_ids: list[list[int]], completion_ids: Tensor, lengths: Tensor,
+                          group_size: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """:func:`completion_hidden` without share_prefix: each of the N sequences (prompt + completion) run in
+    full, the reference the fast pass is tested against."""
+    device = completion_ids.device
+    n, t = completion_ids.shape
+    rows = [p for p in prompt_ids for _ in range(group_size)]
+    ids, attn = left_pad(rows, pad_id, device)  # (N, L)
+    width = ids.shape[1]
+    ids = torch.cat([ids, completion_ids], dim=1)
+    attn = torch.cat([attn, attn.new_ones((n, t))], dim=1)
+    hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).last_hidden_state
+    valid = torch.arange(t, device=device) < lengths.unsqueeze(1)  # (N, T)
+    flat = torch.arange(n * t, device=device).view(n, t)
+    return hidden[:, width - 1 : width - 1 + t][valid], flat[valid]
 
 
 def rollout_logprobs(

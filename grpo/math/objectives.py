@@ -3,7 +3,7 @@
 Shape legend as in grpo/math/algorithm.py: N sequences, T completion tokens.
 Each surrogate takes the current and old log-probs (N, T), the advantages
 (N, 1) and the mask (N, T), and returns a :class:`Surrogate`: the per-token
-loss to minimise (aggregated afterwards by grpo.math.algorithm.aggregate_loss),
+loss to minimise (aggregated afterwards by grpo.math.loss.aggregate_loss),
 the token ratio rho_t (for ``ratio_mean``) and which tokens its clip or mask
 acted on (for ``clip_frac_low`` / ``clip_frac_high``, split by the sign of A).
 The definitions follow verl's ``core_algos`` policy losses:

@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from grpo.learning.update import StepStats
+from grpo.learning.step_stats import StepStats
 from grpo.run.checkpoint import CheckpointError
 from grpo.sampling.rounds import Batch, sample_batch
 from grpo.sampling.step_parts import Learner, Sampling

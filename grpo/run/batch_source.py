@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
-from grpo.learning.update import StepStats
+from grpo.learning.step_stats import StepStats
 from grpo.run.async_batches import SamplingAhead
 from grpo.sampling.rounds import Batch, sample_batch
 from grpo.sampling.step_parts import Learner, Sampling

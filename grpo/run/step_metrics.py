@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from grpo.learning.update import StepStats, learning_rate
+from grpo.config import TrainConfig
+from grpo.learning.step_stats import StepStats
+from grpo.learning.update import learning_rate
 from grpo.math.algorithm import group_varies
 from grpo.observe.alarm_monitor import AlarmMonitor
 from grpo.observe.alarms import NOTES, AlarmConfig, little_signal
@@ -113,10 +115,7 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
     trained = batch.rewards.view(-1, g)  # (B', G)
     trained_zero_var = ~group_varies(trained, (batch.errors == 0).view(-1, g), estimator=estimator)  # (B',)
     trained_tokens = batch.lengths.view(-1, g).sum(dim=1).float()  # (B',)
-    # the update skips the groups whose advantages are all zero (grpo/learning/update.py trained_groups), which under
-    # reinforce_pp_baseline are not its zero-variance groups: those get the batch's shift and train
-    skip = cfg.skip_zero_advantage and cfg.beta == 0.0 and not cfg.teacher  # a teacher's term trains every group
-    skipped = (advantages.view(-1, g) == 0).all(dim=1).cpu() if skip else torch.zeros(len(trained), dtype=torch.bool)
+    skipped = skipped_groups(cfg, advantages, len(trained))  # (B',)
     drawn = sum(len(r.prompts) for r in batch.rounds)
     out = {
         "zero_var_frac": zero_var.float().mean().item(),
@@ -127,10 +126,7 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
         "time_generate_zero_var": seconds_generate * wasted,
         "tokens_generated": float(tokens.sum()),
         "tokens_zero_var": float(tokens[zero_var].sum()),
-        "adv_mean": advantages.mean().item() if advantages.numel() else 0.0,
-        "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
-        "adv_nonzero": int((advantages != 0).sum()),
-        "adv_nonzero_frac": (advantages != 0).float().mean().item() if advantages.numel() else 0.0,
+        **advantage_metrics(advantages),
         "trained_groups": len(trained),
         "trained_zero_var_frac": trained_zero_var.float().mean().item() if len(trained) else 0.0,
         "update_skipped_tokens_frac": float(trained_tokens[skipped].sum() / trained_tokens.sum().clamp(min=1)),
@@ -148,6 +144,25 @@ def group_metrics(sampling: Sampling, batch: Batch, advantages: Tensor, seconds_
     if cfg.sampler != "uniform":
         out["sampler_explored_frac"] = sum(r.explored for r in batch.rounds) / drawn
     return out
+
+
+def skipped_groups(cfg: TrainConfig, advantages: Tensor, groups: int) -> Tensor:
+    """(B',) the trained groups that the update skips."""
+    g = cfg.group_size
+    # the update skips the groups whose advantages are all zero (grpo/learning/update.py trained_groups), which under
+    # reinforce_pp_baseline are not its zero-variance groups: those get the batch's shift and train
+    skip = cfg.skip_zero_advantage and cfg.beta == 0.0 and not cfg.teacher  # a teacher's term trains every group
+    return (advantages.view(-1, g) == 0).all(dim=1).cpu() if skip else torch.zeros(groups, dtype=torch.bool)
+
+
+def advantage_metrics(advantages: Tensor) -> dict[str, float]:
+    """The step's advantages (N,): mean, std, and how many are not zero."""
+    return {
+        "adv_mean": advantages.mean().item() if advantages.numel() else 0.0,
+        "adv_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+        "adv_nonzero": int((advantages != 0).sum()),
+        "adv_nonzero_frac": (advantages != 0).float().mean().item() if advantages.numel() else 0.0,
+    }
 
 
 def screen_seconds(batch: Batch) -> float:

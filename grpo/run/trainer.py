@@ -1,11 +1,12 @@
 """The GRPO loop, top to bottom.
 
-Each step: take the step's batch from the batch source (grpo/run/batch_source.py: sampled at the step, or ahead in a
-thread, grpo/run/async_batches.py): B prompts (grpo/sampling/prompt_samplers.py: uniform, or the frontier sampler), a group of G
-completions for each, scored (grpo/sampling/rounds.py, with DAPO's dynamic sampling); standardise rewards within each
-group into advantages (grpo/math/algorithm.py); update the policy with the clipped surrogate, plus beta * KL when
-beta > 0 (grpo/learning/update.py); record (grpo/run/step_metrics.py); evaluate on held-out prompts now and then
-(grpo/observe/heldout.py); checkpoint (grpo/run/run_state.py).
+Each step: take the step's batch from the batch source (grpo/run/batch_source.py: sampled at the step, or
+ahead in a thread, grpo/run/async_batches.py): B prompts (grpo/sampling/prompt_samplers.py: uniform, or the
+frontier sampler), a group of G completions for each, scored (grpo/sampling/rounds.py, with DAPO's dynamic
+sampling); standardise rewards within each group into advantages (grpo/math/algorithm.py); update the policy
+with the clipped surrogate, plus beta * KL when beta > 0 (grpo/learning/update.py); record
+(grpo/run/step_metrics.py); evaluate on held-out prompts now and then (grpo/observe/heldout.py); checkpoint
+(grpo/run/run_state.py).
 
 Deviations from DeepSeekMath's GRPO, all configurable:
 - the default aggregation is per token over the batch (DAPO), not the mean of per-sequence means;
@@ -17,12 +18,11 @@ Deviations from DeepSeekMath's GRPO, all configurable:
 - an optimiser step whose loss or gradient is NaN/inf is skipped (and counted as nonfinite_skipped);
   max_bad_steps such steps in a row stop the run.
 
-Checkpoints (grpo/run/checkpoint.py) make a resumed run bitwise the same as an unbroken one.
-
-Under torchrun each process samples and trains on its share of the whole groups of the same global batch,
-with the whole batch's advantages and loss normaliser; every completion draws from a random stream of its
-own, keyed by its place in the run, not by the process (grpo/system/distributed.py, grpo/sampling/random_streams.py), so the update
-does not depend on the world size W.
+Checkpoints (grpo/run/checkpoint.py) make a resumed run bitwise the same as an unbroken one. Under torchrun
+each process samples and trains on its share of the whole groups of the same global batch, with the whole
+batch's advantages and loss normaliser; every completion draws from a random stream of its own, keyed by its
+place in the run, not by the process (grpo/system/distributed.py, grpo/sampling/random_streams.py), so the
+update does not depend on the world size W.
 
 Process-wide settings (seeds, threads, the allocator) are not the trainer's: call
 :func:`grpo.run.process_setup.setup_process` first, as :func:`grpo.train` (grpo/api.py) and the CLI do.
@@ -30,7 +30,6 @@ Process-wide settings (seeds, threads, the allocator) are not the trainer's: cal
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -43,10 +42,10 @@ from torch import Tensor, nn
 
 from grpo.config import STANDING, TrainConfig, with_given
 from grpo.config_resolution import settle_config
+from grpo.learning.step_stats import StepStats
 from grpo.learning.teacher.scoring import load_teacher
-from grpo.learning.update import StepStats, learning_rate, reference_logprobs, update
+from grpo.learning.update import learning_rate, reference_logprobs, update
 from grpo.math.algorithm import adapted_temperature, group_advantages
-from grpo.models import save_model
 from grpo.observe.heldout import full_evaluation, interim_evaluation
 from grpo.run.batch_source import batch_source
 from grpo.run.build import (
@@ -60,10 +59,11 @@ from grpo.run.build import (
     preflight_verdict,
 )
 from grpo.run.memory_check import say_measured_memory
-from grpo.run.preflight import PreflightReport, preflight_summary, run_preflight
+from grpo.run.preflight import PreflightReport, run_preflight
 from grpo.run.process_setup import gpu_autocast, pick_device
-from grpo.run.repeat import environment, measured_line, repeat_options
-from grpo.run.run_state import RunState, Saving, TimeBudget, checkpoint_or_stop, restore
+from grpo.run.repeat import measured_line
+from grpo.run.run_ends import first_evaluation, resumed_state, run_summary, save_final
+from grpo.run.run_state import RunState, Saving, TimeBudget, checkpoint_or_stop
 from grpo.run.step_metrics import (
     RunLog,
     RunTotals,
@@ -74,13 +74,12 @@ from grpo.run.step_metrics import (
     write_samples,
 )
 from grpo.sampling.episodes import make_agent
-from grpo.sampling.evaluate import EvalResult
 from grpo.sampling.prompt_samplers import DrawCounts, FrontierSampler, UniformSampler, make_sampler
 from grpo.sampling.prompts import format_task, loaded_format, run_prompts
 from grpo.sampling.rounds import Batch, leave_out_errored
 from grpo.sampling.screen import Screen, make_screen
 from grpo.sampling.step_parts import Learner, Sampling, Temperature
-from grpo.system.distributed import World, full_state_dict, init_world, use_device
+from grpo.system.distributed import World, init_world, use_device
 from grpo.system.interrupt import StopRequests
 
 __all__ = ["GRPOTrainer", "default_run_dir", "pick_device", "settle_config"]
@@ -112,8 +111,7 @@ class GRPOTrainer:
         """The trainer's parts, in the order they depend on each other."""
         self.progress = progress
         config = run.config
-        # the resolved task, with its few-shot examples and r1-zero's reward
-        self.task = format_task(run.task, config)
+        self.task = format_task(run.task, config)  # the resolved task: its few-shot examples, r1-zero's reward
         self.sources = dict(run.sources)  # where each value came from (config.json); the pre-flight's added
         # no token limit given and none tuned for the task: the pre-flight check fits one to the data
         self.fit_token_limit = self.sources.get("max_new_tokens") == "default"
@@ -265,15 +263,16 @@ class GRPOTrainer:
             print(f"pre-flight: {sorted(changes)} not adopted: steps already ran with the config as given", flush=True)
         if self.world.is_main and (measured := measured_line(self.config, self.sources)):
             print(measured, flush=True)  # what may differ on another machine (grpo/run/repeat.py)
-        state = self._resume(run_dir) if resume else RunState.start(self.config,
-                                                                    auto_alarm_window=self.auto_alarm_window)
+        state = (resumed_state(self.learner, self.checkpoint_parts(), run_dir, self.engine, self.model, self.world,
+                                self.config, self.sources, self.temperature) if resume
+                 else RunState.start(self.config, auto_alarm_window=self.auto_alarm_window))
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
                        explain={"checker_suspected": self._top_completions}, sources=self.sources)
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
                 began = TimeBudget.now()
-                first = self._first_evaluation(log, state)
+                first = first_evaluation(self.sampling, log, state, len(self.heldout_prompts))
                 budget = TimeBudget(60 * self.config.minutes, state.train_seconds, TimeBudget.now() - began)
                 metrics, stopped, out_of_time = self._run_steps(log, state, stop, budget)
                 train_seconds = budget.now() - budget.start
@@ -283,21 +282,9 @@ class GRPOTrainer:
         finally:  # also when the run stops with an error: the TensorBoard writer's thread ends here
             if log.logger is not None:
                 log.logger.close()
-        summary = {
-            "heldout_accuracy_start": first.accuracy, "heldout_accuracy_end": last.accuracy,
-            "heldout_size": len(self.heldout_prompts), "heldout_start": first.metrics(),
-            "heldout_end": last.metrics(), "steps": state.step, "steps_planned": self.config.steps,
-            "minutes": self.config.minutes, "out_of_time": out_of_time, "stopped_early": stopped,
-            "train_seconds": round(train_seconds, 2), "wall_seconds": round(time.perf_counter() - start, 2),
-            "reward_mean_last": metrics.get("reward_mean"), "alarms": log.raised, "alarm_messages": log.messages,
-            "notes": log.notes, "little_signal": log.little_signal(),
-            "eval_every": state.eval_every, "alarm_window": state.alarm_window,
-            "preflight": preflight_summary(preflight), "generation": self.totals.summary(),
-            "data": dict(self.task.data) or None,  # a data source's splits as read, the overlap removed
-            "repeat": repeat_options(self.config, self.sources, state, out_of_time=out_of_time),
-            "environment": environment(),
-        }
-        self._save_final(run_dir, summary)
+        summary = run_summary(self.config, self.sources, self.task, self.totals, state, log, preflight, first, last,
+                              metrics, len(self.heldout_prompts), stopped, out_of_time, train_seconds, start)
+        save_final(self.model, self.tokenizer, self.world, self.config, run_dir, self.run_dir, summary)
         return summary
 
     def _run_steps(self, log: RunLog, state: RunState, stop: StopRequests | None, budget: TimeBudget
@@ -344,25 +331,6 @@ class GRPOTrainer:
         self.batches.close()  # batches beyond the last step trained are not sampled
         return metrics, stopped, out_of_time
 
-    def _first_evaluation(self, log: RunLog, state: RunState) -> EvalResult:
-        """The held-out accuracy before training (a resumed run's comes from its checkpoint)."""
-        if state.history:
-            return EvalResult(accuracy=state.history[0][1], size=len(self.heldout_prompts))
-        first, record = full_evaluation(self.sampling, log.bar)
-        state.history.append((0, first.accuracy))
-        log.record(0, record)
-        log.bar.print(f"step 0 held-out: {first.describe()}")
-        return first
-
-    def _save_final(self, run_dir: Path | None, summary: dict) -> None:
-        """The final model (gathered under FSDP, written by rank 0) and summary.json."""
-        if run_dir is not None and self.config.save_model:
-            state = full_state_dict(self.model, self.world)  # collective under FSDP
-            if self.world.is_main:
-                save_model(self.model, self.tokenizer, run_dir / "model", state_dict=state)
-        if self.run_dir is not None:
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-
     def _preflight(self) -> tuple[PreflightReport, dict[str, int]]:
         """Run the pre-flight check on the draft config; stop when the mode says so; the report, and the
         config's changes: a fitted token limit and what the step budget adapts."""
@@ -373,18 +341,6 @@ class GRPOTrainer:
         adaptable = [name for name in ("max_gen_rounds", "group_size") if self.sources.get(name) not in STANDING]
         return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit,
                                          adaptable=adaptable)
-
-    def _resume(self, run_dir: Path | None) -> RunState:
-        """Restore the latest complete checkpoint of run_dir; the engine samples from its weights."""
-        saved = restore(self.learner, self.checkpoint_parts(), run_dir)
-        if self.engine is not None:  # collective under FSDP
-            self.engine.push(self.model, full_state_dict(self.model, self.world))
-        state = RunState.resumed(saved, self.config)
-        if self.sources.get("minutes") == "resume":  # --minutes given on resume: that long from now
-            state.train_seconds = 0.0
-        if state.temperature:  # temperature_target's, where the run stopped
-            self.temperature.value = state.temperature
-        return state
 
     def _top_completions(self) -> str:
         """The latest step's highest-scoring completions, for the checker-suspected alarm."""

@@ -255,24 +255,11 @@ class Agent:
                                    stop_strings=stop_strings, generator=generator)
             going, replies = [], []
             for j, (i, (ids, logprobs, stopped)) in enumerate(zip(live, sampled, strict=True)):
-                record.add(i, ids, logprobs)
-                episodes[i].last_turn_tokens = len(ids)
-                episodes[i].messages.append(
-                    {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
-                episodes[i].turns += 1
-                if not stopped:
-                    record.truncated[i] = True  # cut by a token limit: the episode ends there
-                    continue
-                env_ids = self._respond(envs[i], episodes[i], turn_no, tokenizer, ids[-1], stops)
-                if env_ids is None:
-                    continue
-                if record.used(i) + len(env_ids) >= limits[i]:
-                    record.truncated[i] = True  # no room left for another turn
-                    continue
-                record.add(i, env_ids, None)
-                episodes[i].env_tokens += len(env_ids)
-                going.append(j)
-                replies.append(env_ids)
+                env_ids = self._take_turn(record, i, envs[i], episodes[i], ids, logprobs, stopped, turn_no, tokenizer,
+                                          stops, limits[i])
+                if env_ids is not None:
+                    going.append(j)
+                    replies.append(env_ids)
             if not going:
                 break
             live = [live[j] for j in going]
@@ -280,6 +267,29 @@ class Agent:
         for episode, env in zip(episodes, envs, strict=True):
             episode.stats.update(getattr(env, "stats", {}))
         return record.rollout(prompts, group_size, episodes, tokenizer.pad_token_id, next(model.parameters()).device)
+
+    def _take_turn(self, record: _Transcripts, i: int, env: Environment, episode: Episode, ids: list[int],
+                   logprobs: list[float], stopped: bool, turn_no: int, tokenizer: object, stops: list[int], limit: int
+                   ) -> list[int] | None:
+        """Record episode i's sampled turn and the environment's reply to it; the reply's tokens when the
+        episode goes on, else None (cut by a token limit, ended by the environment, or no room left)."""
+        record.add(i, ids, logprobs)
+        episode.last_turn_tokens = len(ids)
+        episode.messages.append(
+            {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)})
+        episode.turns += 1
+        if not stopped:
+            record.truncated[i] = True  # cut by a token limit: the episode ends there
+            return None
+        env_ids = self._respond(env, episode, turn_no, tokenizer, ids[-1], stops)
+        if env_ids is None:
+            return None
+        if record.used(i) + len(env_ids) >= limit:
+            record.truncated[i] = True  # no room left for another turn
+            return None
+        record.add(i, env_ids, None)
+        episode.env_tokens += len(env_ids)
+        return env_ids
 
     def _turns(self, model: nn.Module, tokenizer: object, engine: object | None, prompts: list[list[int]],
                group_size: int, stops: list[int], token_budget: int = 0) -> OwnTurns | EngineTurns | None:

@@ -15,7 +15,7 @@ import copy
 import functools
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -121,15 +121,7 @@ def encode_prompt_batch(
     def inputs(ids: Tensor) -> dict[str, Tensor]:
         return {"input_ids": ids} if embed is None else {"inputs_embeds": embed(ids)}
 
-    # a sliding window counts keys by their place in the cache, so padding between the shared prefix and a
-    # prompt's own part would shift what the window sees: such models pad on the left only (contiguous rows)
-    shared = common_prefix_length(prompts) if len(prompts) > 1 and not has_sliding_window(decoder) else 0
-    prefix_cache = None
-    if shared >= 8:
-        prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
-        prefix_cache = decode(decoder, **inputs(prefix), use_cache=True).cache
-    else:
-        shared = 0
+    shared, prefix_cache = shared_prefix(decoder, prompts, inputs, device)
     ids, own_attn = left_pad([p[shared:] for p in prompts], pad_id, device)  # (B, S)
     attn = torch.cat([own_attn.new_ones((len(prompts), shared)), own_attn], dim=1)  # (B, L)
     pos = positions(attn)[:, shared:]
@@ -151,6 +143,22 @@ def encode_prompt_batch(
         attn=attn.repeat_interleave(repeats, dim=0),
         next_pos=(pos[:, -1] + 1).repeat_interleave(repeats),
     )
+
+
+def shared_prefix(decoder: nn.Module, prompts: list[list[int]], inputs: Callable[[Tensor], dict[str, Tensor]],
+                  device: torch.device) -> tuple[int, object | None]:
+    """The length of the prefix common to the whole batch and its cache, run once; (0, None) when under 8
+    tokens are shared (or a sliding window)."""
+    # a sliding window counts keys by their place in the cache, so padding between the shared prefix and a
+    # prompt's own part would shift what the window sees: such models pad on the left only (contiguous rows)
+    shared = common_prefix_length(prompts) if len(prompts) > 1 and not has_sliding_window(decoder) else 0
+    prefix_cache = None
+    if shared >= 8:
+        prefix = torch.tensor([prompts[0][:shared]], device=device)  # (1, P)
+        prefix_cache = decode(decoder, **inputs(prefix), use_cache=True).cache
+    else:
+        shared = 0
+    return shared, prefix_cache
 
 
 def join_caches(caches: list[object]) -> object:

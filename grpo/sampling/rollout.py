@@ -304,11 +304,19 @@ def _sample_turn(
         if bool(done.any()):
             active, token, attn, next_pos = _leave(done, active, token, DecodeState(cache, attn, next_pos, None),
                                                    paused if keep_paused else None)
-        attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-        out = decode(decoder, cache, input_ids=token.unsqueeze(1), attention_mask=attn,
-                     position_ids=next_pos.unsqueeze(1), use_cache=True)
-        cache, logits, next_pos = out.cache, head_logits(out.last_hidden_state[:, -1], lm_head), next_pos + 1
+        cache, attn, logits, next_pos = _decode_step(decoder, lm_head, cache, attn, token, next_pos)
     return Turn(tokens, logprobs, lengths, stopped, paused)
+
+
+def _decode_step(decoder: nn.Module, lm_head: nn.Module, cache: object, attn: Tensor, token: Tensor,
+                 next_pos: Tensor) -> tuple[object, Tensor, Tensor, Tensor]:
+    """One decode step of the rows still decoding: their tokens (r,) into the cache; the cache, the attention
+    mask one column longer, the next logits (r, V) and positions (r,)."""
+    attn = torch.cat([attn, attn.new_ones((len(token), 1))], dim=1)
+    out = decode(decoder, cache, input_ids=token.unsqueeze(1), attention_mask=attn,
+                 position_ids=next_pos.unsqueeze(1), use_cache=True)
+    cache, logits, next_pos = out.cache, head_logits(out.last_hidden_state[:, -1], lm_head), next_pos + 1
+    return cache, attn, logits, next_pos
 
 
 def _turn_buffers(n: int, max_new_tokens: int, pad_id: int, device: torch.device
@@ -440,6 +448,12 @@ def generate(
         temperature=temperature, top_p=top_p, top_k=top_k, stop_strings=stop_strings, generator=generator,
         stop_early=stop_early, streams=streams,
     )
+    return _rollout_of(turn, tokenizer, prompt_ids, group_size, device)
+
+
+def _rollout_of(turn: Turn, tokenizer: object, prompt_ids: list[list[int]], group_size: int, device: torch.device
+                ) -> Rollout:
+    """:func:`generate`'s Rollout from its one turn: cut to the longest completion, the mask, the texts."""
     width = max(int(turn.lengths.max().item()), 1)
     mask = (torch.arange(width, device=device) < turn.lengths.unsqueeze(1)).float()  # (N, T)
     tokens, logprobs = turn.tokens[:, :width], turn.logprobs[:, :width] * mask

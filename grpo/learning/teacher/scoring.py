@@ -28,7 +28,7 @@ from grpo.learning.teacher.divergence import (
     teacher_token_stats,
 )
 from grpo.learning.teacher.options import check_vocabulary
-from grpo.math.algorithm import aggregate_loss
+from grpo.math.loss import aggregate_loss
 from grpo.sampling.forward import grouped_kv_attention, logit_transform
 from grpo.sampling.rollout import Rollout
 
