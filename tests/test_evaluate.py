@@ -11,6 +11,27 @@ from grpo.config import ConfigError, TrainConfig
 from grpo.sampling.evaluate import answer_key, evaluate, majority_at_k, pass_at_k
 
 
+def what_eval_is_given(monkeypatch, argv: list[str], tokenizer, model=None) -> dict:
+    """The arguments `grpo eval ARGV` hands to grpo.sampling.evaluate.evaluate, with the model's check and
+    loading replaced by ``tokenizer`` and ``model`` (an Identity when None): what it would score, not the score."""
+    import grpo.sampling.evaluate
+    from grpo.cli import main
+
+    seen = {}
+
+    def evaluate(model, tokenizer, prompts, rows, reward, **kw):
+        seen.update(prompts=prompts, rows=rows, **kw)
+        raise SystemExit(0)
+
+    policy = type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity() if model is None else model})()
+    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
+    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
+    monkeypatch.setattr("grpo.models.load_policy", lambda name, device: policy)
+    with pytest.raises(SystemExit):
+        main(["eval", *argv])
+    return seen
+
+
 def test_pass_at_k_matches_the_binomial_formula():
     # n = 5, c = 2, k = 2: 1 - C(3, 2) / C(5, 2) = 1 - 3/10 = 0.7
     assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
@@ -251,8 +272,6 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
 
     from tiny_run import tiny_config
 
-    import grpo.sampling.evaluate
-    from grpo.cli import main
     from grpo.run.build import resolve_run
     from grpo.run.process_setup import setup_process
     from grpo.run.trainer import GRPOTrainer
@@ -271,19 +290,8 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(trainer.config.to_dict()))
-    seen = {}
-
-    def evaluate(model, tokenizer, prompts, rows, reward, **kw):
-        seen.update(prompts=prompts, rows=rows)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
-    monkeypatch.setattr("grpo.models.load_policy",
-                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": trainer.model})())
-    with pytest.raises(SystemExit):
-        main(["eval", "--model", str(run / "model"), "--data", str(data), "--eval-size", "8", "--samples", "0",
-              "--device", "cpu"])
+    seen = what_eval_is_given(monkeypatch, ["--model", str(run / "model"), "--data", str(data), "--eval-size", "8",
+                                            "--samples", "0", "--device", "cpu"], tokenizer, trainer.model)
     assert [r["prompt"] for r in seen["rows"]] == [r["prompt"] for r in trainer.task.heldout]
     assert seen["prompts"] == trainer.heldout_prompts
     text = tokenizer.decode(seen["prompts"][0])
@@ -295,29 +303,16 @@ def test_grpo_eval_of_a_run_feeds_the_model_the_prompt_ids_training_fed(tmp_path
 def test_grpo_eval_of_a_runs_model_runs_its_episodes_in_the_runs_chat_template(tmp_path, monkeypatch):
     import json
 
-    import grpo.sampling.evaluate
-    from grpo.cli import main
 
     template = tmp_path / "template.jinja"
     template.write_text(OTHER_TEMPLATE)
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"max_new_tokens": 24, "chat_template": str(template)}))
-    seen = {}
-
-    def evaluate(model, tokenizer, prompts, rows, reward, *, agent=None, **kw):
-        seen.update(agent=agent, prompts=prompts)
-        raise SystemExit(0)
-
-    tokenizer = make_tokenizer()
-    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
-    monkeypatch.setattr("grpo.models.load_policy",
-                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity()})())
-    with pytest.raises(SystemExit):
-        main(["eval", "--model", str(run / "model"), "--task", "calc", "--eval-size", "4", "--samples", "0"])
+    seen = what_eval_is_given(monkeypatch, ["--model", str(run / "model"), "--task", "calc", "--eval-size", "4",
+                                            "--samples", "0"], make_tokenizer())
     assert seen["agent"].prompt_format.template == OTHER_TEMPLATE  # the openings as training rendered them
-    assert tokenizer.decode(seen["prompts"][0]).startswith("<|im_start|>system: ")
+    assert make_tokenizer().decode(seen["prompts"][0]).startswith("<|im_start|>system: ")
 
 
 @pytest.mark.parametrize("size", ["0", "-3"])
@@ -379,8 +374,6 @@ def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkey
                                                                  expected):
     """pass@k and maj@k of a run's model sample at the temperature the run sampled at (issue 52: they sampled
     at 1.0, not the run's 0.7), unless --temperature is given; a model no run saved samples at 1.0."""
-    import grpo.sampling.evaluate
-    from grpo.cli import main
 
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
@@ -388,20 +381,9 @@ def test_grpo_eval_samples_a_runs_model_at_the_runs_temperature(tmp_path, monkey
         full = {**TrainConfig().to_dict(), **config} if "temperature" not in config else config
         (run / "config.json").write_text(json.dumps(full))
         (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in metrics))
-    seen = {}
-
-    def evaluate(model, tokenizer, prompts, rows, reward, *, temperature, **kw):
-        seen["temperature"] = temperature
-        raise SystemExit(0)
-
-    tokenizer = make_tokenizer()
-    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
-    monkeypatch.setattr("grpo.models.load_policy",
-                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": torch.nn.Identity()})())
-    with pytest.raises(SystemExit):
-        main(["eval", "--model", str(run / "model"), "--task", "add", "--eval-size", "4", "--samples", "2",
-              "--k", "1", "--max-new-tokens", "4", "--no-progress", *given])
+    seen = what_eval_is_given(monkeypatch, ["--model", str(run / "model"), "--task", "add", "--eval-size", "4",
+                                            "--samples", "2", "--k", "1", "--max-new-tokens", "4", "--no-progress",
+                                            *given], make_tokenizer())
     assert seen["temperature"] == pytest.approx(expected)
 
 
@@ -411,8 +393,6 @@ def test_grpo_eval_of_a_run_uses_the_format_its_model_files_settled(tmp_path, mo
     chat template."""
     from tiny_run import tiny_config
 
-    import grpo.sampling.evaluate
-    from grpo.cli import main
     from grpo.run.build import resolve_run
     from grpo.run.process_setup import setup_process
     from grpo.run.trainer import GRPOTrainer
@@ -431,19 +411,8 @@ def test_grpo_eval_of_a_run_uses_the_format_its_model_files_settled(tmp_path, mo
     saved = tmp_path / "run"
     (saved / "model").mkdir(parents=True)
     (saved / "config.json").write_text(json.dumps({**trainer.config.to_dict(), "sources": trainer.sources}))
-    seen = {}
-
-    def evaluate(model, tokenizer, prompts, rows, reward, **kw):
-        seen.update(prompts=prompts, stop=kw["stop_strings"])
-        raise SystemExit(0)
-
-    monkeypatch.setattr(grpo.sampling.evaluate, "evaluate", evaluate)
-    monkeypatch.setattr("grpo.models.check_model", lambda name: None)
-    monkeypatch.setattr("grpo.models.load_policy",
-                        lambda name, device: type("P", (), {"tokenizer": tokenizer, "model": trainer.model})())
-    with pytest.raises(SystemExit):
-        main(["eval", "--model", str(saved / "model"), "--task", "add", "--eval-size", "4", "--samples", "0",
-              "--device", "cpu"])
+    seen = what_eval_is_given(monkeypatch, ["--model", str(saved / "model"), "--task", "add", "--eval-size", "4",
+                                            "--samples", "0", "--device", "cpu"], tokenizer, trainer.model)
     trainer.close()
-    assert seen["prompts"] == trainer.heldout_prompts[:4] and seen["stop"] == ("\n", "Question:")
+    assert seen["prompts"] == trainer.heldout_prompts[:4] and seen["stop_strings"] == ("\n", "Question:")
     assert tokenizer.decode(seen["prompts"][0]).endswith("Answer:")
