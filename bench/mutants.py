@@ -37,7 +37,7 @@ FIRST = ["tests/test_algorithm.py", "tests/test_objectives.py", "tests/test_asyn
 # the objective menu through a real trainer step on a tiny model (the model layer, but seconds): after the
 # quick unit files, before the minutes of test_distributed.py
 MENU = ["tests/test_objectives_training.py"]
-A, R, U, B, S = "grpo/math/algorithm.py", "grpo/sampling/rollout.py", "grpo/learning/update.py", "grpo/sampling/rounds.py", "grpo/sampling/prompt_samplers.py"
+A, R, U, B, S = "grpo/math/algorithm.py", "grpo/sampling/next_token.py", "grpo/learning/update.py", "grpo/sampling/rounds.py", "grpo/sampling/prompt_samplers.py"
 P = "grpo/math/objectives.py"  # the policy objectives
 T = "grpo/run/trainer.py"
 L = "grpo/math/loss.py"  # the loss: aggregation, the KL and TIS terms, its metrics
