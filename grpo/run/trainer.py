@@ -207,8 +207,8 @@ class GRPOTrainer:
         with self.batches.turn(waits):  # sampling ahead with the own engine: once the thread's turn ends
             t_scored = time.perf_counter()
             cfg = self.config
-            valid = leave_out_errored(batch, self.world, group_size=cfg.group_size,
-                                      estimator=cfg.advantage_estimator)  # (N,) errored rows leave the update
+            batch, valid = leave_out_errored(batch, self.world, group_size=cfg.group_size,
+                                             estimator=cfg.advantage_estimator)  # errored rows leave the update
             advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
             stats = StepStats()
             if batch.rewards.numel():
