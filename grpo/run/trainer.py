@@ -301,7 +301,7 @@ class GRPOTrainer:
                 state.temperature = self.temperature.value = adapted_temperature(
                     self.temperature.value, metrics["entropy"], cfg.temperature_target)
             if step == first_step + 1:
-                say_measured_memory(self, step)
+                self.memory = say_measured_memory(self.memory, step, self.device.type, self.run_dir, main=world.is_main)
             due = state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps
             # the time budget, read before the step's evaluation (grpo.run.run_state.TimeBudget; rank 0's binds all)
             out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(
