@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import prompt_rows  # noqa: E402
 
+import grpo.sampling.decode_loop as decode_loop  # noqa: E402
 import grpo.sampling.rollout as rollout  # noqa: E402
 from grpo.models import load_policy  # noqa: E402
 from grpo.sampling.prompts import prompt_format  # noqa: E402
@@ -50,6 +51,10 @@ PARTS = {  # the own engine's functions timed, and what each is
     "stream_uniforms": "random streams",
     "start_state": "prompt prefill",
 }
+# the module each part is looked up in when it is called, so the one where its wrapper must sit: the decode loop
+# (grpo/sampling/decode_loop.py) calls the first four, generate (grpo/sampling/rollout.py) the prefill
+CALLED_FROM = {"decode": decode_loop, "head_logits": decode_loop, "sample_next": decode_loop,
+               "stream_uniforms": decode_loop, "start_state": rollout}
 GROUP = 8
 
 
@@ -72,7 +77,7 @@ def timed_parts() -> collections.Counter:
     inside: list[float] = []  # the CPU seconds of nested parts, one entry per part running
 
     def wrap(name: str) -> None:
-        inner = getattr(rollout, name)
+        inner = getattr(CALLED_FROM[name], name)
 
         def timed(*args: object, **kwargs: object) -> object:
             start = time.process_time()
@@ -84,7 +89,7 @@ def timed_parts() -> collections.Counter:
                 spent[name] += seconds - inside.pop()
                 if inside:
                     inside[-1] += seconds
-        setattr(rollout, name, timed)
+        setattr(CALLED_FROM[name], name, timed)
 
     for name in PARTS:
         wrap(name)

@@ -23,7 +23,8 @@ import time
 import torch
 
 from grpo.models import load_policy
-from grpo.sampling.episodes import Agent, ToolEnv, template_features
+from grpo.sampling.environments import ToolEnv, template_features
+from grpo.sampling.episodes import Agent
 from grpo.sampling.tools import ToolBox
 from grpo.tasks import get_task
 from grpo.tasks.calc import EXAMPLE

@@ -37,7 +37,7 @@ FIRST = ["tests/test_algorithm.py", "tests/test_objectives.py", "tests/test_asyn
 # the objective menu through a real trainer step on a tiny model (the model layer, but seconds): after the
 # quick unit files, before the minutes of test_distributed.py
 MENU = ["tests/test_objectives_training.py"]
-A, R, U, B, S = "grpo/math/algorithm.py", "grpo/sampling/rollout.py", "grpo/learning/update.py", "grpo/sampling/rounds.py", "grpo/sampling/prompt_samplers.py"
+A, R, U, B, S = "grpo/math/algorithm.py", "grpo/sampling/next_token.py", "grpo/learning/update.py", "grpo/sampling/rounds.py", "grpo/sampling/prompt_samplers.py"
 P = "grpo/math/objectives.py"  # the policy objectives
 T = "grpo/run/trainer.py"
 L = "grpo/math/loss.py"  # the loss: aggregation, the KL and TIS terms, its metrics
@@ -131,8 +131,8 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
     (U, "part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))",
      "part = Minibatch(own, first, float(lengths[rows].sum()), float(len(rows)))",
      "masked sequences in the sequence normaliser"),
-    (U, "        logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,",
-     "        logp.float(), old_logp, advantages[sub_rows], sub.mask,", "a process's advantages read from group 0"),
+    (U, "        logp.float(), old_logp, inputs.advantages[sub_rows + part.first * g], sub.mask,",
+     "        logp.float(), old_logp, inputs.advantages[sub_rows], sub.mask,", "a process's advantages read from group 0"),
     (U, "    informative = (advantages.view(-1, group_size) != 0).any(dim=1).cpu()  # (B,)",
      "    informative = (advantages.view(-1, group_size) == 0).any(dim=1).cpu()  # (B,)",
      "the informative groups skipped instead of the others"),
@@ -149,8 +149,8 @@ MUTANTS = [  # (file, original, mutated, what the bug would be)
      "an errored row makes its group vary"),
     (B, "    valid = (valid & (valid.sum(dim=1, keepdim=True) >= needed)).reshape(-1)  # (N,)",
      "    valid = valid.reshape(-1)  # (N,)", "a group left with one valid row kept in the loss"),
-    (B, "        batch.lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)",
-     "        pass", "errored rows kept in the loss's normaliser"),
+    (B, "    lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)  # (N,)",
+     "    lengths = batch.lengths  # (N,)", "errored rows kept in the loss's normaliser"),
     (B, "    nan = rewards.cpu().isnan()", "    nan = rewards.cpu().isinf()", "a failed reward call taken for a verdict"),
     (B, "    errors[env] = 1 + ERROR_CAUSES.index(\"environment\")", "    errors[env] = 0",
      "an environment that raised taken for a verdict"),

@@ -47,8 +47,9 @@ def bare_products(n: int) -> list[dict]:
 
 
 def test_calc_episodes_call_the_calculator(policy):
+    from grpo.sampling.environments import ToolEnv, template_features
     from grpo.sampling.episode_scores import episode_metrics
-    from grpo.sampling.episodes import Agent, ToolEnv, template_features
+    from grpo.sampling.episodes import Agent
     from grpo.sampling.tools import ToolBox
     from grpo.tasks import get_task
 

@@ -257,3 +257,24 @@ def test_learning_rate_warms_up_linearly_then_stays():
     config = TrainConfig(lr=1e-3, warmup_steps=3)
     assert [learning_rate(config, s) for s in (1, 2, 3, 4, 10)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
     assert learning_rate(TrainConfig(lr=1e-3, warmup_steps=0), 1) == 1e-3
+
+
+def test_micro_step_records_add_up_to_the_steps_token_means():
+    from grpo.learning.step_stats import MicroResult, StepStats, add_micro, whole_batch_stats
+    from grpo.system.distributed import World
+
+    # two micro-batches of 3 and 1 tokens: ratio_mean 1.0 and 2.0 -> (3 * 1 + 1 * 2) / 4 = 1.25; entropy
+    # sums 0.6 and 0.2 -> 0.2 a token; loss summed over the micro-batches, over 2 optimiser steps: -0.4 / 2;
+    # the mismatch's max 0.3; 1 of the 2 + 1 completions masked -> 1/3
+    first = MicroResult(loss=-0.1, weight=3.0, metrics={"ratio_mean": 3.0}, entropy=0.6, trained_sequences=2,
+                        logp_diff_max=0.1, sequences=2.0, masked_sequences=1.0)
+    second = MicroResult(loss=-0.3, weight=1.0, metrics={"ratio_mean": 2.0}, entropy=0.2, trained_sequences=1,
+                         logp_diff_max=0.3, sequences=1.0, masked_sequences=0.0)
+    stats, sums = StepStats(optimizer_steps=2), {"weight": 0.0}
+    for micro in (first, second):
+        add_micro(sums, stats, micro)
+    stats = whole_batch_stats(World(), stats, sums)
+    assert stats.ratio_mean == pytest.approx(1.25) and stats.entropy == pytest.approx(0.2)
+    assert stats.loss == pytest.approx(-0.2) and stats.trained_sequences == 3
+    assert stats.sampler_logp_diff_max == 0.3 and stats.tis_masked_sequences == pytest.approx(1 / 3)
+    assert first.metrics == {"ratio_mean": 3.0}  # the record is not changed by adding it

@@ -205,6 +205,21 @@ def test_a_group_whose_environment_never_opened_is_left_out_and_counted(monkeypa
     assert math.isfinite(m["loss"])
 
 
+def _batch(errors: torch.Tensor) -> object:
+    """A batch of one round, its rollout the round's (as sample_batch makes it without filter_groups):
+    every row 4 tokens long, with the given errors."""
+    from grpo.sampling.rollout import Rollout
+    from grpo.sampling.rounds import Batch
+
+    n = len(errors)
+    rollout = Rollout(prompt_ids=[[1]] * (n // 3), completion_ids=torch.ones(n, 4, dtype=torch.long),
+                      mask=torch.ones(n, 4), logprobs=torch.zeros(n, 4), truncated=torch.zeros(n, dtype=torch.bool),
+                      texts=["a"] * n, group_size=3)
+    round_ = SimpleNamespace(rollout=rollout)
+    return Batch([round_], [{}] * (n // 3), rollout, torch.zeros(n), torch.full((n,), 4.0),
+                 torch.zeros(n, dtype=torch.bool), errors)
+
+
 @pytest.mark.unit
 def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
     from grpo.sampling.rounds import leave_out_errored
@@ -213,17 +228,32 @@ def test_leave_out_errored_empties_the_rows_of_errored_and_of_lone_survivors():
     # groups of 3: the first has one errored row (two valid left), the second two (one left: nothing to
     # compare it with, the whole group leaves), the third none
     errors = torch.tensor([0, 1, 0, 2, 0, 1, 0, 0, 0])
-    mask = torch.ones(9, 4)
-    lengths = torch.full((9,), 4.0)
-    batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=mask), lengths=lengths)
-    valid = leave_out_errored(batch, World(), group_size=3, estimator="grpo")
+    batch = _batch(errors)
+    trained, valid = leave_out_errored(batch, World(), group_size=3, estimator="grpo")
     kept = [True, False, True, False, False, False, True, True, True]
     assert valid.tolist() == kept
-    assert batch.rollout.mask.sum(dim=1).tolist() == [4.0 if k else 0.0 for k in kept]  # out of the loss
-    assert batch.lengths.tolist() == [4.0 if k else 0.0 for k in kept]  # and out of its normaliser
+    assert trained.rollout.mask.sum(dim=1).tolist() == [4.0 if k else 0.0 for k in kept]  # out of the loss
+    assert trained.lengths.tolist() == [4.0 if k else 0.0 for k in kept]  # and out of its normaliser
     # under REINFORCE++ the baseline is the batch's: the lone survivor of the second group keeps its place
-    batch = SimpleNamespace(errors=errors, rollout=SimpleNamespace(mask=torch.ones(9, 4)), lengths=lengths.clone())
-    assert leave_out_errored(batch, World(), group_size=3, estimator="reinforce_pp").tolist() == (errors == 0).tolist()
+    _, valid = leave_out_errored(_batch(errors), World(), group_size=3, estimator="reinforce_pp")
+    assert valid.tolist() == (errors == 0).tolist()
+
+
+@pytest.mark.unit
+def test_leave_out_errored_leaves_the_batch_it_is_given_as_it_was():
+    from grpo.sampling.rounds import leave_out_errored
+    from grpo.system.distributed import World
+
+    batch = _batch(torch.tensor([0, 1, 0, 0, 0, 0]))
+    rollout, mask, lengths = batch.rollout, batch.rollout.mask, batch.lengths
+    out = leave_out_errored(batch, World(), group_size=3, estimator="grpo")
+    # the given batch, its rollout and the round's (the same object) keep every row's tokens
+    assert mask.sum().item() == 24.0 and batch.rounds[0].rollout.mask.sum().item() == 24.0
+    assert batch.rollout is rollout and batch.rollout.mask is mask
+    assert batch.lengths is lengths and lengths.tolist() == [4.0] * 6
+    trained, _ = out
+    assert trained.rollout.mask[1].sum() == 0 and trained.lengths[1] == 0
+    assert trained.rollout is not rollout and trained.rounds is batch.rounds  # the rounds, as sampled, shared
 
 
 @pytest.mark.unit

@@ -178,7 +178,8 @@ def test_a_reward_that_hangs_counts_as_a_timeout_within_the_limit(tmp_path, tiny
 
 
 SANDBOXED_FOREVER = ONCE + """
-from grpo.rewards.sandbox import Limits, run_python
+from grpo.rewards.sandbox import Limits
+from grpo.rewards.sandbox_run import run_python
 
 def score(completion, example):
     # a sandboxed program that sleeps ten minutes: under bwrap the first call, weak the others

@@ -148,7 +148,7 @@ def test_a_trainer_whose_preflight_may_fit_steps_by_hand_with_the_config_as_give
         trainer.close()
 
 
-MODULE_LINES, FUNCTION_LINES = 500, 60  # the style's limits (../shared/STYLE.md)
+MODULE_LINES, FUNCTION_LINES = 400, 50  # the style's limits (../shared/STYLE.md)
 
 
 def oversized(root: Path) -> list[str]:
@@ -181,7 +181,7 @@ def test_an_oversized_module_and_function_are_found(tmp_path):
     assert oversized(pkg) == []
 
 
-TRAINER_LINES = 400  # grpo/run/trainer.py is the loop alone: a new feature gets its own module and a line in it
+TRAINER_LINES = 350  # grpo/run/trainer.py is the loop alone: a new feature gets its own module and a line in it
 
 
 def test_the_trainer_module_stays_under_its_limit():

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from grpo.sampling.episodes import EnvTimeout, call_within
+from grpo.sampling.environments import EnvTimeout, call_within
 from grpo.system.interrupt import StopRequests
 from grpo.system.launcher import exit_status, worker_env
 

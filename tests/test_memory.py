@@ -425,3 +425,22 @@ def test_gpu_page_figures_are_what_the_model_predicts():
             f"without checkpointing)") in page
     assert f"{full.terms['activations'] / 1e9:.2f} GB;" in page  # the checkpointed activations' sum
     assert f"with {gb(sum(lora.host.values()))} GB of host memory beside it" in page
+
+
+def test_the_measured_peak_is_said_kept_in_preflight_json_and_returned(tmp_path, capsys, monkeypatch):
+    import json
+
+    from grpo.run import memory_check
+
+    monkeypatch.setattr(memory_check, "measured_peak", lambda device_type: 3 * 2**30)
+    (tmp_path / "preflight.json").write_text(json.dumps({"pass_rate": 0.5, "memory": {}}))
+    predicted = {"predicted_peak_bytes": 2**31}
+    memory = memory_check.say_measured_memory(predicted, 1, "cpu", tmp_path, main=True)
+    assert memory == {"predicted_peak_bytes": 2**31, "measured_after_first_step_bytes": 3 * 2**30}
+    assert predicted == {"predicted_peak_bytes": 2**31}  # a new dict: the prediction given is not changed
+    assert capsys.readouterr().out.startswith("memory: after step 1, peak resident 3.0")
+    assert json.loads((tmp_path / "preflight.json").read_text()) == {"pass_rate": 0.5, "memory": memory}
+    # another process says nothing and keeps its prediction; no check ran: nothing either
+    assert memory_check.say_measured_memory(predicted, 1, "cpu", None, main=False) is predicted
+    assert memory_check.say_measured_memory(None, 1, "cpu", tmp_path, main=True) is None
+    assert capsys.readouterr().out == ""

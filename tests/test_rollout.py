@@ -5,7 +5,8 @@ import torch
 
 from grpo.learning.logprobs import length_buckets, rollout_logprobs, token_logprobs
 from grpo.sampling.forward import common_prefix_length
-from grpo.sampling.rollout import Rollout, filter_logits, generate
+from grpo.sampling.next_token import filter_logits
+from grpo.sampling.rollout import Rollout, generate
 
 
 def _prompts(tokenizer, questions):
@@ -109,7 +110,7 @@ def test_stop_strings_end_a_completion_at_the_token_that_completes_them(tiny_mod
 
 @pytest.mark.unit  # a pure function: make mutants runs it
 def test_sampling_follows_the_softmax_of_logits_over_temperature():
-    from grpo.sampling.rollout import sample_next
+    from grpo.sampling.next_token import sample_next
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
     gen = torch.Generator().manual_seed(0)
@@ -127,7 +128,7 @@ def test_sampling_follows_the_softmax_of_logits_over_temperature():
 def test_a_uniform_of_zero_never_draws_a_masked_token():
     # top-k/top-p leave the first tokens with probability 0, so the CDF starts [0, 0, ...]; a uniform
     # of exactly 0 (one in 2^24 per token) must still land on the first token that has mass.
-    from grpo.sampling.rollout import inverse_cdf, sample_next
+    from grpo.sampling.next_token import inverse_cdf, sample_next
 
     probs = torch.tensor([[0.0, 0.0, 0.3, 0.0, 0.7], [0.0, 0.5, 0.0, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]])
     token = inverse_cdf(probs, torch.zeros(3))
@@ -142,7 +143,7 @@ def test_a_uniform_of_zero_never_draws_a_masked_token():
 def test_the_draw_is_unchanged_for_positive_uniforms():
     # Against the plain search (searchsorted with right=False, the draw before the u = 0 fix): for
     # u > 0 they must pick the same token, on CDFs with masked entries, and never a masked one.
-    from grpo.sampling.rollout import inverse_cdf
+    from grpo.sampling.next_token import inverse_cdf
 
     gen = torch.Generator().manual_seed(0)
     probs = torch.rand(4096, 50, generator=gen) ** 4
@@ -301,7 +302,7 @@ def test_rows_without_tokens_cost_nothing_and_score_zero(tiny_model, tokenizer):
 def test_the_recorded_log_prob_is_that_of_the_truncated_distribution_the_token_was_drawn_from():
     # logits / T = [2, 1, 0, -1] at T = 0.5: softmax = [0.644, 0.237, 0.087, 0.032]; top_k = 2 keeps the
     # first two, renormalised: [0.731, 0.269] = softmax([2, 1]); top_p = 0.7 keeps the same two
-    from grpo.sampling.rollout import sample_next
+    from grpo.sampling.next_token import sample_next
 
     logits = torch.tensor([[1.0, 0.5, 0.0, -0.5]]).expand(400, 4)
     kept = torch.tensor([2.0, 1.0]).log_softmax(dim=-1)  # log [0.731, 0.269]

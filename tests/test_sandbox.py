@@ -25,7 +25,8 @@ from unguarded import in_process_score
 
 from grpo.rewards.code import code_tests, evaluate, row_tests, split_tests
 from grpo.rewards.code_audit import _alive_with
-from grpo.rewards.sandbox import Limits, run_python
+from grpo.rewards.sandbox import Limits
+from grpo.rewards.sandbox_run import run_python
 
 FAST = Limits(wall_seconds=4.0, cpu_seconds=2, memory_mb=512, max_processes=16, output_bytes=1_000_000, disk_mb=16)
 TESTS = "assert add(1, 2) == 3\nassert add(0, 0) == 0\nassert 0 == add(-1, 1)"

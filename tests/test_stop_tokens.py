@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import CHAT_TEMPLATE, make_model
 
-from grpo.sampling.rollout import _ends_with_stop, end_of_turn_ids, generate
+from grpo.sampling.decode_loop import _ends_with_stop
+from grpo.sampling.rollout import end_of_turn_ids, generate
 
 CORPUS = ["<think>two and two</think><answer>4</answer>", "the answer is 42</answer>\n\nDone.",
           "<answer>7</answer> and then more text"] * 20

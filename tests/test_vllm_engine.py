@@ -110,7 +110,7 @@ def test_step0_logprobs_match_on_completions_and_episodes_and_full_weights_follo
 def _check_truncated(trainer: GRPOTrainer) -> None:
     """Under top-k and top-p vLLM records the log-prob of the truncated, renormalised distribution, as the own
     sampler does (docs/sampler-logprobs.md): here computed directly from the trainer's logits."""
-    from grpo.sampling.rollout import filter_logits
+    from grpo.sampling.next_token import filter_logits
 
     rollout = trainer.engine.generate(trainer.train_prompts[:2], group_size=3, max_new_tokens=8, temperature=0.7,
                                       top_k=5, top_p=0.9, streams=stream_keys(0, 1, 0, torch.arange(6)))

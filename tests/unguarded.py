@@ -6,7 +6,8 @@ The solution and the asserts run in one unsandboxed process; each passing assert
 
 import secrets
 
-from grpo.rewards.sandbox import Limits, run_python
+from grpo.rewards.sandbox import Limits
+from grpo.rewards.sandbox_run import run_python
 
 IN_PROCESS_HARNESS = """
 import io, os, sys

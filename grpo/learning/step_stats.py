@@ -39,6 +39,36 @@ class StepStats:
     teacher_disagree_frac: float | None = None  # share of them whose teacher's most likely token differs
 
 
+@dataclass(frozen=True)
+class MicroResult:
+    """What one micro-step of the update measured (grpo/learning/update.py ``micro_step``), for the step's sums."""
+
+    loss: float  # the micro-batch's loss, as backpropagated
+    weight: float  # its tokens in the loss: the weight of its token means
+    metrics: dict[str, float]  # each token mean of the loss, the teacher's term and TIS, times ``weight``
+    entropy: float  # the entropy summed over its tokens in the loss
+    trained_sequences: int  # its rows
+    logp_diff_max: float | None = None  # the largest |log pi_trainer - log pi_sampler| (None: no TIS)
+    sequences: float | None = None  # its completions with a token in the loss (None: no TIS)
+    masked_sequences: float | None = None  # of them, those with a masked token (the share times ``sequences``)
+
+
+def add_micro(sums: dict[str, float], stats: StepStats, micro: MicroResult) -> None:
+    """Add one micro-step's record into the step's ``sums`` and ``stats.trained_sequences``; called for each
+    micro-step in the order they run, so that every float sum adds in that order."""
+    if micro.logp_diff_max is not None:  # a maximum, not a token-weighted mean
+        sums["logp_diff_max"] = max(sums.get("logp_diff_max", 0.0), micro.logp_diff_max)
+    if micro.sequences is not None:  # a share of completions, weighted by them
+        sums["sequences"] = sums.get("sequences", 0.0) + micro.sequences
+        sums["masked_sequences"] = sums.get("masked_sequences", 0.0) + micro.masked_sequences
+    sums["weight"] += micro.weight
+    sums["loss"] = sums.get("loss", 0.0) + micro.loss
+    for k, v in micro.metrics.items():
+        sums[k] = sums.get(k, 0.0) + v
+    sums["entropy"] = sums.get("entropy", 0.0) + micro.entropy
+    stats.trained_sequences += micro.trained_sequences
+
+
 def whole_batch_stats(world: World, stats: StepStats, sums: dict, *, teacher: bool = False) -> StepStats:
     """The step's token-weighted means over every process's micro-batches (``teacher``: the teacher's too)."""
     keys = ("loss", *MEAN_KEYS, *TEACHER_KEYS, "sequences", "masked_sequences")

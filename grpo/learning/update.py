@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from grpo.config import TrainConfig
 from grpo.learning.logprobs import rollout_logprobs
-from grpo.learning.step_stats import StepStats, whole_batch_stats
+from grpo.learning.step_stats import MicroResult, StepStats, add_micro, whole_batch_stats
 from grpo.learning.teacher.scoring import (
     TeacherScores,
     full_form_pass,
@@ -73,6 +73,18 @@ class Minibatch:
     total_sequences: float
 
 
+@dataclass(frozen=True)
+class UpdateInputs:
+    """What every micro-step of one update reads: the batch, and what was computed from it before the first
+    optimiser step."""
+
+    rollout: Rollout  # this process's groups
+    advantages: Tensor  # (N,) the whole batch's
+    ref_logp: Tensor | None  # (n, T) the reference's log-probs of the rollout (None: beta = 0)
+    teacher: TeacherScores | None  # the teacher's scores of the rollout (None: no teacher, or the full form)
+    old_logp: Tensor | None  # (n, T) pi_old of an off-policy update with TIS (None: not needed)
+
+
 def learning_rate(config: TrainConfig, step: int) -> float:
     """Linear warm-up over warmup_steps (step counts from 1), then constant."""
     return config.lr * min(1.0, step / (config.warmup_steps + 1))
@@ -106,6 +118,7 @@ def update(learner: Learner, rollout: Rollout, advantages: Tensor, ref_logp: Ten
     stats, sums = StepStats(), {"weight": 0.0}
     # off-policy passes (mu > 1 or several minibatches) need pi_old before the first optimiser step
     old_all = trainer_logprobs(learner, rollout) if cfg.tis_cap and not on_policy(cfg) else None
+    inputs = UpdateInputs(rollout, advantages, ref_logp, teacher, old_all)
     for _ in range(cfg.epochs):
         seed = learner.order_rng.randrange(2**31)  # the prompt sampler's RNG, unless sampling runs ahead
         order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed))
@@ -117,7 +130,7 @@ def update(learner: Learner, rollout: Rollout, advantages: Tensor, ref_logp: Ten
             own = todo[(todo >= first) & (todo < first + len(rollout.prompt_ids))] - first
             # lengths are 0 for completions masked whole (mask_truncated): they leave both normalisers
             part = Minibatch(own, first, float(lengths[rows].sum()), float((lengths[rows] > 0).sum()))
-            minibatch_step(learner, rollout, part, advantages, (ref_logp, teacher), old_all, stats, sums)
+            minibatch_step(learner, inputs, part, stats, sums)
     return whole_batch_stats(learner.world, stats, sums, teacher=learner.teacher is not None)
 
 
@@ -130,20 +143,20 @@ def trained_groups(minibatch: Tensor, advantages: Tensor, group_size: int, *, sk
     return minibatch[informative[minibatch]]
 
 
-def minibatch_step(learner: Learner, rollout: Rollout, part: Minibatch, advantages: Tensor,
-                   frozen: tuple[Tensor | None, TeacherScores | None], old_all: Tensor | None, stats: StepStats,
-                   sums: dict) -> None:
-    """Accumulate the minibatch's gradient over its micro-batches, sync it, clip it and step (or skip
-    a non-finite step, on every process alike). ``frozen``: the reference's log-probs and the teacher's
-    scores of the rollout, each None when not used."""
+def minibatch_step(learner: Learner, inputs: UpdateInputs, part: Minibatch, stats: StepStats,
+                   sums: dict[str, float]) -> None:
+    """Accumulate the minibatch's gradient over its micro-batches (their metrics added to ``sums`` in the
+    order they run), sync it, clip it and step (or skip a non-finite step, on every process alike)."""
     cfg = learner.config
     learner.optimizer.zero_grad(set_to_none=True)
     minibatch_loss = 0.0
-    for micro, micro_weight in pad_micro_batches(micro_batches(cfg, rollout, part.groups), learner.world):
+    for micro, micro_weight in pad_micro_batches(micro_batches(cfg, inputs.rollout, part.groups), learner.world):
         if micro_weight == 0.0:  # FSDP padding: the collectives run, the gradient gets 0
             learner.policy(zero_loss).backward()
             continue
-        minibatch_loss += micro_step(learner, rollout, micro, part, advantages, frozen, old_all, stats, sums)
+        measured = micro_step(learner, inputs, micro, part)
+        add_micro(sums, stats, measured)
+        minibatch_loss += measured.loss
     params = [p for p in learner.model.parameters() if p.requires_grad]
     learner.world.sync_gradients(params)
     if cfg.max_grad_norm > 0:
@@ -161,17 +174,15 @@ def minibatch_step(learner: Learner, rollout: Rollout, part: Minibatch, advantag
     stats.optimizer_steps += 1
 
 
-def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch, advantages: Tensor,
-               frozen: tuple[Tensor | None, TeacherScores | None], old_all: Tensor | None, stats: StepStats,
-               sums: dict) -> float:
-    """The loss of one micro-batch of groups, backpropagated; its metrics added to ``sums``; its loss."""
+def micro_step(learner: Learner, inputs: UpdateInputs, micro: Micro, part: Minibatch) -> MicroResult:
+    """The loss of one micro-batch of groups, backpropagated, and what it measured."""
     cfg, g = learner.config, learner.config.group_size
-    sub, sub_rows = micro.select(rollout), micro.rows(g)
-    ref_logp, teacher = frozen
-    logp, entropy, jsd, scores = training_pass(learner, sub, sub_rows, teacher)
-    old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, sub_rows, old_all)
+    sub, sub_rows = micro.select(inputs.rollout), micro.rows(g)
+    ref_logp = inputs.ref_logp
+    logp, entropy, jsd, scores = training_pass(learner, sub, sub_rows, inputs.teacher)
+    old_logp, tis_weight, tis = old_policy(cfg, logp.float(), sub, sub_rows, inputs.old_logp)
     loss, m = policy_loss(
-        logp.float(), old_logp, advantages[sub_rows + part.first * g], sub.mask,
+        logp.float(), old_logp, inputs.advantages[sub_rows + part.first * g], sub.mask,
         ref_logp=None if ref_logp is None else ref_logp[sub_rows, : sub.mask.shape[1]],
         objective=cfg.objective, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         ratio_cap=cfg.ratio_cap, sapo_tau_pos=cfg.sapo_tau_pos, sapo_tau_neg=cfg.sapo_tau_neg,
@@ -185,23 +196,17 @@ def micro_step(learner: Learner, rollout: Rollout, micro: Micro, part: Minibatch
         loss = loss + term
         m.update(teacher_m)
     peak = tis.pop("sampler_logp_diff_max", None)  # a maximum, not a token-weighted mean
-    if peak is not None:
-        sums["logp_diff_max"] = max(sums.get("logp_diff_max", 0.0), float(peak))
     masked_seqs = tis.pop("tis_masked_sequences", None)  # a share of completions, weighted by them
-    if masked_seqs is not None:
-        n_seq = float((sub.mask.sum(dim=1) > 0).sum())
-        sums["sequences"] = sums.get("sequences", 0.0) + n_seq
-        sums["masked_sequences"] = sums.get("masked_sequences", 0.0) + float(masked_seqs) * n_seq
+    n_seq = None if masked_seqs is None else float((sub.mask.sum(dim=1) > 0).sum())
     m.update(tis)
     loss.backward()
     w = float(sub.mask.sum())
-    sums["weight"] += w
-    sums["loss"] = sums.get("loss", 0.0) + loss.item()
-    for k, v in m.items():
-        sums[k] = sums.get(k, 0.0) + v.item() * w
-    sums["entropy"] = sums.get("entropy", 0.0) + float((entropy * sub.mask).sum())
-    stats.trained_sequences += len(sub_rows)
-    return loss.item()
+    return MicroResult(
+        loss=loss.item(), weight=w, metrics={k: v.item() * w for k, v in m.items()},
+        entropy=float((entropy * sub.mask).sum()), trained_sequences=len(sub_rows),
+        logp_diff_max=None if peak is None else float(peak), sequences=n_seq,
+        masked_sequences=None if masked_seqs is None else float(masked_seqs) * n_seq,
+    )
 
 
 def old_policy(cfg: TrainConfig, logp: Tensor, sub: Rollout, rows: Tensor, old_all: Tensor | None

@@ -41,7 +41,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from grpo.rewards.sandbox import Limits, run_python
+from grpo.rewards.sandbox import Limits
+from grpo.rewards.sandbox_run import run_python
 
 # Address space is per process, and there is no cgroup: the worst case is max_processes * memory_mb (4 GB).
 DEFAULT_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=4, memory_mb=512, max_processes=8, output_bytes=1_000_000)

@@ -343,20 +343,23 @@ def measured_peak(device_type: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def say_measured_memory(trainer: object, step: int) -> None:
-    """After the first step: the pre-flight's predicted peak beside what this process has used so far
-    (peak resident set on a CPU, max_memory_allocated on CUDA), said and kept in preflight.json."""
-    if trainer.memory is None or not trainer.world.is_main:
-        return
-    used = measured_peak(trainer.device.type)
-    trainer.memory["measured_after_first_step_bytes"] = used
-    what = "max allocated" if trainer.device.type == "cuda" else "peak resident"
-    worst = trainer.memory.get("worst_case_peak_bytes")
+def say_measured_memory(memory: dict | None, step: int, device_type: str, run_dir: Path | None, *,
+                        main: bool) -> dict | None:
+    """After the first step: the pre-flight's predicted peak (``memory``; None: no check ran) beside what this
+    process has used so far (peak resident set on a CPU, max_memory_allocated on CUDA), said by the ``main``
+    process and kept in run_dir's preflight.json; the prediction with that measure added (a new dict)."""
+    if memory is None or not main:
+        return memory
+    used = measured_peak(device_type)
+    memory = {**memory, "measured_after_first_step_bytes": used}
+    what = "max allocated" if device_type == "cuda" else "peak resident"
+    worst = memory.get("worst_case_peak_bytes")
     limit = f" ({gib(worst)} if completions reach the token limit)" if worst else ""
     print(f"memory: after step {step}, {what} {gib(used)}; predicted peak "
-          f"{gib(trainer.memory['predicted_peak_bytes'])}{limit}", flush=True)
-    path = trainer.run_dir / "preflight.json" if trainer.run_dir is not None else None
+          f"{gib(memory['predicted_peak_bytes'])}{limit}", flush=True)
+    path = run_dir / "preflight.json" if run_dir is not None else None
     if path is not None and path.exists():
         saved = json.loads(path.read_text())
-        saved["memory"] = trainer.memory
+        saved["memory"] = memory
         path.write_text(json.dumps(saved, indent=2) + "\n")
+    return memory

@@ -207,8 +207,8 @@ class GRPOTrainer:
         with self.batches.turn(waits):  # sampling ahead with the own engine: once the thread's turn ends
             t_scored = time.perf_counter()
             cfg = self.config
-            valid = leave_out_errored(batch, self.world, group_size=cfg.group_size,
-                                      estimator=cfg.advantage_estimator)  # (N,) errored rows leave the update
+            batch, valid = leave_out_errored(batch, self.world, group_size=cfg.group_size,
+                                             estimator=cfg.advantage_estimator)  # errored rows leave the update
             advantages = batch.rewards.float()  # (0,): filter_groups may find no informative group in its rounds
             stats = StepStats()
             if batch.rewards.numel():
@@ -301,7 +301,7 @@ class GRPOTrainer:
                 state.temperature = self.temperature.value = adapted_temperature(
                     self.temperature.value, metrics["entropy"], cfg.temperature_target)
             if step == first_step + 1:
-                say_measured_memory(self, step)
+                self.memory = say_measured_memory(self.memory, step, self.device.type, self.run_dir, main=world.is_main)
             due = state.eval_every > 0 and step % state.eval_every == 0 and step < cfg.steps
             # the time budget, read before the step's evaluation (grpo.run.run_state.TimeBudget; rank 0's binds all)
             out_of_time = bool(cfg.minutes) and step < cfg.steps and world.broadcast_object(

@@ -336,21 +336,22 @@ def row_errors(rewards: Tensor, rollout: Rollout, *, mask_truncated: bool) -> Te
     return errors
 
 
-def leave_out_errored(batch: Batch, world: World, *, group_size: int, estimator: str) -> Tensor:
-    """(N,) True for the batch's rows that keep their place in the update: rows that did not error, in
-    groups with at least as many of them as the estimator compares (two; one for reinforce_pp, whose
-    baseline is the batch's: grpo.math.algorithm.members_needed). The others leave the loss (this process's rows' masks) and its
-    normaliser (``batch.lengths`` set to 0), and their advantages are 0 (group_advantages ``valid``)."""
+def leave_out_errored(batch: Batch, world: World, *, group_size: int, estimator: str) -> tuple[Batch, Tensor]:
+    """The batch to train on (``batch`` itself is never changed) and (N,) True for its rows that keep their
+    place: rows that did not error, in groups with at least as many as the estimator compares (two; one for
+    reinforce_pp, whose baseline is the batch's: grpo.math.algorithm.members_needed). The others leave the loss
+    (a new rollout's masks, this process's rows) and its normaliser (``lengths`` 0); their advantages are 0."""
     g = group_size
     valid = (batch.errors == 0).view(-1, g)  # (B', G)
     needed = members_needed(estimator)
     valid = (valid & (valid.sum(dim=1, keepdim=True) >= needed)).reshape(-1)  # (N,)
-    if not bool(valid.all()):
-        first = world.split(valid.numel() // g).start * g  # this process's first row of the batch
-        mine = valid[first : first + batch.rollout.mask.shape[0]]  # (n,)
-        batch.rollout.mask *= mine.unsqueeze(1).to(batch.rollout.mask.dtype)
-        batch.lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)
-    return valid
+    if bool(valid.all()):
+        return batch, valid
+    first = world.split(valid.numel() // g).start * g  # this process's first row of the batch
+    mine = valid[first : first + batch.rollout.mask.shape[0]]  # (n,)
+    mask = batch.rollout.mask * mine.unsqueeze(1).to(batch.rollout.mask.dtype)  # (n, T)
+    lengths = torch.where(valid.to(batch.lengths.device), batch.lengths, 0)  # (N,)
+    return replace(batch, rollout=replace(batch.rollout, mask=mask), lengths=lengths), valid
 
 
 def whole_draw_means(world: World, rows: int, metrics: dict[str, float]) -> dict[str, float]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from grpo.sampling.decode_loop import Turn, prefill, resume, sample_turn, start_state
 from grpo.sampling.forward import output_head
-from grpo.sampling.rollout import Turn, prefill, resume, sample_turn, start_state
 
 
 class OwnTurns:

@@ -80,7 +80,7 @@ def engine_options(settings: dict) -> dict:
 
     ``processed_logprobs``: each sampled token's log-prob under the distribution it was drawn from, after
     temperature, top-k and top-p (renormalised over the kept tokens), the one definition of the sampler's
-    log-prob that the own engine records too (grpo/sampling/rollout.py ``sample_next``; docs/sampler-logprobs.md).
+    log-prob that the own engine records too (grpo/sampling/next_token.py ``sample_next``; docs/sampler-logprobs.md).
     """
     kwargs = dict(
         model=settings["model"], tokenizer=settings["model"], dtype=settings["dtype"], seed=settings["seed"],
