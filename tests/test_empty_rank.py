@@ -7,6 +7,7 @@ they sample on the policy: with vLLM they sample outside it, and a gather of its
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -37,14 +38,19 @@ class LastOfFour(World):
 
 
 class Recorder:
-    """The policy's calls: under FSDP each gathers every unit on every rank."""
+    """The policy's gathers: under FSDP each gathers every unit on every rank."""
 
     def __init__(self):
         self.calls = 0
 
-    def without_grad(self, fn, *args, **kwargs):
+    @contextmanager
+    def gathered(self):
         self.calls += 1
-        return fn(None, *args, **kwargs)
+        yield None
+
+    def join_gathers(self):
+        with self.gathered():
+            pass
 
 
 def _sampling(*, fsdp: bool = False, engine: object | None = None, agent: object | None = None):

@@ -41,9 +41,9 @@ def evaluate_heldout(sampling: Sampling, on_batch: Callable[[int], None] | None 
     k = max(cfg.eval_samples, 1)
     mine_rows = torch.arange(rank, n, size, device=device).repeat_interleave(k) * k
     streams = stream_keys(cfg.seed, 0, 0, mine_rows + torch.arange(k, device=device).repeat(len(prompts)))
-    with sampling.autocast:
-        mine = sampling.policy.without_grad(
-            evaluate, sampling.tokenizer, prompts, rows, sampling.checker,
+    with sampling.autocast, sampling.policy.gathered() as model:
+        mine = evaluate(
+            model, sampling.tokenizer, prompts, rows, sampling.checker,
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
             samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=sampling.temperature.value,
             streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=sampling.agent,
@@ -97,9 +97,9 @@ def evaluate_prompts(sampling: Sampling, prompts: list[list[int]], rows: list, o
                      ) -> EvalResult:
     """Greedy pass@1 on the given prompts, each process scoring every W-th one, summed."""
     cfg, world = sampling.config, sampling.world
-    with sampling.autocast:
-        mine = sampling.policy.without_grad(
-            evaluate, sampling.tokenizer, prompts[world.rank::world.size], rows[world.rank::world.size],
+    with sampling.autocast, sampling.policy.gathered() as model:
+        mine = evaluate(
+            model, sampling.tokenizer, prompts[world.rank::world.size], rows[world.rank::world.size],
             sampling.checker, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
             on_batch=on_batch, stop_strings=cfg.stop, agent=sampling.agent, token_budget=cfg.micro_batch_tokens)
     if world.size == 1:

@@ -231,7 +231,7 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
     else:
         x, cost, seconds = np.zeros((0, 5)), np.zeros(0), 0.0
         if world.fsdp and samples_on_the_policy(sampling):  # the others' generation gathers the sharded parameters
-            sampling.policy.without_grad(lambda model: None)
+            sampling.policy.join_gathers()
     if world.size > 1:
         parts = world.gather_objects((x, cost, seconds))
         x, cost = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -297,7 +297,7 @@ def generate_round(sampling: Sampling, drawn: list[int], step: int, index: int) 
     else:  # fewer groups in the draw than processes; on the device, as the others' tensors are
         rollout, own_rewards, reward_means, seconds = moved(empty_rollout(g), sampling.device), torch.zeros(0), {}, 0.0
         if world.fsdp and samples_on_the_policy(sampling):  # the others' generation gathers the sharded
-            sampling.policy.without_grad(lambda model: None)  # parameters: take part
+            sampling.policy.join_gathers()  # parameters: take part
     errors = row_errors(own_rewards, rollout, mask_truncated=sampling.config.mask_truncated)
     own_rewards = torch.where(own_rewards.isnan(), 0.0, own_rewards)  # errored rows: 0, never read as verdicts
     rewards = world.gather(own_rewards.to(sampling.device))  # (n*G,) the whole draw's
@@ -377,17 +377,16 @@ def sample_and_score(
     options = dict(group_size=g, max_new_tokens=cfg.max_new_tokens, temperature=t.temperature.value,
                    top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
     rows = [t.task.train[i] for i in prompts]
-    with t.autocast:
+    with t.autocast, (t.policy.gathered() if samples_on_the_policy(t) else nullcontext()) as model:
         if t.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
-            rollout = t.policy.without_grad(t.agent.run, t.tokenizer, rows, streams=streams, engine=t.engine,
-                                            token_budget=cfg.micro_batch_tokens, **options)
+            rollout = t.agent.run(model, t.tokenizer, rows, streams=streams, engine=t.engine,
+                                  token_budget=cfg.micro_batch_tokens, **options)
         elif t.engine is not None:  # no stop_early: vLLM runs each completion to its end
             rollout = t.engine.generate([t.train_prompts[i] for i in prompts], streams=streams, **options)
             rollout = moved(rollout, t.device)
         else:  # each completion a one-turn episode, sampled on the policy itself
-            rollout = t.policy.without_grad(generate, t.tokenizer, [t.train_prompts[i] for i in prompts],
-                                            stop_early=stop_early, streams=streams,
-                                            token_budget=cfg.micro_batch_tokens, **options)
+            rollout = generate(model, t.tokenizer, [t.train_prompts[i] for i in prompts], stop_early=stop_early,
+                               streams=streams, token_budget=cfg.micro_batch_tokens, **options)
     seconds = time.perf_counter() - t0
     group_rows = [t.task.train[i] for i in prompts for _ in range(g)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]

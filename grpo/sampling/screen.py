@@ -200,13 +200,11 @@ def prompt_states(sampling: Screened, prompts: Sequence[int]) -> np.ndarray:
     ids = [sampling.train_prompts[i] for i in prompts]
     pad = sampling.tokenizer.pad_token_id
 
-    def run(model: torch.nn.Module) -> Tensor:
-        return torch.cat([encode_prompt_batch(model.get_decoder(), ids[k : k + CHUNK], 1, pad).last_hidden.float()
-                          for k in range(0, len(ids), CHUNK)])  # (n, H)
-
     sampling.model.eval()
-    with sampling.autocast:
-        return sampling.policy.without_grad(run).cpu().numpy()
+    with sampling.autocast, sampling.policy.gathered() as model:
+        states = torch.cat([encode_prompt_batch(model.get_decoder(), ids[k : k + CHUNK], 1, pad).last_hidden.float()
+                            for k in range(0, len(ids), CHUNK)])  # (n, H)
+    return states.cpu().numpy()
 
 
 def prompt_features(sampling: Screened, prompts: Sequence[int]) -> tuple[np.ndarray, float, np.ndarray]:
