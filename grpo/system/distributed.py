@@ -234,19 +234,20 @@ class ModelCalls(nn.Module):
         - FSDP settles which unit is the root at the first forward of any
           unit; if a decoder layer ran first it would take that role, and the
           next forward through this module (the update's) would raise. So the
-          root runs one empty call here, after the gathers, as every call of
-          the model through it used to: its pre-forward hook initialises it
-          and, its parameters being gathered already, gathers nothing.
+          root runs one empty call here, after the gathers: its pre-forward
+          hook initialises it and, its parameters being gathered already,
+          gathers nothing.
         - A layer's hooks find it unsharded and, with reshard_after_forward
           off, leave it so: no collective and no reshard inside the body.
           Outside the root's forward each layer's pre-forward opens a forward
           of its own, which on a GPU makes FSDP's all-gather streams wait on
           the compute stream and moves the layer's inputs to the device they
           are on: no change to what is computed.
-        - The root no longer casts the call's arguments to the compute dtype
-          (on a GPU: the rollout's mask and log-probs to bf16, as copies):
-          the reference pass reads the mask only as ``mask > 0`` and the
-          sampling log-probs not at all, so the numbers are the same.
+        - The body's arguments do not pass the root's pre-forward, which on a
+          GPU would cast their float tensors to the compute dtype, as copies
+          (the rollout's mask and log-probs: the reference pass reads the mask
+          only as ``mask > 0`` and the sampling log-probs not at all), and copy
+          their dataclasses (the agent): the numbers are the same.
         """
         from torch.distributed.fsdp import FSDPModule
 
