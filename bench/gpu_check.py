@@ -220,7 +220,7 @@ def predicted_phases(trainer: object) -> dict[str, int]:
         from grpo.run.memory_check import trainer_prediction
     except ImportError:
         return {}
-    prediction = trainer_prediction(trainer)[0]
+    prediction = trainer_prediction(trainer.sampling)[0]
     return prediction.phases if prediction is not None else {}
 
 

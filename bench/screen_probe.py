@@ -130,10 +130,10 @@ def main() -> int:
     setup_process(config)
     trainer = GRPOTrainer(resolve_run(config), progress=False)
     sampling, g = trainer.sampling, trainer.config.group_size
-    drawn = sampling.sampler.draw(args.prompts, 1)
+    drawn = sampling.drawing.sampler.draw(args.prompts, 1)
     start = time.perf_counter()
     rewards, valid, probes = [], [], []
-    with reordered_rounds(sampling):
+    with reordered_rounds(sampling.generation):
         for k in range(0, len(drawn), 32):
             r = generate_round(sampling, drawn[k : k + 32], 1, k // 32)
             rewards.append(r.rewards.view(-1, g))
@@ -146,7 +146,7 @@ def main() -> int:
     y = ((rewards.clamp(0, 1) * valid).sum(1).numpy() / np.maximum(w, 1))
     varies = np.array([len(set(rw[v].tolist())) > 1 for rw, v in zip(rewards, valid, strict=True)])
     start = time.perf_counter()
-    states = layer_states(sampling.model, [sampling.train_prompts[i] for i in drawn])
+    states = layer_states(sampling.generation.model, [sampling.train_prompts[i] for i in drawn])
     seconds_states = time.perf_counter() - start
     trainer.close()
     if args.out:

@@ -48,12 +48,12 @@ def main() -> None:
     trainer = grpo.run.trainer.GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
     found = {}
     for name, engine in (("own", None), ("vllm", StandInEngine())):
-        trainer.sampling.engine = engine
+        trainer.sampling.generation.engine = engine
         done = generate_round(trainer.sampling, [0, 1, 2], step=1, index=1)
         found[name] = {"mine": len(done.mine), "rows": int(done.lengths.numel()),
                        "devices": sorted({str(t.device) for t in (done.rewards, done.lengths, done.truncated,
                                                                   done.errors, done.rollout.completion_ids)})}
-    trainer.sampling.engine = None
+    trainer.sampling.generation.engine = None
     trainer.close()
     rank = trainer.world.rank
     torch.distributed.barrier()  # every rank done before any tears the group down (gloo aborts a peer mid-teardown)

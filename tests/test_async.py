@@ -37,7 +37,7 @@ def watch(trainer):
 
     def sampled(job):
         batch, seconds = sample(job)
-        copy = {n: p.detach().clone() for n, p in trainer.batches.sampling.model.named_parameters()}
+        copy = {n: p.detach().clone() for n, p in trainer.batches.sampling.generation.model.named_parameters()}
         sampled_with[job.step] = (job.version, copy)
         prompts[job.step] = {i for r in batch.rounds for i in r.prompts}
         return batch, seconds
@@ -166,7 +166,7 @@ def test_batches_restored_from_a_checkpoint_move_to_the_trainer_s_device():
     torch.save(trainer.batches.state_dict(), saved)
     saved.seek(0)
     state = torch.load(saved, map_location="cpu", weights_only=False)  # as grpo/run/checkpoint.py loads it
-    trainer.batches.sampling.device = torch.device("meta")
+    trainer.batches.sampling.generation.device = torch.device("meta")
     trainer.batches.load_state_dict(state)
     seen = []
 

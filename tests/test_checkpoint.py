@@ -170,7 +170,7 @@ def _nan_on_steps(bad_steps, **kw):
     """
     now = {"step": 0}
     trainer = tiny_trainer(**kw)
-    score, step = trainer.sampling.score, trainer.step
+    score, step = trainer.sampling.scoring.score, trainer.step
 
     def score_nan(texts, rows, *args, **kwargs):
         rewards, means = score(texts, rows, *args, **kwargs)
@@ -180,7 +180,7 @@ def _nan_on_steps(bad_steps, **kw):
         now["step"] = n
         return step(n)
 
-    trainer.sampling.score, trainer.step = score_nan, step_and_note
+    trainer.sampling.scoring.score, trainer.step = score_nan, step_and_note
     return trainer
 
 

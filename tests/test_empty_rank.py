@@ -7,6 +7,7 @@ they sample on the policy: with vLLM they sample outside it, and a gather of its
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -37,21 +38,26 @@ class LastOfFour(World):
 
 
 class Recorder:
-    """The policy's calls: under FSDP each gathers every unit on every rank."""
+    """The policy's gathers: under FSDP each gathers every unit on every rank."""
 
     def __init__(self):
         self.calls = 0
 
-    def without_grad(self, fn, *args, **kwargs):
+    @contextmanager
+    def gathered(self):
         self.calls += 1
-        return fn(None, *args, **kwargs)
+        yield None
+
+    def join_gathers(self):
+        with self.gathered():
+            pass
 
 
 def _sampling(*, fsdp: bool = False, engine: object | None = None, agent: object | None = None):
     rows = [{"question": str(i), "answer": str(i)} for i in range(8)]
-    return SimpleNamespace(world=LastOfFour(fsdp=fsdp), config=TrainConfig(group_size=2), device=GPU,
-                           task=SimpleNamespace(train=rows), draws=DrawCounts(len(rows)), sampler=None,
-                           policy=Recorder(), engine=engine, agent=agent)
+    generation = SimpleNamespace(world=LastOfFour(fsdp=fsdp), device=GPU, policy=Recorder(), engine=engine, agent=agent)
+    return SimpleNamespace(config=TrainConfig(group_size=2), task=SimpleNamespace(train=rows), generation=generation,
+                           drawing=SimpleNamespace(draws=DrawCounts(len(rows)), sampler=None))
 
 
 def test_the_rank_with_no_prompt_has_its_tensors_on_its_gpu():
@@ -72,16 +78,16 @@ def test_under_fsdp_the_empty_rank_joins_the_gathers_only_when_the_others_sample
     own = _sampling(fsdp=True)
     with FakeTensorMode(allow_non_fake_inputs=True):
         generate_round(own, [0, 1, 2], step=1, index=1)
-    assert own.policy.calls == 1  # the own sampler: the others gather every unit; so does this rank
+    assert own.generation.policy.calls == 1  # the own sampler: the others gather every unit; so does this rank
     vllm = _sampling(fsdp=True, engine=object())  # a stand-in engine: the others sample on vLLM
     with FakeTensorMode(allow_non_fake_inputs=True):
         generate_round(vllm, [0, 1, 2], step=1, index=1)
         probe_features(vllm, [0, 1, 2], step=1, index=1)
-    assert vllm.policy.calls == 0  # no gather the others do not make
+    assert vllm.generation.policy.calls == 0  # no gather the others do not make
     episodes = _sampling(fsdp=True, engine=object(), agent=object())  # episodes run under the policy's call
     with FakeTensorMode(allow_non_fake_inputs=True):
         generate_round(episodes, [0, 1, 2], step=1, index=1)
-    assert episodes.policy.calls == 1
+    assert episodes.generation.policy.calls == 1
 
 
 def test_four_gloo_processes_and_a_round_of_three_prompts_under_fsdp_own_and_vllm(tmp_path):

@@ -25,7 +25,7 @@ def odd_first_char_raises(completion, example):
 def _spy(trainer, monkeypatch):
     """What the update is given, and the rewards the scorer returned, step by step."""
     seen = {"update": [], "scores": []}
-    update, score = grpo.run.trainer.update, trainer.sampling.score
+    update, score = grpo.run.trainer.update, trainer.sampling.scoring.score
 
     def spy_update(learner, rollout, advantages, ref_logp, lengths):
         seen["update"].append((rollout.mask.clone(), advantages.clone(), lengths.clone(),
@@ -38,7 +38,7 @@ def _spy(trainer, monkeypatch):
         return rewards, metrics
 
     monkeypatch.setattr(grpo.run.trainer, "update", spy_update)
-    trainer.sampling.score = spy_score
+    trainer.sampling.scoring.score = spy_score
     return seen
 
 

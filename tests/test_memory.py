@@ -275,8 +275,9 @@ def _trainer(config: TrainConfig) -> object:
 
     wide = {"num_hidden_layers": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
             "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "tie_word_embeddings": True}
-    return SimpleNamespace(config=config, model=SimpleNamespace(config=wide), train_prompts=[[1] * 40],
-                           device=torch.device("cpu"), world=SimpleNamespace(size=1), toolbox=None, agent=None)
+    generation = SimpleNamespace(model=SimpleNamespace(config=wide), device=torch.device("cpu"),
+                                 world=SimpleNamespace(size=1), toolbox=None, agent=None)
+    return SimpleNamespace(config=config, train_prompts=[[1] * 40], generation=generation)
 
 
 def test_the_prediction_beside_the_first_step_uses_preflight_lengths_and_keeps_the_worst_case():
@@ -302,7 +303,7 @@ def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(m
     from grpo.run.memory_shapes import GIB
 
     trainer = _trainer(_config())
-    trainer.world = SimpleNamespace(size=2)
+    trainer.generation.world = SimpleNamespace(size=2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(mc, "resident", lambda: GIB)
     monkeypatch.setattr(mc, "mem_available", lambda: 0)
@@ -317,7 +318,7 @@ def test_preflights_memory_line_warns_when_a_process_needs_more_than_its_share(m
     assert line.startswith("memory: each process's predicted peak") and available == peak - GIB // 2
     assert "; warning: over what is available by 0.50 GiB, so the run may be killed for memory" in line
     assert "shrink it with" in line
-    trainer.world = SimpleNamespace(size=4)  # two hosts of 2: the share is this host's half
+    trainer.generation.world = SimpleNamespace(size=4)  # two hosts of 2: the share is this host's half
     assert trainer_prediction(trainer)[1] == peak - GIB // 2
 
 

@@ -504,10 +504,10 @@ def test_the_announcement_says_that_rounds_of_new_prompts_follow_while_no_group_
 
     from grpo.run.preflight import _announce
 
-    world = SimpleNamespace(is_main=True)
-    _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=4), world=world))
+    generation = SimpleNamespace(world=SimpleNamespace(is_main=True))
+    _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=4), generation=generation))
     assert "up to 4 rounds of new prompts while no group varies" in capsys.readouterr().out
-    _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=1), world=world))
+    _announce(SimpleNamespace(config=TrainConfig(max_gen_rounds=1), generation=generation))
     assert "rounds" not in capsys.readouterr().out
 
 

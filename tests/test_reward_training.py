@@ -65,7 +65,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
     run = resolve_run(config, task=get_task("code", heldout_size=2), model=tiny_model)
     trainer = GRPOTrainer(run, model=tiny_model, tokenizer=tokenizer, progress=False)
     assert trainer.reward_fns == [code_tests]
-    score, seen = trainer.sampling.score, []
+    score, seen = trainer.sampling.scoring.score, []
 
     def with_hostile(texts, rows, lengths=None, completion_ids=None, **kwargs):
         texts = list(texts)
@@ -75,7 +75,7 @@ def test_code_task_training_survives_hostile_completions(tiny_model, tokenizer, 
         seen.append(result[0].tolist())
         return result
 
-    trainer.sampling.score = with_hostile
+    trainer.sampling.scoring.score = with_hostile
     summary = trainer.train()
     assert summary["steps"] == 2
     for rewards in seen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -82,10 +83,10 @@ class FakeWorld:
 
 
 class FakeTrainer:
-    """What Screen.draw reads of a trainer: the sampler, the prompts' token ids, the world."""
+    """What Screen.draw reads of the sampling side: the sampler, the prompts' token ids, the world."""
 
     def __init__(self, sampler, size: int) -> None:
-        self.sampler, self.world = sampler, FakeWorld()
+        self.drawing, self.generation = SimpleNamespace(sampler=sampler), SimpleNamespace(world=FakeWorld())
         self.train_prompts = [[1] * (3 + i % 2) for i in range(size)]
 
 

@@ -62,4 +62,4 @@ def test_a_resumed_run_samples_at_the_temperature_it_reached(tmp_path):
     resumed.train(tmp_path / "split", resume=True)
     assert metrics_lines(tmp_path / "straight") == metrics_lines(tmp_path / "split")
     assert resumed.config.temperature == 1.0 and resumed.temperature.value < 1.0  # the state restored, not the config
-    assert resumed.learner.temperature is resumed.sampling.temperature is resumed.temperature
+    assert resumed.learner.temperature is resumed.sampling.generation.temperature is resumed.temperature

@@ -114,7 +114,7 @@ def test_the_trainer_sleeps_the_engine_after_sampling_and_pushes_after_the_updat
     model = make_model(len(tokenizer), seed=3)
     run = resolve_run(config, task=Task("tiny", rows[:16], rows[16:], reward), model=model)
     trainer = GRPOTrainer(run, model=model, tokenizer=tokenizer, progress=False)
-    engine = trainer.sampling.engine = Recorder(trainer)  # the sampling side (grpo/sampling/step_parts.py) holds the engine
+    engine = trainer.sampling.generation.engine = Recorder(trainer)  # the sampling side (grpo/sampling/step_parts.py) holds the engine
     m = trainer.step(1)
     assert m["optimizer_steps"] == 1
     events = engine.events

@@ -294,12 +294,12 @@ def scored_logprobs(learner: Learner, policy: ModelCalls, rollout: Rollout, cont
     by micro-batch as the update packs them (within micro_batch_tokens); a process with no group of the
     batch joins the FSDP gathers and returns the rollout's own."""
     if not rollout.prompt_ids:
-        policy.without_grad(lambda model: None)
+        policy.join_gathers()
         return rollout.logprobs
     parts = micro_batches(learner.config, rollout, torch.arange(len(rollout.prompt_ids)))
-    with context or nullcontext(), learner.autocast:
-        return policy.without_grad(micro_batched_logprobs, rollout, parts, learner.tokenizer.pad_token_id,
-                                   temperature=learner.temperature.value)
+    with context or nullcontext(), learner.autocast, policy.gathered() as model:
+        return micro_batched_logprobs(model, rollout, parts, learner.tokenizer.pad_token_id,
+                                      temperature=learner.temperature.value)
 
 
 def micro_batched_logprobs(model: nn.Module, rollout: Rollout, parts: list[Micro], pad_id: int, *,

@@ -34,19 +34,20 @@ def evaluate_heldout(sampling: Sampling, on_batch: Callable[[int], None] | None 
     the same on any number of processes. Under torchrun each process scores
     every W-th prompt and the scores are summed.
     """
-    cfg, world, device = sampling.config, sampling.world, sampling.device
+    cfg, gen = sampling.config, sampling.generation
+    world, device = gen.world, gen.device
     rank, size = world.rank, world.size
     n = len(sampling.heldout_prompts) if limit is None else limit
     prompts, rows = sampling.heldout_prompts[:n][rank::size], list(sampling.task.heldout)[:n][rank::size]
     k = max(cfg.eval_samples, 1)
     mine_rows = torch.arange(rank, n, size, device=device).repeat_interleave(k) * k
     streams = stream_keys(cfg.seed, 0, 0, mine_rows + torch.arange(k, device=device).repeat(len(prompts)))
-    with sampling.autocast:
-        mine = sampling.policy.without_grad(
-            evaluate, sampling.tokenizer, prompts, rows, sampling.checker,
+    with gen.autocast, gen.policy.gathered() as model:
+        mine = evaluate(
+            model, gen.tokenizer, prompts, rows, sampling.scoring.checker,
             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-            samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=sampling.temperature.value,
-            streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=sampling.agent,
+            samples=cfg.eval_samples if limit is None else 0, ks=cfg.eval_k, temperature=gen.temperature.value,
+            streams=streams, on_batch=on_batch, stop_strings=cfg.stop, agent=gen.agent,
             token_budget=cfg.micro_batch_tokens,
         )
     if size == 1:
@@ -96,12 +97,13 @@ def train_sample_accuracy(sampling: Sampling, bar: StepProgress) -> dict[str, fl
 def evaluate_prompts(sampling: Sampling, prompts: list[list[int]], rows: list, on_batch: Callable[[int], None]
                      ) -> EvalResult:
     """Greedy pass@1 on the given prompts, each process scoring every W-th one, summed."""
-    cfg, world = sampling.config, sampling.world
-    with sampling.autocast:
-        mine = sampling.policy.without_grad(
-            evaluate, sampling.tokenizer, prompts[world.rank::world.size], rows[world.rank::world.size],
-            sampling.checker, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-            on_batch=on_batch, stop_strings=cfg.stop, agent=sampling.agent, token_budget=cfg.micro_batch_tokens)
+    cfg, gen = sampling.config, sampling.generation
+    world = gen.world
+    with gen.autocast, gen.policy.gathered() as model:
+        mine = evaluate(
+            model, gen.tokenizer, prompts[world.rank::world.size], rows[world.rank::world.size],
+            sampling.scoring.checker, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+            on_batch=on_batch, stop_strings=cfg.stop, agent=gen.agent, token_budget=cfg.micro_batch_tokens)
     if world.size == 1:
         return mine
     totals = world.sum(torch.tensor([float(mine.size), mine.accuracy * mine.size], dtype=torch.float64))
@@ -111,9 +113,10 @@ def evaluate_prompts(sampling: Sampling, prompts: list[list[int]], rows: list, o
 def subset_accuracy(sampling: Sampling, full: EvalResult) -> dict[str, float]:
     """The accuracy on the alarms' fixed subset, read from a full evaluation's greedy results: the same
     deterministic completions, so no second pass."""
-    n, rank, size = subset_size(sampling), sampling.world.rank, sampling.world.size
+    world, n = sampling.generation.world, subset_size(sampling)
+    rank, size = world.rank, world.size
     mine = [ok for i, ok in zip(range(rank, len(sampling.heldout_prompts), size), full.solved, strict=False) if i < n]
-    solved = sampling.world.sum(torch.tensor([float(sum(mine))], dtype=torch.float64)) if size > 1 else sum(mine)
+    solved = world.sum(torch.tensor([float(sum(mine))], dtype=torch.float64)) if size > 1 else sum(mine)
     return {"heldout_subset_accuracy": float(solved) / max(n, 1)}
 
 

@@ -79,14 +79,16 @@ class SamplingAhead:
 
     def __init__(self, sampling: Sampling, learner: Learner, lag: int) -> None:
         # what it cannot do (torchrun; vLLM with an adapter) was refused before anything loaded (grpo/refusals.py)
-        self.learner, self.lag, self.engine = learner, lag, sampling.engine
-        # the thread's own model: for the own engine a copy of the policy, refreshed at each version; for vLLM a
-        # stand-in (the engine holds the weights); the rest of what sampling reads is shared
-        if sampling.engine is None:
+        self.learner, self.lag, self.engine = learner, lag, sampling.generation.engine
+        # the thread's own model, in a copy of the generation record: for the own engine a copy of the policy,
+        # refreshed at each version; for vLLM a stand-in (the engine holds the weights); the rest of what
+        # sampling reads is shared
+        if self.engine is None:
             model = copy.deepcopy(learner.model).eval().requires_grad_(False)
-            self.sampling = replace(sampling, model=model, policy=ModelCalls(model))
+            generation = replace(sampling.generation, model=model, policy=ModelCalls(model))
         else:
-            self.sampling = replace(sampling, model=nn.Module())
+            generation = replace(sampling.generation, model=nn.Module())
+        self.sampling = replace(sampling, generation=generation)
         self.held: int | None = None  # the version of the weights the sampler holds (None: not known)
         self.next_step = 1  # the next batch to hand to the thread
         # the batches sampled and not yet trained on: step -> (batch, version, the thread's seconds for it)
@@ -101,7 +103,7 @@ class SamplingAhead:
         # the own engine's sampling and the update take turns: in one process they would share the same cores,
         # and their kernels' sums then depend on how many threads each got (not bitwise repeatable); vLLM's
         # sampling runs in its own process, beside the update
-        self.turns: AbstractContextManager = threading.Lock() if sampling.engine is None else nullcontext()
+        self.turns: AbstractContextManager = threading.Lock() if self.engine is None else nullcontext()
 
     # ---- the trainer's side ----
 
@@ -216,7 +218,7 @@ class SamplingAhead:
         if self.engine is not None:
             self.engine.push(self.learner.model, weights)
             return
-        params = dict(self.sampling.model.named_parameters())
+        params = dict(self.sampling.generation.model.named_parameters())
         for name, value in weights.items():
             params[name].copy_(value)
 
@@ -232,7 +234,7 @@ class SamplingAhead:
         if state["lag"] != self.lag:
             raise CheckpointError(f"the checkpoint sampled ahead with async_lag {state['lag']}, this run has "
                                   f"{self.lag}: resume with the same lag")
-        device = self.sampling.device  # checkpoints load on the CPU
+        device = self.sampling.generation.device  # checkpoints load on the CPU
         self.ready = {step: (batch.to(device), version, seconds)
                       for step, (batch, version, seconds) in state["ready"].items()}
         self.next_step, self.prompts = state["next_step"], dict(state["prompts"])

@@ -46,8 +46,8 @@ class EachStep:
 
     def next(self, step: int) -> tuple[Batch, dict[str, float]]:
         batch = sample_batch(self.sampling, step)
-        if self.sampling.engine is not None:  # on a GPU the update gets vLLM's memory (no-op elsewhere)
-            self.sampling.engine.sleep()
+        if self.sampling.generation.engine is not None:  # on a GPU the update gets vLLM's memory (no-op elsewhere)
+            self.sampling.generation.engine.sleep()
         return batch, {}
 
     @contextmanager
@@ -56,7 +56,7 @@ class EachStep:
 
     def updated(self, stats: StepStats) -> None:
         """Send the updated weights to the vLLM engine, if there is one and they changed."""
-        engine, learner = self.sampling.engine, self.learner
+        engine, learner = self.sampling.generation.engine, self.learner
         if engine is not None and engine.asleep:  # the gradients' memory goes back before vLLM wakes
             learner.optimizer.zero_grad(set_to_none=True)
         if engine is not None and stats.optimizer_steps:  # the next rollout samples from the new weights

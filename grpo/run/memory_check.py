@@ -18,10 +18,14 @@ import json
 import os
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo.config import ConfigError
 from grpo.run.memory import predict
 from grpo.run.memory_shapes import Device, ModelShape, Prediction, RunShape, estimate_prompt_tokens, gib
+
+if TYPE_CHECKING:
+    from grpo.sampling.step_parts import Sampling
 
 # the option a user changes to shrink each term, for the refusal's line
 SHRINKS = {
@@ -272,35 +276,35 @@ def measured_completion(lengths: Sequence[int], truncated: Sequence[bool], multi
     return max(lengths)
 
 
-def trainer_prediction(sampling: object, lengths: Sequence[int] = (),
+def trainer_prediction(sampling: Sampling, lengths: Sequence[int] = (),
                        truncated: Sequence[bool] = ()) -> tuple[Prediction | None, int | None]:
     """The prediction for a run's sampling side (its model's config, its prompts' longest tokenisation, its
     settled config) and what is free for a process now. Given pre-flight's completion ``lengths`` (and
     which were ``truncated``), at those lengths where that is sound (``measured_completion``), with the
     peak at the token limit kept beside it (``Prediction.worst``)."""
-    config = sampling.config
-    raw = sampling.model.config
+    config, gen = sampling.config, sampling.generation
+    raw = gen.model.config
     prompt_tokens = max((len(p) for p in sampling.train_prompts), default=0)
-    if sampling.device.type == "cuda":
+    if gen.device.type == "cuda":
         import torch
 
-        free, total = torch.cuda.mem_get_info(sampling.device)
+        free, total = torch.cuda.mem_get_info(gen.device)
         # what the process holds already is its own, not another's: free plus its reserve
-        device = Device("cuda", sampling.world.size, free + torch.cuda.memory_reserved(sampling.device), total)
+        device = Device("cuda", gen.world.size, free + torch.cuda.memory_reserved(gen.device), total)
     else:  # an equal share for each process on this host, plus what it holds: its weights are loaded by now
-        free, local = mem_available(), int(os.environ.get("LOCAL_WORLD_SIZE", sampling.world.size))
+        free, local = mem_available(), int(os.environ.get("LOCAL_WORLD_SIZE", gen.world.size))
         share = None if free is None else free // local + resident()
         from grpo.sampling.packed_linear import packs_here
 
-        device = Device("cpu", sampling.world.size, share, mem_total(), packs_here())
-    pool = getattr(getattr(sampling, "toolbox", None), "pool", None)
+        device = Device("cpu", gen.world.size, share, mem_total(), packs_here())
+    pool = getattr(gen.toolbox, "pool", None)
     run = with_teacher(RunShape.from_config(config, prompt_tokens, tool_workers=len(pool.workers) if pool else 0),
                        config)
     model = model_shape(raw)
     if model is None:
         return None, device.available
     worst = predict(model, run, device)
-    measured = measured_completion(lengths, truncated, getattr(sampling, "agent", None) is not None)
+    measured = measured_completion(lengths, truncated, gen.agent is not None)
     if not measured or measured >= run.max_new_tokens:
         return worst, device.available
     at_lengths = predict(model, dataclasses.replace(run, completion_tokens=measured), device)

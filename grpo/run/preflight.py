@@ -247,7 +247,7 @@ def _examples(texts: Sequence[str], correct: Sequence[bool], truncated: Sequence
 def _announce(sampling: Sampling) -> None:
     """What the check is about to do (rank 0 prints; the vLLM engine says its own start and its seconds)."""
     cfg = sampling.config
-    if not sampling.world.is_main:
+    if not sampling.generation.world.is_main:
         return
     more = (f" (up to {cfg.max_gen_rounds} rounds of new prompts while no group varies)"
             if cfg.max_gen_rounds > 1 else "")
@@ -291,8 +291,8 @@ def _step_costs(report: PreflightReport, samples: _Samples, sampling: Sampling, 
         # an update's cost follows its completion tokens: at the fitted limit the ramblings are cut short
         limit = report.fitted_max_new_tokens or cfg.max_new_tokens
         per_row = mean_tokens(samples.lengths, limit)
-        report.update_seconds = update_seconds(learner, samples.last, sampling.engine) * cfg.completions_per_step \
-            * per_row
+        engine = sampling.generation.engine
+        report.update_seconds = update_seconds(learner, samples.last, engine) * cfg.completions_per_step * per_row
         report.sample_lengths = list(samples.lengths)
 
 
@@ -306,19 +306,19 @@ def run_preflight(sampling: Sampling, learner: Learner, *, fit: bool, tuned_limi
     same generator, so under torchrun all reach the same verdict. ``fit``: fit a token limit;
     ``tuned_limit``: the task's own limit is in use (a problem of its own when most completions hit it).
     """
-    start_engine(sampling.engine)  # before the clock: vLLM's start-up is not generation
+    start_engine(sampling.generation.engine)  # before the clock: vLLM's start-up is not generation
     cfg, start, g = sampling.config, time.perf_counter(), sampling.config.group_size
     _announce(sampling)
     order = draw_prompts(len(sampling.task.train), cfg.preflight_prompts * cfg.max_gen_rounds, cfg.seed)
-    generator = torch.Generator(device=sampling.device).manual_seed(cfg.seed + 7919)
+    generator = torch.Generator(device=sampling.generation.device).manual_seed(cfg.seed + 7919)
     samples = _Samples()
-    with reordered_rounds(sampling):
+    with reordered_rounds(sampling.generation):
         for first in range(0, len(order), cfg.preflight_prompts):  # the rounds share one reordering
             _sample_round(sampling, order[first : first + cfg.preflight_prompts], generator, samples, fit=fit)
             grouped, valid = samples.grouped(g)
             if cfg.teacher or group_varies(grouped, valid, estimator=cfg.advantage_estimator).any():
                 break
-    names = sampling.score.names
+    names = sampling.scoring.score.names
     report = _summary(samples, grouped, valid, cfg, names)
     if fit:
         report.fitted_max_new_tokens = fit_token_limit(samples.lengths, samples.truncated, samples.correct,

@@ -54,11 +54,12 @@ def _sample_round(
     group_rows = [sampling.task.train[i] for i in chosen for _ in range(g)]
     lengths, truncated = rollout.lengths.tolist(), rollout.truncated.tolist()
     checked = [{**r, "truncated": cut} for r, cut in zip(group_rows, truncated, strict=True)]
-    out.correct += [s >= 1.0 for s in check_all(sampling.checker, rollout.texts, checked)]
-    out.reach += [answer_reach(sampling.tokenizer, t, str(r.get("answer") or "")) for t, r in
+    out.correct += [s >= 1.0 for s in check_all(sampling.scoring.checker, rollout.texts, checked)]
+    tokenizer = sampling.generation.tokenizer
+    out.reach += [answer_reach(tokenizer, t, str(r.get("answer") or "")) for t, r in
                   zip(rollout.texts, group_rows, strict=True)]
-    out.answer_lengths += [len(sampling.tokenizer.encode(str(sampling.task.train[i].get("answer") or ""),
-                                                         add_special_tokens=False)) for i in chosen]
+    out.answer_lengths += [len(tokenizer.encode(str(sampling.task.train[i].get("answer") or ""),
+                                                add_special_tokens=False)) for i in chosen]
     out.texts += rollout.texts
     out.lengths += lengths
     out.truncated += truncated

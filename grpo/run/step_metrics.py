@@ -66,11 +66,11 @@ def step_record(sampling: Sampling, step: int, batch: Batch, advantages: Tensor,
         **step_episode_metrics(sampling, batch),
         **{k: v for k, v in vars(stats).items() if v is not None},  # None: not measured (no teacher)
         "lr": learning_rate(sampling.config, step),
-        **({"temperature": sampling.temperature.value} if sampling.config.temperature_target else {}),
+        **({"temperature": sampling.generation.temperature.value} if sampling.config.temperature_target else {}),
         "time_generate": t_gen,
         "time_reward": times.scored - times.start - t_gen - screen_seconds(batch),
         "time_update": times.updated - times.scored,
-        **({"time_sync": times.end - times.updated} if sampling.engine is not None else {}),
+        **({"time_sync": times.end - times.updated} if sampling.generation.engine is not None else {}),
         "time_step": times.end - times.start,
         "tokens_per_second": float(batch.generated_lengths().sum()) / (times.end - times.start),
     }
@@ -205,7 +205,7 @@ def screen_metrics(batch: Batch, seconds_generate: float) -> dict[str, float]:
 def step_episode_metrics(sampling: Sampling, batch: Batch) -> dict[str, float]:
     """Turns, tool use, errors and environment time over every episode generated this step (summed
     over processes); nothing for a single-turn run."""
-    if sampling.agent is None:
+    if sampling.generation.agent is None:
         return {}
     episodes = [e for r in batch.rounds for e in r.rollout.episodes or []]
     own = episode_metrics(episodes)
@@ -214,8 +214,9 @@ def step_episode_metrics(sampling: Sampling, batch: Batch) -> dict[str, float]:
     tokens = env_tokens + sum(e.policy_tokens for e in episodes)
     means = ("turns_per_episode", "tool_calls_per_episode")
     keys = [k for k in own if k != "env_token_frac"]
-    totals = sampling.world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in keys]
-                                            + [n, env_tokens, tokens], dtype=torch.float64)).tolist()
+    world = sampling.generation.world
+    totals = world.sum(torch.tensor([own[k] * n if k in means else own[k] for k in keys]
+                                    + [n, env_tokens, tokens], dtype=torch.float64)).tolist()
     count = max(totals[-3], 1.0)
     out = {k: v / count if k in means else v for k, v in zip(keys, totals[:-3], strict=True)}
     return {**out, "env_token_frac": totals[-2] / max(totals[-1], 1.0)}  # a ratio of the summed tokens
@@ -235,11 +236,17 @@ def best_completions(batch: Batch, group_size: int, k: int = 3) -> list[tuple[fl
     return [(reward, text) for text, reward in best.items()]
 
 
+def top_completions_note(top: list[tuple[float, str]]) -> str:
+    """The latest step's highest-scoring completions (``best_completions``), for the checker-suspected alarm."""
+    shown = "; ".join(f"{r:.2f} for {text!r}" for r, text in top)
+    return f"; top-scoring completions: {shown}" if shown else ""
+
+
 def accuracy(sampling: Sampling, texts: Sequence[str], rows: Sequence[Mapping], rewards: Tensor) -> float:
     """Share of completions the task's checker marks fully correct (reuses the reward when it is the checker)."""
-    if sampling.reward_fns == [sampling.task.reward] and not sampling.config.reward_weights:
+    if sampling.scoring.reward_fns == [sampling.task.reward] and not sampling.config.reward_weights:
         return (rewards >= 1.0).float().mean().item()
-    return sum(s >= 1.0 for s in check_all(sampling.checker, texts, rows)) / max(len(texts), 1)
+    return sum(s >= 1.0 for s in check_all(sampling.scoring.checker, texts, rows)) / max(len(texts), 1)
 
 
 def write_samples(step: int, batch: Batch, advantages: Tensor, *, group_size: int, world: World,
@@ -275,7 +282,7 @@ def open_log(sampling: Sampling, run_dir: Path | None, state: RunState, *, progr
         written = {**cfg.to_dict(), "sources": dict(sources or {})}
         (run_dir / "config.json").write_text(json.dumps(written, indent=2) + "\n")
         logger = MetricsLogger(run_dir, wandb=cfg.wandb, config=cfg.to_dict())
-    main = sampling.world.is_main
+    main = sampling.generation.world.is_main
     bar = StepProgress(cfg.steps, enabled=progress and main, silent=not main)
     alarms = AlarmConfig(window=state.alarm_window, no_signal_steps=cfg.no_signal_steps,
                          heldout_n=subset_size(sampling), train_n=train_sample_size(sampling), sampler=cfg.sampler,

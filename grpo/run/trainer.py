@@ -71,14 +71,15 @@ from grpo.run.step_metrics import (
     best_completions,
     open_log,
     step_record,
+    top_completions_note,
     write_samples,
 )
 from grpo.sampling.episodes import make_agent
-from grpo.sampling.prompt_samplers import DrawCounts, FrontierSampler, UniformSampler, make_sampler
+from grpo.sampling.prompt_samplers import DrawCounts, make_sampler
 from grpo.sampling.prompts import format_task, loaded_format, run_prompts
 from grpo.sampling.rounds import Batch, leave_out_errored
-from grpo.sampling.screen import Screen, make_screen
-from grpo.sampling.step_parts import Learner, Sampling, Temperature
+from grpo.sampling.screen import make_screen
+from grpo.sampling.step_parts import Drawing, Generation, Learner, Sampling, Scoring, Temperature
 from grpo.system.distributed import World, init_world, use_device
 from grpo.system.interrupt import StopRequests
 
@@ -144,7 +145,7 @@ class GRPOTrainer:
         self.draft = config  # the config as the pre-flight check samples with it, before what it fits
         if preflight_may_change(config, fit=self.fit_token_limit):  # settled in train(), after the check
             # until then the sides are the check's, with no prompt sampler (it draws its own prompts)
-            self.sampling, self.learner = self._sides(config, None, None, None, random.Random(config.seed))
+            self.sampling, self.learner = self._sides(config, Drawing(), random.Random(config.seed))
         else:
             self._settle(config)
 
@@ -162,15 +163,18 @@ class GRPOTrainer:
         self.screen = make_screen(config)  # None: each round generates the sampler's draw as it is
         # sampling ahead, the minibatches' order has an RNG of its own (prompt_rng draws in the thread)
         order_rng = random.Random(f"minibatch-order-{config.seed}") if config.async_lag else self.prompt_rng
-        self.sampling, self.learner = self._sides(config, self.sampler, self.draws, self.screen, order_rng)
+        drawing = Drawing(sampler=self.sampler, draws=self.draws, screen=self.screen)
+        self.sampling, self.learner = self._sides(config, drawing, order_rng)
         self.batches = batch_source(self.sampling, self.learner, config.async_lag)
 
-    def _sides(self, config: TrainConfig, sampler: UniformSampler | FrontierSampler | None, draws: DrawCounts | None,
-               screen: Screen | None, order_rng: random.Random) -> tuple[Sampling, Learner]:
+    def _sides(self, config: TrainConfig, drawing: Drawing, order_rng: random.Random) -> tuple[Sampling, Learner]:
         """The two sides of a step (grpo/sampling/step_parts.py) over the trainer's parts, with this config."""
-        return (Sampling(config, self.world, self.device, self.task, self.tokenizer, self.model, self.policy,
-                         self.autocast, self.train_prompts, self.heldout_prompts, sampler, draws, screen, self.score,
-                         self.checker, self.reward_fns, self.agent, self.toolbox, self.engine, self.temperature),
+        generation = Generation(world=self.world, device=self.device, tokenizer=self.tokenizer, model=self.model,
+                                policy=self.policy, autocast=self.autocast, temperature=self.temperature,
+                                agent=self.agent, toolbox=self.toolbox, engine=self.engine)
+        scoring = Scoring(score=self.score, checker=self.checker, reward_fns=self.reward_fns)
+        return (Sampling(config=config, task=self.task, train_prompts=self.train_prompts,
+                         heldout_prompts=self.heldout_prompts, generation=generation, scoring=scoring, drawing=drawing),
                 Learner(config, self.world, self.model, self.policy, self.reference, self.optimizer, self.tokenizer,
                         self.autocast, order_rng, self.temperature, self.teacher))
 
@@ -267,7 +271,8 @@ class GRPOTrainer:
                                 self.config, self.sources, self.temperature) if resume
                  else RunState.start(self.config, auto_alarm_window=self.auto_alarm_window))
         log = open_log(self.sampling, self.run_dir, state, progress=self.progress,
-                       explain={"checker_suspected": self._top_completions}, sources=self.sources)
+                       explain={"checker_suspected": lambda: top_completions_note(self.top_completions)},
+                       sources=self.sources)
         stop = StopRequests(announce=self.world.is_main) if run_dir is not None else None
         try:
             with log.bar, stop or nullcontext():
@@ -341,9 +346,3 @@ class GRPOTrainer:
         adaptable = [name for name in ("max_gen_rounds", "group_size") if self.sources.get(name) not in STANDING]
         return report, preflight_verdict(report, self.draft, self.world, self.run_dir, fit=self.fit_token_limit,
                                          adaptable=adaptable)
-
-    def _top_completions(self) -> str:
-        """The latest step's highest-scoring completions, for the checker-suspected alarm."""
-        shown = "; ".join(f"{r:.2f} for {text!r}" for r, text in self.top_completions)
-        return f"; top-scoring completions: {shown}" if shown else ""
-

@@ -38,7 +38,7 @@ from grpo.sampling.packed_linear import packed_linears
 from grpo.sampling.random_streams import stream_keys
 from grpo.sampling.rollout import Rollout, concat_rollouts, generate
 from grpo.sampling.screen import Screening
-from grpo.sampling.step_parts import Sampling
+from grpo.sampling.step_parts import Generation, Sampling
 from grpo.system.distributed import World
 
 
@@ -147,14 +147,14 @@ def sample_batch(sampling: Sampling, step: int, avoid: Collection[int] = ()) -> 
     of one process. ``avoid``: the
     prompts of batches sampled ahead and not yet trained on (grpo/run/async_batches.py).
     """
-    with reordered_rounds(sampling):
+    with reordered_rounds(sampling.generation):
         return _sample_rounds(sampling, step, avoid)
 
 
-def reordered_rounds(sampling: Sampling) -> AbstractContextManager:
+def reordered_rounds(generation: Generation) -> AbstractContextManager:
     """Where the own engine samples, the rounds inside share one reordering of the weights (grpo/sampling/packed_linear.py,
     made at the first turn); vLLM samples elsewhere, so nothing."""
-    return packed_linears(sampling.model, lazy=True) if sampling.engine is None else nullcontext()
+    return packed_linears(generation.model, lazy=True) if generation.engine is None else nullcontext()
 
 
 def round_size(missing: int, share: float | None, cap: int, left: int) -> int:
@@ -169,18 +169,18 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
     """:func:`sample_batch`'s rounds. The first round is sized by the share of groups that varied in the
     steps before (DrawCounts.varied_share), later ones by this step's; a step draws at most B x
     max_gen_rounds prompts in all."""
-    cfg, g = sampling.config, sampling.config.group_size
+    cfg, g, drawing = sampling.config, sampling.config.group_size, sampling.drawing
     rounds: list[Round] = []
     budget = cfg.prompts_per_step * cfg.max_gen_rounds
-    n = round_size(cfg.prompts_per_step, sampling.draws.varied_share, cfg.round_cap, budget)  # B if not filter_groups
+    n = round_size(cfg.prompts_per_step, drawing.draws.varied_share, cfg.round_cap, budget)  # B if not filter_groups
     while True:
         drawn_before = {i for r in rounds for i in r.prompts}
         drawn, screening = draw_round(sampling, n, step, len(rounds), drawn_before, avoid)
         rounds.append(generate_round(sampling, drawn, step, len(rounds)))
         rounds[-1].screening = screening
-        sampling.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
-        if sampling.screen is not None:
-            sampling.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid(),
+        drawing.sampler.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid())
+        if drawing.screen is not None:
+            drawing.screen.observe(step, drawn, rounds[-1].rewards.view(-1, g), rounds[-1].valid(),
                                     rounds[-1].varies())
         if not cfg.filter_groups or cfg.teacher:  # with a teacher every group carries its signal: all kept
             last = rounds[-1]
@@ -191,7 +191,7 @@ def _sample_rounds(sampling: Sampling, step: int, avoid: Collection[int]) -> Bat
         if missing <= 0 or len(rounds) == cfg.max_gen_rounds or so_far >= budget:
             break
         n = round_size(missing, have / so_far, cfg.round_cap, budget - so_far)
-    sampling.draws.observe_share(have / so_far)
+    drawing.draws.observe_share(have / so_far)
     return informative_batch(sampling, rounds)
 
 
@@ -199,11 +199,12 @@ def draw_round(sampling: Sampling, n: int, step: int, index: int, exclude: Colle
                ) -> tuple[list[int], Screening | None]:
     """Round ``index``'s n prompts: the sampler's draw, or, with a screen, the n of its candidates most likely
     to vary."""
-    if sampling.screen is None:
-        return sampling.sampler.draw(n, step, exclude=exclude, avoid=avoid), None
-    probe = sampling.screen.by == "probe"
+    screen = sampling.drawing.screen
+    if screen is None:
+        return sampling.drawing.sampler.draw(n, step, exclude=exclude, avoid=avoid), None
+    probe = screen.by == "probe"
     featurize = (lambda candidates: probe_features(sampling, candidates, step, index)) if probe else None
-    return sampling.screen.draw(sampling, n, step, exclude, avoid, featurize)
+    return screen.draw(sampling, n, step, exclude, avoid, featurize)
 
 
 PROBE_STREAMS = 1  # the extra part of a probe completion's stream key: (seed, step, round, candidate, 1)
@@ -217,10 +218,10 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
     its reward r (clipped to [0, 1]; 0 where the row errored: grpo/sampling/rounds.py row_errors), q * r, and whether
     it ran into the token limit.
     Also the probe's seconds (the slowest process's) and each candidate's cost: its probe's tokens."""
-    world = sampling.world
+    world = sampling.generation.world
     mine = world.split(len(candidates))
-    keys = stream_keys(sampling.config.seed, step, index, torch.arange(mine.start, mine.stop, device=sampling.device),
-                       PROBE_STREAMS)
+    keys = stream_keys(sampling.config.seed, step, index,
+                       torch.arange(mine.start, mine.stop, device=sampling.generation.device), PROBE_STREAMS)
     if len(mine):
         rollout, rewards, _, seconds = sample_and_score(sampling, [candidates[i] for i in mine], streams=keys,
                                                         group_size=1)
@@ -230,8 +231,8 @@ def probe_features(sampling: Sampling, candidates: list[int], step: int, index: 
         cost = rollout.lengths.cpu().double().clamp(min=1).numpy()
     else:
         x, cost, seconds = np.zeros((0, 5)), np.zeros(0), 0.0
-        if world.fsdp and samples_on_the_policy(sampling):  # the others' generation gathers the sharded parameters
-            sampling.policy.without_grad(lambda model: None)
+        if world.fsdp and samples_on_the_policy(sampling.generation):  # the others' generation gathers the parameters
+            sampling.generation.policy.join_gathers()
     if world.size > 1:
         parts = world.gather_objects((x, cost, seconds))
         x, cost = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -257,7 +258,8 @@ def informative_batch(sampling: Sampling, rounds: list[Round]) -> Batch:
     its chosen ones to all, and each process keeps ``world.split`` of the
     batch, as when every group is informative.
     """
-    world, g = sampling.world, sampling.config.group_size
+    gen, g = sampling.generation, sampling.config.group_size
+    world = gen.world
     chosen = [(k, int(i)) for k, r in enumerate(rounds) for i in r.varies().nonzero().squeeze(1)]
     chosen = chosen[: sampling.config.prompts_per_step]  # (round, group in its draw) in draw order
 
@@ -274,9 +276,8 @@ def informative_batch(sampling: Sampling, rounds: list[Round]) -> Batch:
     if world.size > 1:
         sent = {place: part for parts in world.gather_objects(sent) for place, part in parts.items()}
     mine = [sent[place] for place in world.split(len(chosen))]
-    rollout = (concat_rollouts([part for part, _ in mine], sampling.tokenizer.pad_token_id) if mine
-               else empty_rollout(g))
-    return Batch(rounds, [row for _, row in mine], moved(rollout, sampling.device), whole("rewards"),
+    rollout = concat_rollouts([part for part, _ in mine], gen.tokenizer.pad_token_id) if mine else empty_rollout(g)
+    return Batch(rounds, [row for _, row in mine], moved(rollout, gen.device), whole("rewards"),
                  whole("lengths"), whole("truncated"), whole("errors"))
 
 
@@ -286,35 +287,35 @@ def generate_round(sampling: Sampling, drawn: list[int], step: int, index: int) 
     Completion j of the draw samples from the random stream of (seed, step,
     round, j) (grpo/sampling/random_streams.py), so it is the same whichever process samples it.
     """
-    world, g = sampling.world, sampling.config.group_size
+    gen, g = sampling.generation, sampling.config.group_size
+    world, device = gen.world, gen.device
     mine = world.split(len(drawn))  # this process's groups
     rows_idx = [drawn[i] for i in mine]
     rows = [sampling.task.train[i] for i in rows_idx]
     streams = stream_keys(sampling.config.seed, step, index,
-                          torch.arange(mine.start * g, mine.stop * g, device=sampling.device))
+                          torch.arange(mine.start * g, mine.stop * g, device=device))
     if rows_idx:
         rollout, own_rewards, reward_means, seconds = sample_and_score(sampling, rows_idx, streams=streams)
     else:  # fewer groups in the draw than processes; on the device, as the others' tensors are
-        rollout, own_rewards, reward_means, seconds = moved(empty_rollout(g), sampling.device), torch.zeros(0), {}, 0.0
-        if world.fsdp and samples_on_the_policy(sampling):  # the others' generation gathers the sharded
-            sampling.policy.without_grad(lambda model: None)  # parameters: take part
+        rollout, own_rewards, reward_means, seconds = moved(empty_rollout(g), device), torch.zeros(0), {}, 0.0
+        if world.fsdp and samples_on_the_policy(gen):  # the others' generation gathers the sharded parameters:
+            gen.policy.join_gathers()  # take part
     errors = row_errors(own_rewards, rollout, mask_truncated=sampling.config.mask_truncated)
     own_rewards = torch.where(own_rewards.isnan(), 0.0, own_rewards)  # errored rows: 0, never read as verdicts
-    rewards = world.gather(own_rewards.to(sampling.device))  # (n*G,) the whole draw's
+    rewards = world.gather(own_rewards.to(device))  # (n*G,) the whole draw's
     return Round(
         prompts=drawn, mine=mine, rows=rows, rollout=rollout, rewards=rewards,
         lengths=world.gather(rollout.lengths), truncated=world.gather(rollout.truncated),
-        errors=world.gather(errors.to(sampling.device)),
-        reward_means=whole_draw_means(sampling.world, len(rows_idx) * g, reward_means),
-        explored=getattr(sampling.sampler, "explored", 0), seconds_generate=seconds,
-        first_try=sampling.draws.first_tries(drawn), estimator=sampling.config.advantage_estimator,
+        errors=world.gather(errors.to(device)), reward_means=whole_draw_means(world, len(rows_idx) * g, reward_means),
+        explored=getattr(sampling.drawing.sampler, "explored", 0), seconds_generate=seconds,
+        first_try=sampling.drawing.draws.first_tries(drawn), estimator=sampling.config.advantage_estimator,
     )
 
 
-def samples_on_the_policy(sampling: Sampling) -> bool:
+def samples_on_the_policy(generation: Generation) -> bool:
     """Whether a round samples on the policy (under FSDP, a gather of every unit, matched on every rank):
     the own sampler, or episodes, whose turns run under the policy's call; vLLM alone samples outside it."""
-    return sampling.engine is None or sampling.agent is not None
+    return generation.engine is None or generation.agent is not None
 
 
 ERROR_CAUSES = ("reward", "environment", "truncated")  # why a row errored, in the order a row is checked
@@ -371,29 +372,29 @@ def sample_and_score(
     reward call or the environment failed: see row_errors), the scorer's metrics and the seconds
     generation took. Training rounds (with a random stream per completion), the probe screen (groups of
     ``group_size`` 1; 0: the run's G) and the pre-flight check (with a generator) share it."""
-    cfg, t = sampling.config, sampling
+    cfg, gen = sampling.config, sampling.generation
     g = group_size or cfg.group_size
     t0 = time.perf_counter()
-    t.model.eval()
-    options = dict(group_size=g, max_new_tokens=cfg.max_new_tokens, temperature=t.temperature.value,
+    gen.model.eval()
+    options = dict(group_size=g, max_new_tokens=cfg.max_new_tokens, temperature=gen.temperature.value,
                    top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop, generator=generator)
-    rows = [t.task.train[i] for i in prompts]
-    with t.autocast:
-        if t.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
-            rollout = t.policy.without_grad(t.agent.run, t.tokenizer, rows, streams=streams, engine=t.engine,
-                                            token_budget=cfg.micro_batch_tokens, **options)
-        elif t.engine is not None:  # no stop_early: vLLM runs each completion to its end
-            rollout = t.engine.generate([t.train_prompts[i] for i in prompts], streams=streams, **options)
-            rollout = moved(rollout, t.device)
+    rows = [sampling.task.train[i] for i in prompts]
+    with gen.autocast, (gen.policy.gathered() if samples_on_the_policy(gen) else nullcontext()) as model:
+        if gen.agent is not None:  # episodes, their turns sampled by the engine or by the policy itself
+            rollout = gen.agent.run(model, gen.tokenizer, rows, streams=streams, engine=gen.engine,
+                                    token_budget=cfg.micro_batch_tokens, **options)
+        elif gen.engine is not None:  # no stop_early: vLLM runs each completion to its end
+            rollout = gen.engine.generate([sampling.train_prompts[i] for i in prompts], streams=streams, **options)
+            rollout = moved(rollout, gen.device)
         else:  # each completion a one-turn episode, sampled on the policy itself
-            rollout = t.policy.without_grad(generate, t.tokenizer, [t.train_prompts[i] for i in prompts],
-                                            stop_early=stop_early, streams=streams,
-                                            token_budget=cfg.micro_batch_tokens, **options)
+            rollout = generate(model, gen.tokenizer, [sampling.train_prompts[i] for i in prompts],
+                               stop_early=stop_early, streams=streams, token_budget=cfg.micro_batch_tokens, **options)
     seconds = time.perf_counter() - t0
-    group_rows = [t.task.train[i] for i in prompts for _ in range(g)]
+    group_rows = [sampling.task.train[i] for i in prompts for _ in range(g)]
     ids = [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.spans, strict=True)]
-    rewards, metrics = t.score(rollout.texts, group_rows, scored_tokens(rollout), ids,
-                               truncated=rollout.truncated.tolist(), max_completion_tokens=cfg.max_new_tokens)
+    rewards, metrics = sampling.scoring.score(rollout.texts, group_rows, scored_tokens(rollout), ids,
+                                              truncated=rollout.truncated.tolist(),
+                                              max_completion_tokens=cfg.max_new_tokens)
     if rollout.episodes is not None:  # plus the environment's rewards; NaN where it raised
         rewards = torch.tensor([episode_total(float(r), e) for r, e in zip(rewards, rollout.episodes, strict=True)])
     return rollout, rewards, metrics, seconds

@@ -182,31 +182,40 @@ class Screening:
     predicted: list[float]  # (n,) P(mixed) of each generated group, NaN before the predictor is ready
 
 
-class Screened(Protocol):
-    """What the screen reads of the sampling side (grpo/sampling/step_parts.py, Sampling): the prompts, the policy to
-    prefill them on, the prompt sampler it draws candidates from, the processes it agrees with."""
+class Prefill(Protocol):
+    """What the screen's prefill reads of the generation record (grpo/sampling/step_parts.py, Generation): the
+    policy to prefill the prompts on, and the processes it agrees with."""
 
-    sampler: UniformSampler | FrontierSampler
     world: World
-    train_prompts: list[list[int]]
     tokenizer: object
     model: torch.nn.Module
     policy: ModelCalls
     autocast: AbstractContextManager
 
 
+class Drawn(Protocol):
+    """What the screen reads of the drawing record (Drawing): the prompt sampler it draws candidates from."""
+
+    sampler: UniformSampler | FrontierSampler
+
+
+class Screened(Protocol):
+    """What the screen reads of the sampling side (Sampling): the prompts, and the two records above."""
+
+    train_prompts: list[list[int]]
+    generation: Prefill
+    drawing: Drawn
+
+
 def prompt_states(sampling: Screened, prompts: Sequence[int]) -> np.ndarray:
     """(n, H) the policy's last hidden state at the end of each training prompt (one prefill, no grad)."""
-    ids = [sampling.train_prompts[i] for i in prompts]
-    pad = sampling.tokenizer.pad_token_id
-
-    def run(model: torch.nn.Module) -> Tensor:
-        return torch.cat([encode_prompt_batch(model.get_decoder(), ids[k : k + CHUNK], 1, pad).last_hidden.float()
-                          for k in range(0, len(ids), CHUNK)])  # (n, H)
-
-    sampling.model.eval()
-    with sampling.autocast:
-        return sampling.policy.without_grad(run).cpu().numpy()
+    gen, ids = sampling.generation, [sampling.train_prompts[i] for i in prompts]
+    pad = gen.tokenizer.pad_token_id
+    gen.model.eval()
+    with gen.autocast, gen.policy.gathered() as model:
+        states = torch.cat([encode_prompt_batch(model.get_decoder(), ids[k : k + CHUNK], 1, pad).last_hidden.float()
+                            for k in range(0, len(ids), CHUNK)])  # (n, H)
+    return states.cpu().numpy()
 
 
 def prompt_features(sampling: Screened, prompts: Sequence[int]) -> tuple[np.ndarray, float, np.ndarray]:
@@ -235,7 +244,7 @@ class Screen:
         """The round's n prompts, drawn from the prompt sampler through the screen. ``featurize``: the
         candidates' features, their seconds and each one's cost (its share of those seconds); None: the
         prompt-end hidden states (``screen_by = state``), each candidate's cost its prompt tokens."""
-        sampler = sampling.sampler
+        sampler = sampling.drawing.sampler
         ready = self.predictor.ready()
         candidates = sampler.draw(n * self.candidates if ready else n, step, exclude=exclude, avoid=avoid)
         features, seconds, cost = (featurize or (lambda c: prompt_features(sampling, c)))(candidates)  # (C, F)
@@ -253,7 +262,7 @@ class Screen:
         picked = exploited + [i for i in explored if i < tail] + last
         if hasattr(sampler, "explored"):
             sampler.explored = len(last)
-        picked = sampling.world.broadcast_object(picked)  # one choice for all processes
+        picked = sampling.generation.world.broadcast_object(picked)  # one choice for all processes
         prompts = [candidates[i] for i in picked]
         self.pending.update((candidates[i], features[i]) for i in picked)
         skipped = 1.0 - cost[picked].sum() / max(cost.sum(), 1e-12)

@@ -31,8 +31,9 @@ With ``fsdp`` the parameters, gradients and optimiser state are sharded with
 FSDP2 (``fully_shard``): one unit per decoder layer, resharded after its
 forward, then the root (embeddings, final norm, output layer), with
 gradients summed (divide factor 1). The policy is called through
-:class:`ModelCalls`, whose ``forward`` runs any function of the model under the
-root unit. Layer units pair their collectives across ranks call by call, so:
+:class:`ModelCalls`: with grad through its ``forward``, which runs any function
+of the model under the root unit; without grad inside its ``gathered()``.
+Layer units pair their collectives across ranks call by call, so:
 
 - the training pass makes one decoder call per micro-batch (no shared
   prompt prefix, whose length buckets vary by rank), and a rank with fewer
@@ -53,7 +54,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,13 +198,16 @@ def init_world(device: str = "auto", *, fsdp: bool = False) -> World:
 
 
 class ModelCalls(nn.Module):
-    """Calls of the policy that FSDP can see: ``policy(fn, *args)`` runs ``fn(model, *args)``.
+    """The policy as FSDP sees it: with grad, ``policy(fn, *args)`` runs ``fn(model, *args)``; without,
+    ``with policy.gathered() as model:`` holds the whole model for plain calls.
 
     The trainer's passes (sampling, log-probs, evaluation) use the model's
-    parts directly, not ``model.forward``; routing them through this module's
-    ``forward`` gives FSDP's root unit (embeddings, final norm, output layer)
-    one place to gather its parameters and to hook the backward; each decoder
-    layer gathers its own when it runs. Without FSDP it is a plain call.
+    parts directly, not ``model.forward``. The calls with grad (the update's
+    ``rollout_logprobs``, its zero-loss padding passes) go through this
+    module's ``forward``, so that FSDP's root unit (embeddings, final norm,
+    output layer) gathers its parameters in its pre-forward hook and hooks
+    the backward of the call's output; each decoder layer gathers its own
+    when it runs. Without FSDP both are plain calls.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -212,14 +217,37 @@ class ModelCalls(nn.Module):
     def forward(self, fn: Callable, *args: object, **kwargs: object) -> object:
         return fn(self.model, *args, **kwargs)
 
-    def without_grad(self, fn: Callable, *args: object, **kwargs: object) -> object:
-        """A no-grad call (sampling, evaluation, the reference's log-probs).
+    @contextmanager
+    def gathered(self) -> Iterator[nn.Module]:
+        """The whole model, without grad, for the body's calls (sampling, evaluation, the reference's
+        log-probs); ``with policy.gathered(): pass`` takes part in the others' gathers with nothing to do.
 
-        Under FSDP every unit is gathered once, before the call, and resharded
-        after it: one all-gather per unit on every rank, however many tokens
-        each rank decodes (the per-layer gathers of a forward would have to
-        pair up across ranks call by call). The call itself holds the whole
-        model, in the compute dtype.
+        Under FSDP every unit is gathered once, on entry, and resharded on
+        exit, even when the body raises: one all-gather per unit on every
+        rank, however many tokens each rank decodes (the per-layer gathers of
+        a forward would have to pair up across ranks call by call). The body
+        holds the whole model, in the compute dtype.
+
+        Why the body may call the model directly, outside this module's
+        ``forward`` (read from torch 2.13's ``torch/distributed/fsdp/_fully_shard``):
+
+        - FSDP settles which unit is the root at the first forward of any
+          unit; if a decoder layer ran first it would take that role, and the
+          next forward through this module (the update's) would raise. So the
+          root runs one empty call here, after the gathers: its pre-forward
+          hook initialises it and, its parameters being gathered already,
+          gathers nothing.
+        - A layer's hooks find it unsharded and, with reshard_after_forward
+          off, leave it so: no collective and no reshard inside the body.
+          Outside the root's forward each layer's pre-forward opens a forward
+          of its own, which on a GPU makes FSDP's all-gather streams wait on
+          the compute stream and moves the layer's inputs to the device they
+          are on: no change to what is computed.
+        - The body's arguments do not pass the root's pre-forward, which on a
+          GPU would cast their float tensors to the compute dtype, as copies
+          (the rollout's mask and log-probs: the reference pass reads the mask
+          only as ``mask > 0`` and the sampling log-probs not at all), and copy
+          their dataclasses (the agent): the numbers are the same.
         """
         from torch.distributed.fsdp import FSDPModule
 
@@ -229,11 +257,23 @@ class ModelCalls(nn.Module):
             unit.unshard()
         try:
             with torch.no_grad():
-                return self(fn, *args, **kwargs)
+                if units:
+                    self(_nothing)  # the root unit's hooks (see above)
+                yield self.model
         finally:
             for unit in units:
                 unit.reshard()
                 unit.set_reshard_after_forward(unit is not self, recurse=False)
+
+
+    def join_gathers(self) -> None:
+        """Take part in the other ranks' gathers with nothing to do (a rank without prompts)."""
+        with self.gathered():
+            pass
+
+
+def _nothing(model: nn.Module) -> None:
+    """A call of the model that computes nothing."""
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
