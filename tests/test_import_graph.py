@@ -240,3 +240,26 @@ def test_an_import_from_a_part_above_is_found(tmp_path):
 def test_few_modules_at_the_top_of_the_package():
     top = sorted(path.name for path in GRPO.glob("*.py"))
     assert len(top) <= TOP_MODULES, top
+
+
+def classes_named_twice(root: Path) -> list[str]:
+    """Class names that the package's modules define at their top level more than once, as 'Name: path, path'
+    (a class defined inside a string, as a probe's code is, is no class of the package)."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(root.parent)))
+    return [f"{name}: {', '.join(paths)}" for name, paths in sorted(where.items()) if len(paths) > 1]
+
+
+def test_one_class_per_name():
+    assert classes_named_twice(GRPO) == []
+
+
+def test_a_class_name_used_twice_is_found(tmp_path):
+    pkg = tmp_path / "grpo"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "b.py").write_text("class Run:\n    pass\n")
+    (pkg / "a" / "c.py").write_text("class Run:\n    pass\nSOURCE = 'class Run: pass'\n")
+    assert classes_named_twice(pkg) == ["Run: grpo/a/c.py, grpo/b.py"]

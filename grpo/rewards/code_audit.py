@@ -43,7 +43,7 @@ _alive_with = alive_with  # tests/test_sandbox.py imports it from here by its ol
 
 
 @dataclass(frozen=True)
-class Run:
+class ProbeRun:
     """One probe on one row: the code, its token (names its files, processes and messages)."""
 
     probe: str
@@ -63,7 +63,7 @@ def _peek(cases: Sequence[Case]) -> str:
     return ""
 
 
-def traces(run: Run, verdict: Verdict, canaries: Canaries, limits: Limits) -> list[str]:
+def traces(run: ProbeRun, verdict: Verdict, canaries: Canaries, limits: Limits) -> list[str]:
     """What ``run`` left outside the sandbox (and cleans it up): one phrase per kind of trace."""
     found = []
     if canaries.secret in verdict.output:
@@ -152,12 +152,12 @@ def _outcome(name: str, results: list[tuple[float, list[str]]]) -> ProbeOutcome:
     return ProbeOutcome(name, len(results), len(scored), len(traced), example)
 
 
-def _run(run: Run, tests: list[Case], canaries: Canaries, limits: Limits, mode: str) -> tuple[float, list[str]]:
+def _run(run: ProbeRun, tests: list[Case], canaries: Canaries, limits: Limits, mode: str) -> tuple[float, list[str]]:
     verdict = evaluate(run.code, tests, limits, mode=mode)
     return _score(verdict), traces(run, verdict, canaries, limits)
 
 
-def _late_traces(runs: Sequence[Run], canaries: Canaries) -> dict[int, list[str]]:
+def _late_traces(runs: Sequence[ProbeRun], canaries: Canaries) -> dict[int, list[str]]:
     """Traces seen only once every run is over: connections received, signals received."""
     received = tokens_received(canaries)
     late: dict[int, list[str]] = {}
@@ -186,7 +186,7 @@ def audit_code_reward(
         for name, body in probes.items():
             for i, cases in enumerate(tests):
                 token = str(secrets.randbelow(10**10)).zfill(10)  # digits: also a valid sleep time
-                runs.append(Run(name, i, probe_code(body, called_names(cases), canaries, token), token,
+                runs.append(ProbeRun(name, i, probe_code(body, called_names(cases), canaries, token), token,
                                 _peek(cases)))
         results = list(pool.map(lambda r: _run(r, tests[r.row], canaries, limits, mode), runs))
         for k, more in _late_traces(runs, canaries).items():
