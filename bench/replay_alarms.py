@@ -1,5 +1,5 @@
 """Re-judges finished runs with the alarms as they are now: feeds each run's metrics.jsonl through
-grpo.observe.alarms.AlarmMonitor as the trainer fed it (step 0's evaluation, each step with the evaluations
+grpo.observe.alarm_monitor.AlarmMonitor as the trainer fed it (step 0's evaluation, each step with the evaluations
 merged into it, the final evaluation as final) and prints what it raises, and when.
 
     python bench/replay_alarms.py RUN_DIR [RUN_DIR ...]

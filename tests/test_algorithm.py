@@ -265,13 +265,16 @@ def test_micro_step_records_add_up_to_the_steps_token_means():
 
     # two micro-batches of 3 and 1 tokens: ratio_mean 1.0 and 2.0 -> (3 * 1 + 1 * 2) / 4 = 1.25; entropy
     # sums 0.6 and 0.2 -> 0.2 a token; loss summed over the micro-batches, over 2 optimiser steps: -0.4 / 2;
-    # the mismatch's max 0.3; 1 of the 2 + 1 completions masked -> 1/3
+    # the mismatch's max 0.3 (the first's: a max, not the latest); 1 of the 2 + 1 completions masked -> 1/3;
+    # a third micro-step without TIS (no max, no sequence counts) and with no tokens changes none of them
     first = MicroResult(loss=-0.1, weight=3.0, metrics={"ratio_mean": 3.0}, entropy=0.6, trained_sequences=2,
-                        logp_diff_max=0.1, sequences=2.0, masked_sequences=1.0)
+                        logp_diff_max=0.3, sequences=2.0, masked_sequences=1.0)
     second = MicroResult(loss=-0.3, weight=1.0, metrics={"ratio_mean": 2.0}, entropy=0.2, trained_sequences=1,
-                         logp_diff_max=0.3, sequences=1.0, masked_sequences=0.0)
+                         logp_diff_max=0.1, sequences=1.0, masked_sequences=0.0)
+    third = MicroResult(loss=0.0, weight=0.0, metrics={"ratio_mean": 0.0}, entropy=0.0, trained_sequences=0,
+                        logp_diff_max=None, sequences=None, masked_sequences=None)
     stats, sums = StepStats(optimizer_steps=2), {"weight": 0.0}
-    for micro in (first, second):
+    for micro in (first, second, third):
         add_micro(sums, stats, micro)
     stats = whole_batch_stats(World(), stats, sums)
     assert stats.ratio_mean == pytest.approx(1.25) and stats.entropy == pytest.approx(0.2)

@@ -162,6 +162,7 @@ def test_a_timed_run_ends_within_its_budget_whatever_its_evaluations_cost(tmp_pa
     # After step 1 (0.5 s) and step 2 (3 s) an evaluation and one more step fit; after step 3 (5.5 s) the
     # evaluation does not, so the run stops there (a budget read before the step's evaluation but blind to it
     # ran that evaluation, and ended at 8 s)
+    import grpo.run.run_ends as run_ends
     import grpo.run.trainer as trainer_module
     from grpo.run.trainer import GRPOTrainer
 
@@ -176,6 +177,8 @@ def test_a_timed_run_ends_within_its_budget_whatever_its_evaluations_cost(tmp_pa
         return timed
 
     monkeypatch.setattr(trainer_module, "interim_evaluation", costs(2.0, trainer_module.interim_evaluation, began))
+    # the start's evaluation runs in grpo/run/run_ends.py, the final one in the loop: each is timed where it is called
+    monkeypatch.setattr(run_ends, "full_evaluation", costs(2.0, run_ends.full_evaluation))
     monkeypatch.setattr(trainer_module, "full_evaluation", costs(2.0, trainer_module.full_evaluation))
     monkeypatch.setattr(GRPOTrainer, "step", costs(0.5, GRPOTrainer.step))
     summary = tiny_trainer(steps=50, minutes=0.1, eval_every=1).train(tmp_path / "run")

@@ -51,8 +51,8 @@ def first_evaluation(sampling: Sampling, log: RunLog, state: RunState, heldout_s
 
 
 def run_summary(config: TrainConfig, sources: Mapping[str, str], task: Task, totals: RunTotals, state: RunState,
-                log: RunLog, preflight: PreflightReport | None, first: EvalResult, last: EvalResult,
-                metrics: dict[str, float], heldout_size: int, stopped: str | None, out_of_time: bool,
+                log: RunLog, preflight: PreflightReport | None, metrics: dict[str, float], heldout_size: int, *,
+                first: EvalResult, last: EvalResult, stopped: str | None, out_of_time: bool,
                 train_seconds: float, start: float) -> dict:
     """summary.json's content: the held-out accuracy before and after, how the run ended, its alarms, and
     what it takes to repeat it (``start``: the run's perf_counter at its start)."""

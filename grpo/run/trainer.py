@@ -287,8 +287,9 @@ class GRPOTrainer:
         finally:  # also when the run stops with an error: the TensorBoard writer's thread ends here
             if log.logger is not None:
                 log.logger.close()
-        summary = run_summary(self.config, self.sources, self.task, self.totals, state, log, preflight, first, last,
-                              metrics, len(self.heldout_prompts), stopped, out_of_time, train_seconds, start)
+        summary = run_summary(self.config, self.sources, self.task, self.totals, state, log, preflight, metrics,
+                              len(self.heldout_prompts), first=first, last=last, stopped=stopped,
+                              out_of_time=out_of_time, train_seconds=train_seconds, start=start)
         save_final(self.model, self.tokenizer, self.world, self.config, run_dir, self.run_dir, summary)
         return summary
 

@@ -109,7 +109,7 @@ def sample_table(run: Run) -> str:
     return "".join(parts)
 
 
-# per-step episode metrics (grpo/sampling/episodes.py episode_metrics), first and latest, for the tool-use table
+# per-step episode metrics (grpo/sampling/episode_scores.py episode_metrics), first and latest, for the tool-use table
 EPISODE_KEYS = (("turns_per_episode", ".2f"), ("tool_calls_per_episode", ".2f"), ("parse_failures", ".0f"),
                 ("tool_errors", ".0f"), ("tool_timeouts", ".0f"), ("env_errors", ".0f"),
                 ("seconds_tools", ".1f"), ("seconds_env", ".1f"), ("env_token_frac", ".1%"))
